@@ -1,0 +1,142 @@
+# Makefile: builds ./lutra (LuaJIT host + C/CUDA core), its C tests, and runs
+# the test suites and benchmarks.
+#
+#   make            build ./lutra (prints what it found)
+#   make test       C tests, Lua specs, CLI/REPL tests, distributed and GPU checks
+#   make demo       install dependencies, build, run the main job
+#   make deps       install the Debian packages (sudo when not root)
+#   make ref        regenerate tests/ref fixtures with PyTorch (/usr/bin/python3)
+#   make bench      print the benchmark tables
+#   make asan       build the C tests with AddressSanitizer and run them
+#
+# Options: CUDA=0 / MPI=0 build without them (default: used when found);
+# SYSROOT=<dir> takes LuaJIT, OpenBLAS, libedit and cJSON from Debian
+# packages unpacked there (see ../shared/device/README.md).
+
+CC ?= cc
+PKG_CONFIG ?= pkg-config
+CUDA_HOME ?= /usr/local/cuda
+BUILD ?= build
+
+ifneq ($(SYSROOT),)
+  export PKG_CONFIG_SYSROOT_DIR := $(SYSROOT)
+  export PKG_CONFIG_PATH := $(SYSROOT)/usr/lib/x86_64-linux-gnu/pkgconfig:$(SYSROOT)/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:$(SYSROOT)/usr/share/pkgconfig
+endif
+
+PKGS := luajit openblas libedit libcjson
+MISSING := $(strip $(foreach p,$(PKGS),$(if $(shell $(PKG_CONFIG) --exists $(p) && echo y),,$(p))))
+ifneq ($(MISSING),)
+  ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
+    $(error missing packages: $(MISSING); run 'make deps' (Debian) first)
+  endif
+endif
+PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
+
+# CUDA: compiled in when nvcc is present, unless CUDA=0.
+ifeq ($(CUDA),)
+  CUDA := $(if $(wildcard $(CUDA_HOME)/bin/nvcc),1,0)
+endif
+ifeq ($(CUDA),1)
+  CUDA_CFLAGS := -DLT_WITH_CUDA -I$(CUDA_HOME)/include
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread
+  CUDA_FOUND := $(CUDA_HOME) ($(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*'))
+else
+  CUDA_FOUND := no (CUDA=0)
+endif
+
+# MPI: Open MPI through pkg-config, unless MPI=0.
+ifeq ($(MPI),)
+  MPI := $(if $(shell $(PKG_CONFIG) --exists ompi-c && echo y),1,0)
+endif
+ifeq ($(MPI),1)
+  MPI_CFLAGS := -DLT_WITH_MPI $(shell $(PKG_CONFIG) --cflags ompi-c)
+  MPI_LIBS := $(shell $(PKG_CONFIG) --libs ompi-c)
+  MPI_FOUND := Open MPI $(shell $(PKG_CONFIG) --modversion ompi-c)
+else
+  MPI_FOUND := no (MPI=0)
+endif
+
+ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
+endif
+
+WARN := -Wall -Wextra
+OPT ?= -O2
+CFLAGS_ALL := -std=gnu11 $(OPT) -g $(WARN) -funwind-tables -fopenmp -D_GNU_SOURCE \
+              $(PKG_CFLAGS) $(CUDA_CFLAGS) $(MPI_CFLAGS) $(SANITIZE) $(CFLAGS)
+KERNEL_OPT ?= -O3
+LDLIBS_ALL := $(PKG_LIBS) $(CUDA_LIBS) $(MPI_LIBS) -fopenmp -lm -ldl -lpthread $(SANITIZE) $(LDFLAGS)
+
+CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcard kernels/cpu/*.c)
+LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
+LUA_FILES := $(sort $(shell find lua -name '*.lua'))
+
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
+BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
+C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
+
+.PHONY: all test test-c deps demo ref bench asan clean check-warnings
+all: lutra
+
+lutra: $(BUILD)/liblutra.a $(BIND_OBJ)
+	$(CC) -o $@ $(BIND_OBJ) -Wl,--whole-archive $(BUILD)/liblutra.a -Wl,--no-whole-archive -Wl,-E $(LDLIBS_ALL)
+
+$(BUILD)/liblutra.a: $(CORE_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kernels/%.o: kernels/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/tools/embed: tools/embed.c
+	@mkdir -p $(dir $@)
+	$(CC) -O1 $(WARN) -o $@ $<
+
+$(BUILD)/gen/embedded.c: $(BUILD)/tools/embed host/lutra.h $(LUA_FILES)
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed $@ host/lutra.h lua $(LUA_FILES)
+
+$(BUILD)/gen/embedded.o: $(BUILD)/gen/embedded.c
+	$(CC) -O0 -c $< -o $@
+
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Ihost -Ikernels/cpu -o $@ $< $(BUILD)/liblutra.a $(LDLIBS_ALL)
+
+test-c: $(C_TESTS)
+
+test: lutra test-c
+	@tests/run.sh
+
+deps:
+	@tools/install-deps
+
+demo: deps
+	$(MAKE) lutra
+	./lutra recipes/demo.lua
+
+ref:
+	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json
+
+bench: lutra $(BUILD)/bench/blas_direct
+	./lutra bench/ops.lua
+
+$(BUILD)/bench/blas_direct: bench/blas_direct.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -O2 -o $@ $< $(LDLIBS_ALL)
+
+asan:
+	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \
+	  build-asan/liblutra.a $(C_TESTS:$(BUILD)/%=build-asan/%)
+	@for t in build-asan/tests/test_*; do LUTRA_CPU_CACHE_MB=0 $$t || exit 1; done
+
+clean:
+	rm -rf $(BUILD) build-asan lutra
+
+-include $(CORE_OBJ:.o=.d) $(BIND_OBJ:.o=.d)

@@ -1,0 +1,192 @@
+/*
+ * json.c: JSON decode and encode for Lua through cJSON (RFC 8259). Objects
+ * become tables with string keys, arrays 1-based sequences, null becomes
+ * core.json_null (a unique light userdata) so arrays keep their length.
+ * Encoding: a table whose keys are exactly 1..n is an array, a table of
+ * string keys an object (keys sorted, so output is deterministic), an empty
+ * table "{}"; NaN, infinities, cycles and other key types are errors.
+ */
+#include "bindings.h"
+
+#include <cJSON.h>
+#include <lauxlib.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JSON_NULL ((void *)0)
+enum { MAX_DEPTH = 200 };
+
+static void push_value(lua_State *L, const cJSON *v, int depth) {
+  if (depth > MAX_DEPTH)
+    luaL_error(L, "json.decode: nesting deeper than %d", MAX_DEPTH);
+  luaL_checkstack(L, 4, "json.decode");
+  if (cJSON_IsNull(v)) {
+    lua_pushlightuserdata(L, JSON_NULL);
+  } else if (cJSON_IsFalse(v)) {
+    lua_pushboolean(L, 0);
+  } else if (cJSON_IsTrue(v)) {
+    lua_pushboolean(L, 1);
+  } else if (cJSON_IsNumber(v)) {
+    lua_pushnumber(L, v->valuedouble);
+  } else if (cJSON_IsString(v)) {
+    lua_pushstring(L, v->valuestring);
+  } else if (cJSON_IsArray(v)) {
+    lua_newtable(L);
+    int i = 1;
+    for (const cJSON *c = v->child; c; c = c->next) {
+      push_value(L, c, depth + 1);
+      lua_rawseti(L, -2, i++);
+    }
+  } else if (cJSON_IsObject(v)) {
+    lua_newtable(L);
+    for (const cJSON *c = v->child; c; c = c->next) {
+      push_value(L, c, depth + 1);
+      lua_setfield(L, -2, c->string);
+    }
+  } else {
+    lua_pushnil(L);
+  }
+}
+
+/* json.decode(text) -> value; raises "json.decode: invalid JSON at byte N". */
+static int json_decode(lua_State *L) {
+  size_t len;
+  const char *text = luaL_checklstring(L, 1, &len);
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+  if (!root) {
+    size_t at = end ? (size_t)(end - text) : 0;
+    const char *err = cJSON_GetErrorPtr();
+    if (err && err >= text && err <= text + len)
+      at = (size_t)(err - text);
+    return luaL_error(L, "json.decode: invalid JSON at byte %d of %d", (int)at + 1, (int)len);
+  }
+  /* trailing text after the value is an error too */
+  const char *p = end;
+  while (p && p < text + len && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+    p++;
+  if (p && p < text + len) {
+    cJSON_Delete(root);
+    return luaL_error(L, "json.decode: unexpected text after the value at byte %d", (int)(p - text) + 1);
+  }
+  push_value(L, root, 0);
+  cJSON_Delete(root);
+  return 1;
+}
+
+static int cmp_keys(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Builds the cJSON value of the Lua value at idx; NULL with *err set on failure. */
+static cJSON *to_json(lua_State *L, int idx, int depth, const char **err) {
+  if (depth > MAX_DEPTH) {
+    *err = "nesting too deep (a cycle?)";
+    return NULL;
+  }
+  switch (lua_type(L, idx)) {
+  case LUA_TNIL:
+    return cJSON_CreateNull();
+  case LUA_TLIGHTUSERDATA:
+    if (lua_touserdata(L, idx) == JSON_NULL)
+      return cJSON_CreateNull();
+    break;
+  case LUA_TBOOLEAN:
+    return cJSON_CreateBool(lua_toboolean(L, idx));
+  case LUA_TNUMBER: {
+    double x = lua_tonumber(L, idx);
+    if (!isfinite(x)) {
+      *err = "NaN and infinities have no JSON form";
+      return NULL;
+    }
+    return cJSON_CreateNumber(x);
+  }
+  case LUA_TSTRING:
+    return cJSON_CreateString(lua_tostring(L, idx));
+  case LUA_TTABLE: {
+    if (idx < 0)
+      idx = lua_gettop(L) + idx + 1;
+    luaL_checkstack(L, 4, "json.encode");
+    size_t n = lua_objlen(L, idx), count = 0, nstr = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+      count++;
+      if (lua_type(L, -2) == LUA_TSTRING)
+        nstr++;
+      lua_pop(L, 1);
+    }
+    if (count > 0 && count == n) { /* keys 1..n: an array */
+      cJSON *arr = cJSON_CreateArray();
+      for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        cJSON *item = to_json(L, -1, depth + 1, err);
+        lua_pop(L, 1);
+        if (!item) {
+          cJSON_Delete(arr);
+          return NULL;
+        }
+        cJSON_AddItemToArray(arr, item);
+      }
+      return arr;
+    }
+    if (nstr != count) {
+      *err = "a table mixes non-string keys with others (not an array, not an object)";
+      return NULL;
+    }
+    const char **keys = malloc(sizeof(char *) * (count ? count : 1));
+    size_t k = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+      keys[k++] = lua_tostring(L, -2); /* the table keeps the strings alive */
+      lua_pop(L, 1);
+    }
+    qsort(keys, count, sizeof(char *), cmp_keys);
+    cJSON *obj = cJSON_CreateObject();
+    for (size_t i = 0; i < count; i++) {
+      lua_getfield(L, idx, keys[i]);
+      cJSON *item = to_json(L, -1, depth + 1, err);
+      lua_pop(L, 1);
+      if (!item) {
+        free(keys);
+        cJSON_Delete(obj);
+        return NULL;
+      }
+      cJSON_AddItemToObject(obj, keys[i], item);
+    }
+    free(keys);
+    return obj;
+  }
+  default:
+    break;
+  }
+  *err = lua_typename(L, lua_type(L, idx));
+  return NULL;
+}
+
+/* json.encode(value [, pretty]) -> string. */
+static int json_encode(lua_State *L) {
+  luaL_checkany(L, 1);
+  int pretty = lua_toboolean(L, 2);
+  lua_settop(L, 1);
+  const char *err = NULL;
+  cJSON *root = to_json(L, 1, 0, &err);
+  if (!root)
+    return luaL_error(L, "json.encode: cannot encode: %s", err ? err : "unknown value");
+  char *s = pretty ? cJSON_Print(root) : cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!s)
+    return luaL_error(L, "json.encode: out of memory");
+  lua_pushstring(L, s);
+  cJSON_free(s);
+  return 1;
+}
+
+void lt_json_register(lua_State *L) {
+  lua_pushcfunction(L, json_decode);
+  lua_setfield(L, -2, "json_decode");
+  lua_pushcfunction(L, json_encode);
+  lua_setfield(L, -2, "json_encode");
+  lua_pushlightuserdata(L, JSON_NULL);
+  lua_setfield(L, -2, "json_null");
+}

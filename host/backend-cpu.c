@@ -1,0 +1,60 @@
+/*
+ * backend-cpu.c: the CPU backend's vtable: memory from the caching allocator
+ * (alloc-cpu.c) and the kernels in kernels/cpu/.
+ */
+#include "../kernels/cpu/cpu.h"
+#include "status.h"
+
+#include <string.h>
+
+static lt_status cpu_alloc(lt_device device, size_t nbytes, void **ptr) {
+  (void)device;
+  *ptr = lt_cpu_alloc(nbytes);
+  if (!*ptr) {
+    int64_t live, reserved, peak;
+    lt_cpu_memory_stats(&live, &reserved, &peak);
+    return lt_fail(LT_ERR_OOM, "out of host memory allocating %zu bytes (%lld bytes in live tensors)",
+                   nbytes, (long long)live);
+  }
+  return LT_OK;
+}
+
+static void cpu_free(lt_device device, void *ptr, size_t nbytes) {
+  (void)device;
+  lt_cpu_free(ptr, nbytes);
+}
+
+static lt_status cpu_copy_bytes(lt_device device, void *dst, const void *src, size_t nbytes) {
+  (void)device;
+  memcpy(dst, src, nbytes);
+  return LT_OK;
+}
+
+static lt_status cpu_synchronize(lt_device device) {
+  (void)device;
+  return LT_OK;
+}
+
+const lt_backend_i lt_backend_cpu = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_host = cpu_copy_bytes,
+    .copy_from_host = cpu_copy_bytes,
+    .synchronize = cpu_synchronize,
+    .copy = lt_cpu_copy,
+    .fill = lt_cpu_fill,
+    .unary = lt_cpu_unary,
+    .binary = lt_cpu_binary,
+    .binary_scalar = lt_cpu_binary_scalar,
+    .where = lt_cpu_where,
+    .clamp = lt_cpu_clamp,
+    .reduce = lt_cpu_reduce,
+    .matmul = lt_cpu_matmul,
+    .index_select = lt_cpu_index_select,
+    .index_add = lt_cpu_index_add,
+    .gather = lt_cpu_gather,
+    .scatter_add = lt_cpu_scatter_add,
+    .uniform = lt_cpu_uniform,
+    .normal = lt_cpu_normal,
+};

@@ -1,0 +1,235 @@
+/*
+ * index.c: the indexing dispatcher: index_select, index_add_, gather and
+ * scatter_add_ (what embeddings and cross-entropy need). Index tensors hold
+ * 0-based i32 or i64 positions; out-of-range ones are reported with their
+ * position and the op does nothing.
+ */
+#include "iter.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static lt_status check_index_dtype(const char *op, const lt_tensor *index) {
+  if (index->dtype != LT_DTYPE_I32 && index->dtype != LT_DTYPE_I64)
+    return lt_fail(LT_ERR_DTYPE, "%s: the index must be i32 or i64, got %s", op,
+                   lt_dtype_name(index->dtype));
+  return LT_OK;
+}
+
+static lt_status check_dim(const char *op, const lt_tensor *t, int dim) {
+  if (dim < 0 || dim >= t->ndim) {
+    char b[200];
+    return lt_fail(LT_ERR_ARG, "%s: dim %d is out of range for a %d-dim tensor of shape %s", op,
+                   dim + 1, t->ndim, lt_tensor_shape_str(t, b));
+  }
+  return LT_OK;
+}
+
+/* Reports the first out-of-range index in row-major order (the kernel found
+   one; its own position follows its iteration order). */
+static lt_status bad_index(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
+  int64_t n = lt_tensor_numel(index), pos = -1, limit = t->sizes[dim];
+  double v = 0, *vals = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+  if (vals && lt_tensor_to_f64(index, vals, n) == LT_OK)
+    for (int64_t i = 0; i < n && pos < 0; i++)
+      if (vals[i] < 0 || vals[i] >= (double)limit) {
+        pos = i;
+        v = vals[i];
+      }
+  free(vals);
+  char b[200];
+  return lt_fail(LT_ERR_ARG,
+                 "%s: index %lld (element %lld of the index, 1-based) is out of range [0, %lld) for "
+                 "dim %d of shape %s (indices are 0-based)", op, (long long)v, (long long)pos + 1,
+                 (long long)limit, dim + 1, lt_tensor_shape_str(t, b));
+}
+
+static void outer_inner(const lt_tensor *t, int dim, int64_t *outer, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  for (int d = 0; d < dim; d++)
+    *outer *= t->sizes[d];
+  for (int d = dim + 1; d < t->ndim; d++)
+    *inner *= t->sizes[d];
+}
+
+lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+  const lt_tensor *ins[2] = {t, index};
+  const lt_backend_i *be;
+  LT_TRY(lt_same_device("index_select", 2, ins, &be));
+  LT_TRY(check_dim("index_select", t, dim));
+  LT_TRY(check_index_dtype("index_select", index));
+  if (index->ndim != 1) {
+    char b[200];
+    return lt_fail(LT_ERR_SHAPE, "index_select: the index must be 1-D, got shape %s",
+                   lt_tensor_shape_str(index, b));
+  }
+  if (!be->index_select)
+    return lt_fail(LT_ERR_UNSUPPORTED, "index_select: not implemented on the %s backend", be->name);
+  int64_t sizes[LT_MAX_DIMS];
+  memcpy(sizes, t->sizes, sizeof sizes);
+  sizes[dim] = index->sizes[0];
+  lt_tensor *src = NULL, *r = NULL;
+  LT_TRY(lt_tensor_contiguous((lt_tensor *)t, &src));
+  lt_status st = lt_tensor_empty(t->ndim, sizes, t->dtype, t->storage->device, &r);
+  if (st == LT_OK) {
+    lt_index_desc d = {0};
+    outer_inner(t, dim, &d.outer, &d.inner);
+    d.src_dim = t->sizes[dim];
+    d.dst_dim = sizes[dim];
+    d.nindex = index->sizes[0];
+    d.index = lt_tensor_ptr(index);
+    d.index_dtype = index->dtype;
+    d.index_stride = index->strides[0];
+    int64_t bad = -1;
+    st = be->index_select(&d, lt_tensor_ptr(r), lt_tensor_ptr(src), lt_dtype_size(t->dtype), &bad);
+    if (st != LT_OK && bad >= 0)
+      st = bad_index("index_select", index, dim, t);
+  }
+  lt_tensor_release(src);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
+}
+
+lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+  const lt_tensor *ins[3] = {t, index, src};
+  const lt_backend_i *be;
+  char b1[200], b2[200];
+  LT_TRY(lt_same_device("index_add_", 3, ins, &be));
+  LT_TRY(check_dim("index_add_", t, dim));
+  LT_TRY(check_index_dtype("index_add_", index));
+  if (index->ndim != 1)
+    return lt_fail(LT_ERR_SHAPE, "index_add_: the index must be 1-D, got shape %s",
+                   lt_tensor_shape_str(index, b1));
+  int ok = src->ndim == t->ndim;
+  for (int d = 0; ok && d < t->ndim; d++)
+    ok = src->sizes[d] == (d == dim ? index->sizes[0] : t->sizes[d]);
+  if (!ok)
+    return lt_fail(LT_ERR_SHAPE,
+                   "index_add_: source shape %s does not match the target %s with dim %d sized "
+                   "as the index (%lld)", lt_tensor_shape_str(src, b1), lt_tensor_shape_str(t, b2),
+                   dim + 1, (long long)index->sizes[0]);
+  if (src->dtype != t->dtype)
+    return lt_fail(LT_ERR_DTYPE, "index_add_: source dtype %s differs from the target's %s",
+                   lt_dtype_name(src->dtype), lt_dtype_name(t->dtype));
+  if (!be->index_add)
+    return lt_fail(LT_ERR_UNSUPPORTED, "index_add_: not implemented on the %s backend", be->name);
+  lt_tensor *s = NULL, *dst = NULL;
+  lt_status st = lt_tensor_clone(src, &s); /* contiguous, and never aliasing t */
+  if (st == LT_OK)
+    st = lt_tensor_contiguous(t, &dst);
+  if (st == LT_OK) {
+    lt_index_desc d = {0};
+    outer_inner(t, dim, &d.outer, &d.inner);
+    d.src_dim = index->sizes[0];
+    d.dst_dim = t->sizes[dim];
+    d.nindex = index->sizes[0];
+    d.index = lt_tensor_ptr(index);
+    d.index_dtype = index->dtype;
+    d.index_stride = index->strides[0];
+    int64_t bad = -1;
+    st = be->index_add(&d, lt_tensor_ptr(dst), lt_tensor_ptr(s), t->dtype, &bad);
+    if (st != LT_OK && bad >= 0)
+      st = bad_index("index_add_", index, dim, t);
+    if (st == LT_OK && dst != t)
+      st = lt_tensor_copy_(t, dst);
+  }
+  lt_tensor_release(s);
+  lt_tensor_release(dst);
+  return st;
+}
+
+/* Checks index against t for gather/scatter: same ndim, index no larger
+   outside dim (and than other, when given). */
+static lt_status check_gather_shapes(const char *op, const lt_tensor *t, int dim,
+                                     const lt_tensor *index, const lt_tensor *other) {
+  char b1[200], b2[200];
+  if (index->ndim != t->ndim)
+    return lt_fail(LT_ERR_SHAPE, "%s: the index (shape %s) must have as many dims as the tensor (shape %s)",
+                   op, lt_tensor_shape_str(index, b1), lt_tensor_shape_str(t, b2));
+  for (int d = 0; d < t->ndim; d++) {
+    if (d != dim && index->sizes[d] > t->sizes[d])
+      return lt_fail(LT_ERR_SHAPE, "%s: index shape %s is larger than the tensor's %s in dim %d",
+                     op, lt_tensor_shape_str(index, b1), lt_tensor_shape_str(t, b2), d + 1);
+    if (other && index->sizes[d] > other->sizes[d])
+      return lt_fail(LT_ERR_SHAPE, "%s: index shape %s is larger than the source's %s in dim %d",
+                     op, lt_tensor_shape_str(index, b1), lt_tensor_shape_str(other, b2), d + 1);
+  }
+  return LT_OK;
+}
+
+/* A header viewing t (or src) restricted to the index's shape; dim's stride
+   zeroed when zero_dim (the kernel adds index * real stride). */
+static void restricted_view(lt_tensor *v, const lt_tensor *t, const lt_tensor *index, int dim, int zero_dim) {
+  *v = *t;
+  for (int d = 0; d < t->ndim; d++) {
+    v->sizes[d] = index->sizes[d];
+    if (zero_dim && d == dim)
+      v->strides[d] = 0;
+  }
+}
+
+lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+  const lt_tensor *ins[2] = {t, index};
+  const lt_backend_i *be;
+  LT_TRY(lt_same_device("gather", 2, ins, &be));
+  LT_TRY(check_dim("gather", t, dim));
+  LT_TRY(check_index_dtype("gather", index));
+  LT_TRY(check_gather_shapes("gather", t, dim, index, NULL));
+  if (!be->gather)
+    return lt_fail(LT_ERR_UNSUPPORTED, "gather: not implemented on the %s backend", be->name);
+  lt_tensor *r;
+  LT_TRY(lt_tensor_empty(index->ndim, index->sizes, t->dtype, t->storage->device, &r));
+  lt_tensor tv;
+  restricted_view(&tv, t, index, dim, 1);
+  lt_iter it;
+  const lt_tensor *ops[3] = {r, index, &tv};
+  lt_iter_build(&it, 3, ops);
+  int64_t bad = -1;
+  lt_status st = be->gather(&it, t->strides[dim], t->sizes[dim], &bad);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    if (bad >= 0)
+      return bad_index("gather", index, dim, t);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
+}
+
+lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+  const lt_tensor *ins[3] = {t, index, src};
+  const lt_backend_i *be;
+  LT_TRY(lt_same_device("scatter_add_", 3, ins, &be));
+  LT_TRY(check_dim("scatter_add_", t, dim));
+  LT_TRY(check_index_dtype("scatter_add_", index));
+  if (src->ndim != t->ndim) {
+    char b1[200], b2[200];
+    return lt_fail(LT_ERR_SHAPE, "scatter_add_: source shape %s and target shape %s differ in dims",
+                   lt_tensor_shape_str(src, b1), lt_tensor_shape_str(t, b2));
+  }
+  LT_TRY(check_gather_shapes("scatter_add_", t, dim, index, src));
+  if (!be->scatter_add)
+    return lt_fail(LT_ERR_UNSUPPORTED, "scatter_add_: not implemented on the %s backend", be->name);
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] == 0 && t->sizes[d] > 1)
+      return lt_fail(LT_ERR_ARG, "scatter_add_: cannot write into an expanded tensor; clone() it first");
+  lt_tensor *s;
+  LT_TRY(lt_unalias(t, src, &s));
+  lt_tensor sv, tv;
+  restricted_view(&sv, s, index, dim, 0);
+  restricted_view(&tv, t, index, dim, 1);
+  lt_iter it;
+  const lt_tensor *ops[3] = {&sv, index, &tv};
+  lt_iter_build(&it, 3, ops);
+  int64_t bad = -1;
+  lt_status st = be->scatter_add(&it, t->strides[dim], t->sizes[dim], &bad);
+  lt_tensor_release(s);
+  if (st != LT_OK && bad >= 0)
+    return bad_index("scatter_add_", index, dim, t);
+  return st;
+}

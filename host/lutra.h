@@ -1,0 +1,259 @@
+/*
+ * lutra.h: the public C API of lutra's core (tensors, ops, RNG, errors).
+ *
+ * This is the one header the LuaJIT FFI reads: the build copies the text between
+ * the LT_FFI_BEGIN and LT_FFI_END marker lines into the string that
+ * `ffi.cdef` loads (see tools/embed.c), so that part holds no preprocessor
+ * lines, passes no struct by value and writes sizes as int64_t.
+ *
+ * Conventions (DESIGN.md):
+ * - Dimensions are 0-based here; the Lua layer maps 1-based and negative dims.
+ * - Index tensors (index_select, gather, scatter_add, argmax results) hold
+ *   0-based positions, as token ids are 0-based values.
+ * - Fallible functions return lt_status; on failure lt_last_error() names the
+ *   op, the shapes, dtypes and devices involved. Outputs are written through
+ *   `lt_tensor **out` parameters and carry one reference owned by the caller.
+ * - Ops that take `lt_tensor *out` write into it when it is not NULL (it must
+ *   have the result's shape and live on the same device) and return it
+ *   retained in *res; with NULL they allocate the result.
+ */
+#ifndef LUTRA_H
+#define LUTRA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* LT_FFI_BEGIN */
+typedef enum lt_status {
+  LT_OK = 0,
+  LT_ERR_ARG = 1,         /* a bad argument: dims, sizes, values */
+  LT_ERR_SHAPE = 2,       /* shapes that do not fit together */
+  LT_ERR_DTYPE = 3,       /* a dtype the op does not take */
+  LT_ERR_DEVICE = 4,      /* a device that is absent or mismatched */
+  LT_ERR_OOM = 5,         /* an allocation failed */
+  LT_ERR_UNSUPPORTED = 6, /* the backend lacks this op */
+  LT_ERR_IO = 7,
+  LT_ERR_INTERRUPTED = 8, /* SIGINT arrived: the op did not run */
+  LT_ERR_INTERNAL = 9
+} lt_status;
+
+typedef enum lt_dtype {
+  LT_DTYPE_F32 = 0,
+  LT_DTYPE_F64 = 1,
+  LT_DTYPE_BF16 = 2,
+  LT_DTYPE_F16 = 3,
+  LT_DTYPE_I8 = 4,
+  LT_DTYPE_U8 = 5,
+  LT_DTYPE_U16 = 6,
+  LT_DTYPE_I32 = 7,
+  LT_DTYPE_I64 = 8,
+  LT_DTYPE_BOOL = 9,
+  LT_DTYPE_COUNT = 10
+} lt_dtype;
+
+/* A device is one int: LT_DEVICE_CPU, or LT_DEVICE_CUDA + N for cuda:N. */
+typedef int32_t lt_device;
+enum { LT_DEVICE_CPU = 0, LT_DEVICE_CUDA = 256, LT_MAX_DIMS = 8 };
+
+typedef enum lt_unary_op {
+  LT_UNARY_NEG = 0, LT_UNARY_ABS, LT_UNARY_EXP, LT_UNARY_LOG, LT_UNARY_SQRT,
+  LT_UNARY_RSQRT, LT_UNARY_TANH, LT_UNARY_SIGMOID, LT_UNARY_COUNT
+} lt_unary_op;
+
+typedef enum lt_binary_op {
+  LT_BINARY_ADD = 0, LT_BINARY_SUB, LT_BINARY_MUL, LT_BINARY_DIV, LT_BINARY_POW,
+  LT_BINARY_MAXIMUM, LT_BINARY_MINIMUM,
+  LT_BINARY_EQ, LT_BINARY_NE, LT_BINARY_LT, LT_BINARY_LE, LT_BINARY_GT, LT_BINARY_GE,
+  LT_BINARY_COUNT
+} lt_binary_op;
+
+typedef enum lt_reduce_op {
+  LT_REDUCE_SUM = 0, LT_REDUCE_MEAN, LT_REDUCE_MAX, LT_REDUCE_MIN,
+  LT_REDUCE_ARGMAX, LT_REDUCE_ARGMIN, LT_REDUCE_VAR, LT_REDUCE_COUNT
+} lt_reduce_op;
+
+typedef struct lt_tensor lt_tensor;
+typedef struct lt_generator lt_generator;
+
+/* ---- errors, version, configuration ---------------------------------- */
+
+/* The message of the last failure on this thread ("" when none). */
+const char *lt_last_error(void);
+/* lutra's version, e.g. "0.1.0". */
+const char *lt_version(void);
+/* Number of CUDA devices usable now (0 when CUDA is not compiled in or no
+   driver/device is present); *why receives the reason when 0 (static text). */
+int lt_cuda_device_count(const char **why);
+/* Whether the build includes CUDA / MPI (1) or not (0). */
+int lt_has_cuda(void);
+int lt_has_mpi(void);
+/* Several lines describing this build and what was found at run time: lutra's
+   version, BLAS, CUDA (compiled in, runtime and driver, devices), MPI. */
+const char *lt_build_info(void);
+/* OpenMP threads used by CPU kernels. */
+int lt_num_threads(void);
+void lt_set_num_threads(int n);
+/* Raised by the SIGINT handler: the next op fails with LT_ERR_INTERRUPTED. */
+void lt_interrupt(void);
+void lt_clear_interrupt(void);
+int lt_is_interrupted(void);
+
+/* ---- dtypes and devices ---------------------------------------------- */
+
+const char *lt_dtype_name(lt_dtype dtype);               /* "f32", "bf16", ... */
+lt_status lt_dtype_parse(const char *name, lt_dtype *out); /* also "float32", "float", "int64", ... */
+int64_t lt_dtype_size(lt_dtype dtype);                    /* bytes per element */
+int lt_dtype_is_float(lt_dtype dtype);
+/* The dtype torch's type promotion gives for a op b. */
+lt_dtype lt_dtype_promote(lt_dtype a, lt_dtype b);
+/* Parses "cpu", "cuda", "cuda:N". */
+lt_status lt_device_parse(const char *name, lt_device *out);
+/* Writes "cpu" or "cuda:N" into buf (at least 16 bytes) and returns buf. */
+const char *lt_device_name(lt_device device, char *buf);
+
+/* ---- tensor objects --------------------------------------------------- */
+
+void lt_tensor_retain(lt_tensor *t);
+void lt_tensor_release(lt_tensor *t);
+int lt_tensor_ndim(const lt_tensor *t);
+int64_t lt_tensor_size(const lt_tensor *t, int dim);   /* dim 0-based, in range */
+int64_t lt_tensor_stride(const lt_tensor *t, int dim); /* in elements */
+int64_t lt_tensor_numel(const lt_tensor *t);
+int64_t lt_tensor_offset(const lt_tensor *t);          /* storage offset, elements */
+lt_dtype lt_tensor_dtype(const lt_tensor *t);
+lt_device lt_tensor_device(const lt_tensor *t);
+int lt_tensor_is_contiguous(const lt_tensor *t);
+/* Whether a and b view the same storage. */
+int lt_tensor_same_storage(const lt_tensor *a, const lt_tensor *b);
+/* Address of element 0 for CPU tensors, NULL otherwise. */
+void *lt_tensor_data(const lt_tensor *t);
+/* Writes "[2, 3]" into buf (at least 200 bytes) and returns buf. */
+const char *lt_tensor_shape_str(const lt_tensor *t, char *buf);
+
+/* ---- creation ---------------------------------------------------------- */
+
+/* Uninitialised contiguous tensor of the given shape. Errors: negative size,
+   more than LT_MAX_DIMS dims, absent device, out of memory. */
+lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device, lt_tensor **out);
+/* Every element set to value (converted to dtype with round-to-nearest-even). */
+lt_status lt_tensor_full(int ndim, const int64_t *sizes, double value, lt_dtype dtype, lt_device device, lt_tensor **out);
+/* 1-D [start, end) by step, as torch.arange: ceil((end - start) / step) elements. */
+lt_status lt_tensor_arange(double start, double end, double step, lt_dtype dtype, lt_device device, lt_tensor **out);
+/* A tensor of the given shape from n = numel doubles in row-major order. */
+lt_status lt_tensor_from_f64(const double *values, int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device, lt_tensor **out);
+/* Copies t's numel elements in row-major order into dst as doubles. */
+lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n);
+/* The single element of a numel-1 tensor. */
+lt_status lt_tensor_item(const lt_tensor *t, double *value);
+
+/* ---- views: share storage, never copy ---------------------------------- */
+
+/* New shape with the same numel; one size may be -1. Fails when the strides
+   do not allow it (a transposed tensor): use reshape. */
+lt_status lt_tensor_view(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out);
+/* A view when the strides allow it, else a contiguous copy. */
+lt_status lt_tensor_reshape(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out);
+lt_status lt_tensor_transpose(lt_tensor *t, int dim0, int dim1, lt_tensor **out);
+/* dims is a permutation of 0..ndim-1: result dim i is input dim dims[i]. */
+lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tensor **out);
+/* Elements start .. start+length-1 along dim (start 0-based). */
+lt_status lt_tensor_narrow(lt_tensor *t, int dim, int64_t start, int64_t length, lt_tensor **out);
+/* Removes dim, keeping element index (0-based). */
+lt_status lt_tensor_select(lt_tensor *t, int dim, int64_t index, lt_tensor **out);
+/* Broadcasts size-1 dims to sizes (-1 keeps a size; new leading dims allowed). */
+lt_status lt_tensor_expand(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out);
+/* Removes dim when its size is 1 (a no-op view otherwise); dim = -1 removes every size-1 dim. */
+lt_status lt_tensor_squeeze(lt_tensor *t, int dim, lt_tensor **out);
+/* Inserts a size-1 dim at position dim (0..ndim). */
+lt_status lt_tensor_unsqueeze(lt_tensor *t, int dim, lt_tensor **out);
+/* t itself (retained) when contiguous, else a contiguous copy. */
+lt_status lt_tensor_contiguous(lt_tensor *t, lt_tensor **out);
+
+/* ---- copies and conversion -------------------------------------------- */
+
+/* dst <- src, broadcasting src to dst's shape, converting dtype (round to
+   nearest even into bf16/f16; NaN and Inf kept; float to int truncates
+   toward zero) and moving between devices. */
+lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src);
+/* A contiguous copy in dtype on device; t itself (retained) when nothing changes. */
+lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor **out);
+lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out);
+lt_status lt_tensor_fill_(lt_tensor *t, double value);
+
+/* ---- elementwise ops with NumPy broadcasting --------------------------- */
+
+/* Float ops (exp, log, sqrt, rsqrt, tanh, sigmoid) on integer tensors give f32. */
+lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor **res);
+/* Result dtype: lt_dtype_promote(a, b); bool for comparisons; f32 for DIV of integers. */
+lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_tensor *out, lt_tensor **res);
+/* a op s (or s op a when reversed != 0). The scalar keeps a's dtype unless a is
+   integer and s is not a whole number (then f32), as torch treats Python scalars. */
+lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int reversed, lt_tensor *out, lt_tensor **res);
+/* cond ? a : b, elementwise; cond is nonzero-tests of any dtype. */
+lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b, lt_tensor *out, lt_tensor **res);
+/* min(max(a, lo), hi); a bound is ignored when its has_ flag is 0. */
+lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has_hi, lt_tensor *out, lt_tensor **res);
+
+/* ---- reductions ---------------------------------------------------------- */
+
+/* Reduces over the ndims dims listed (0-based, distinct); ndims = 0 reduces
+   over every dim. Accumulates in f64. SUM of integers gives i64; ARGMAX/ARGMIN
+   take one dim (or all, over the flattened tensor) and give i64 positions;
+   VAR divides by (count - correction). MEAN and VAR need a float dtype.
+   MAX/MIN/ARG* of an empty extent fail; SUM gives 0, MEAN NaN. */
+lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_t *dims, int keepdim, int64_t correction, lt_tensor **res);
+
+/* ---- matrix products ------------------------------------------------------ */
+
+/* torch.matmul: 1-D x 1-D is a dot product, 2-D x 2-D a matrix product, and
+   more dims are batches that broadcast. f32 and f64 through BLAS; bf16/f16
+   operands are computed in f32 and rounded once. Transposed views are passed
+   to BLAS without copies. */
+lt_status lt_matmul(const lt_tensor *a, const lt_tensor *b, lt_tensor **res);
+
+/* ---- indexing (index tensors hold 0-based i32 or i64 positions) ----------- */
+
+/* out = t with dim restricted to the rows in index (1-D). */
+lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res);
+/* out[i][j] = t[i][index[i][j]] (for dim 1), index has t's ndim. */
+lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res);
+/* t[i][index[i][j]] += src[i][j] (for dim 1), in order, deterministic. */
+lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
+/* t.select(dim, index[i]) += src.select(dim, i), in order, deterministic. */
+lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
+
+/* ---- random numbers: Philox4x32-10 (Salmon et al., SC'11, Random123) ----- */
+
+/* A generator is (seed, offset): a draw of n elements uses the counters
+   offset .. offset + ceil(n/4) - 1 under key seed, element i taking word
+   i % 4 of counter offset + i / 4, and then advances offset past them, so a
+   CUDA kernel computing element i alone draws the same number. */
+lt_status lt_generator_new(uint64_t seed, lt_generator **out);
+void lt_generator_release(lt_generator *g);
+void lt_generator_get_state(const lt_generator *g, uint64_t *seed, uint64_t *offset);
+void lt_generator_set_state(lt_generator *g, uint64_t seed, uint64_t offset);
+/* Uniform in [lo, hi): u = (word >> 8) * 2^-24 for 24-bit floats, word * 2^-32
+   for f64, then lo + (hi - lo) * u. */
+lt_status lt_tensor_uniform_(lt_tensor *t, lt_generator *g, double lo, double hi);
+/* Normal(mean, std) by Box-Muller (in f64) on word pairs (0,1) and (2,3). */
+lt_status lt_tensor_normal_(lt_tensor *t, lt_generator *g, double mean, double std);
+/* The raw block function: 4 words of output for counter ctr and key key. */
+void lt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out);
+
+/* ---- memory --------------------------------------------------------------- */
+
+/* Bytes in live CPU tensors, bytes held (live plus cached), peak of live. */
+void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak);
+/* Returns cached CPU blocks to the system. */
+void lt_cpu_empty_cache(void);
+/* LT_FFI_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

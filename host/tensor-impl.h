@@ -1,0 +1,163 @@
+/*
+ * tensor-impl.h: layouts the FFI never sees: storages, tensors, the backend
+ * vtable, and the strided-iteration descriptors that the host hands to kernels.
+ *
+ * Relies on lutra.h for the public enums. Kernels include this header (and
+ * iter layouts) but allocate nothing and keep no state.
+ */
+#ifndef LUTRA_TENSOR_IMPL_H
+#define LUTRA_TENSOR_IMPL_H
+
+#include "lutra.h"
+
+#include <stdbool.h>
+
+struct lt_backend_i;
+
+/* A reference-counted block of memory on one device. */
+typedef struct lt_storage {
+  int64_t refcount;
+  void *data;
+  size_t nbytes;
+  lt_device device;
+  const struct lt_backend_i *backend;
+} lt_storage;
+
+/* A view: shape, strides (in elements) and offset into a storage. */
+struct lt_tensor {
+  int64_t refcount;
+  lt_storage *storage;
+  int64_t offset;
+  int ndim;
+  lt_dtype dtype;
+  int64_t sizes[LT_MAX_DIMS];
+  int64_t strides[LT_MAX_DIMS];
+  void *autograd; /* the autograd issue hangs its metadata here; NULL for now */
+};
+
+/* The arithmetic type an elementwise op or conversion runs in. */
+typedef enum lt_compute {
+  LT_COMPUTE_F32 = 0, /* f32, bf16, f16 (and small integers into floats) */
+  LT_COMPUTE_F64 = 1,
+  LT_COMPUTE_I64 = 2, /* integers and bool */
+} lt_compute;
+
+/*
+ * An elementwise iteration over up to 4 operands (operand 0 is the output),
+ * all of the same logical shape after broadcasting. The host has already
+ * dropped size-1 dims, merged dims that are contiguous in every operand and
+ * ordered them so the last dim is the innermost. Strides are in elements.
+ */
+enum { LT_ITER_MAX_OPS = 4 };
+typedef struct lt_iter {
+  int ndim;
+  int nops;
+  int64_t numel;
+  int64_t shape[LT_MAX_DIMS];
+  char *data[LT_ITER_MAX_OPS];
+  int64_t strides[LT_ITER_MAX_OPS][LT_MAX_DIMS];
+  lt_dtype dtypes[LT_ITER_MAX_OPS];
+} lt_iter;
+
+/*
+ * A reduction: the output has nkeep dims (out_strides), the input the same
+ * nkeep dims (in_keep_strides) followed by nred reduced dims. Sizes of 0 are
+ * possible on both sides.
+ */
+typedef struct lt_reduce_iter {
+  int nkeep, nred;
+  int64_t keep_shape[LT_MAX_DIMS];
+  int64_t red_shape[LT_MAX_DIMS];
+  int64_t out_strides[LT_MAX_DIMS];
+  int64_t in_keep_strides[LT_MAX_DIMS];
+  int64_t in_red_strides[LT_MAX_DIMS];
+  int64_t out_numel, red_numel;
+  char *out;
+  const char *in;
+  lt_dtype out_dtype, in_dtype;
+} lt_reduce_iter;
+
+/*
+ * A batch of matrix products C[b] = A[b] @ B[b], each operand given by its
+ * base address, a batch stride per batch dim, and its row and column strides.
+ */
+typedef struct lt_matmul_desc {
+  int64_t m, n, k;
+  int nbatch_dims;
+  int64_t batch_shape[LT_MAX_DIMS];
+  int64_t a_batch_strides[LT_MAX_DIMS], b_batch_strides[LT_MAX_DIMS], c_batch_strides[LT_MAX_DIMS];
+  int64_t a_rs, a_cs, b_rs, b_cs, c_rs; /* c is row-major: c_cs = 1 */
+  const char *a, *b;
+  char *c;
+  lt_dtype dtype; /* f32 or f64 */
+} lt_matmul_desc;
+
+/*
+ * Indexing: t viewed as (outer, dim, inner) around the indexed dim. Used for
+ * index_select (index 1-D) and index_add.
+ */
+typedef struct lt_index_desc {
+  int64_t outer, inner;
+  int64_t src_dim, dst_dim;      /* sizes of the indexed dim in source/destination */
+  int64_t nindex;
+  const char *index;
+  lt_dtype index_dtype;
+  int64_t index_stride;
+} lt_index_desc;
+
+/* Backend vtable: one static const table per backend; optional entries are NULL. */
+typedef struct lt_backend_i {
+  const char *name;
+  lt_status (*alloc)(lt_device device, size_t nbytes, void **ptr);
+  void (*free)(lt_device device, void *ptr, size_t nbytes);
+  /* copies between host memory and this device, contiguous bytes */
+  lt_status (*copy_to_host)(lt_device device, void *dst, const void *src, size_t nbytes);
+  lt_status (*copy_from_host)(lt_device device, void *dst, const void *src, size_t nbytes);
+  lt_status (*synchronize)(lt_device device);
+  /* elementwise: operand 0 is the output */
+  lt_status (*copy)(const lt_iter *it);
+  lt_status (*fill)(const lt_iter *it, double value);
+  lt_status (*unary)(lt_unary_op op, lt_compute ck, const lt_iter *it);
+  lt_status (*binary)(lt_binary_op op, lt_compute ck, const lt_iter *it);
+  lt_status (*binary_scalar)(lt_binary_op op, lt_compute ck, const lt_iter *it, double s, int reversed);
+  lt_status (*where)(lt_compute ck, const lt_iter *it);
+  lt_status (*clamp)(lt_compute ck, const lt_iter *it, double lo, int has_lo, double hi, int has_hi);
+  lt_status (*reduce)(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
+  lt_status (*matmul)(const lt_matmul_desc *d);
+  /* index kernels return LT_OK, or LT_ERR_ARG with *bad set to the position
+     of the first out-of-range index */
+  lt_status (*index_select)(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad);
+  lt_status (*index_add)(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype, int64_t *bad);
+  lt_status (*gather)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
+  lt_status (*scatter_add)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
+  lt_status (*uniform)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
+  lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
+} lt_backend_i;
+
+extern const lt_backend_i lt_backend_cpu;
+
+/* The backend serving a device, or NULL when it is absent in this build. */
+const lt_backend_i *lt_backend_for(lt_device device);
+
+static inline char *lt_tensor_ptr(const lt_tensor *t) {
+  return (char *)t->storage->data + t->offset * lt_dtype_size(t->dtype);
+}
+
+/* Allocates a tensor object (refcount 1) viewing storage s (retained). */
+lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t *sizes,
+                          const int64_t *strides, lt_dtype dtype);
+void lt_storage_release(lt_storage *s);
+/* A contiguous, uninitialised tensor with t's shape, dtype and device. */
+lt_status lt_tensor_empty_like(const lt_tensor *t, lt_dtype dtype, lt_tensor **out);
+
+/* Writes "[2, 3]" into buf (at least 200 bytes) and returns buf. */
+const char *lt_shape_str(int ndim, const int64_t *sizes, char *buf);
+
+/* Contiguous strides for sizes; returns numel. */
+int64_t lt_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+
+/* CPU caching allocator. */
+void *lt_cpu_alloc(size_t nbytes);
+void lt_cpu_free(void *ptr, size_t nbytes);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * cpu.h: the CPU kernels' entry points, gathered into lt_backend_cpu by
+ * host/backend-cpu.c, and the chunk conversions they share.
+ * Kernels compute only: the host checks shapes, allocates and builds the
+ * iteration descriptors (tensor-impl.h).
+ */
+#ifndef LUTRA_KERNELS_CPU_H
+#define LUTRA_KERNELS_CPU_H
+
+#include "../../host/tensor-impl.h"
+
+/* Elements per chunk that elementwise kernels convert and compute at a time. */
+enum { LT_CPU_CHUNK = 1024 };
+/* Below this many elements a kernel runs on the calling thread alone. */
+enum { LT_CPU_PARALLEL_MIN = 32768 };
+
+/* Loads n elements of dtype dt at src (stride in elements) into buf as ck values. */
+void lt_cpu_load(lt_compute ck, void *buf, const char *src, lt_dtype dt, int64_t stride, int64_t n);
+/* Stores n ck values from buf into dst (dtype dt, stride in elements), converting. */
+void lt_cpu_store(lt_compute ck, char *dst, lt_dtype dt, int64_t stride, const void *buf, int64_t n);
+/* The dtype a compute kind holds natively (f32, f64, i64). */
+lt_dtype lt_cpu_native_dtype(lt_compute ck);
+
+/* convert.c / elementwise.c */
+lt_status lt_cpu_copy(const lt_iter *it);
+lt_status lt_cpu_fill(const lt_iter *it, double value);
+lt_status lt_cpu_unary(lt_unary_op op, lt_compute ck, const lt_iter *it);
+lt_status lt_cpu_binary(lt_binary_op op, lt_compute ck, const lt_iter *it);
+lt_status lt_cpu_binary_scalar(lt_binary_op op, lt_compute ck, const lt_iter *it, double s, int reversed);
+lt_status lt_cpu_where(lt_compute ck, const lt_iter *it);
+lt_status lt_cpu_clamp(lt_compute ck, const lt_iter *it, double lo, int has_lo, double hi, int has_hi);
+
+/* reduce.c */
+lt_status lt_cpu_reduce(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
+
+/* matmul.c */
+lt_status lt_cpu_matmul(const lt_matmul_desc *d);
+
+/* index.c */
+lt_status lt_cpu_index_select(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad);
+lt_status lt_cpu_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype, int64_t *bad);
+lt_status lt_cpu_gather(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
+lt_status lt_cpu_scatter_add(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
+
+/* random.c */
+lt_status lt_cpu_uniform(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
+lt_status lt_cpu_normal(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
+
+/* Reads index element i of an i32/i64 index array with a stride. */
+static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {
+  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)index)[i * stride]
+                            : ((const int64_t *)index)[i * stride];
+}
+
+/*
+ * Walks the rows of an iteration: calls body(row_offsets, inner_len) where
+ * row_offsets[k] is operand k's element offset of the row's first element.
+ * Rows are all dims but the innermost.
+ */
+static inline void lt_cpu_row_offsets(const lt_iter *it, int64_t row, int64_t *offs) {
+  for (int k = 0; k < it->nops; k++)
+    offs[k] = 0;
+  for (int d = it->ndim - 2; d >= 0; d--) {
+    int64_t i = row % it->shape[d];
+    row /= it->shape[d];
+    for (int k = 0; k < it->nops; k++)
+      offs[k] += i * it->strides[k][d];
+  }
+}
+
+#endif

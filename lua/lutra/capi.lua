@@ -1,0 +1,27 @@
+--- lutra.capi: the C core through the LuaJIT FFI.
+-- Loads the declarations generated from host/lutra.h (lutra.core.cdef) once
+-- and gives the library C (the symbols in the lutra binary), ffi, and the
+-- error helpers that turn a failed lt_status into a Lua error at the
+-- caller's line.
+local ffi = require "ffi"
+local core = require "lutra.core"
+
+ffi.cdef(core.cdef)
+local C = ffi.C
+
+local M = { C = C, ffi = ffi, core = core }
+
+--- Raises the last C error. `level` counts as for error(): 2 blames the
+-- caller of the function that calls fail.
+function M.fail(level)
+  error(ffi.string(C.lt_last_error()), (level or 2) + 1)
+end
+
+--- One reusable out-parameter box for functions returning a tensor.
+M.tensor_box = ffi.new("lt_tensor*[1]")
+
+--- Scratch int64 arrays for shapes and dims (the Lua state is single-threaded).
+M.dims_a = ffi.new("int64_t[8]")
+M.dims_b = ffi.new("int64_t[8]")
+
+return M

@@ -1,0 +1,62 @@
+--- lutra: the library a recipe gets from `local lt = require "lutra"`.
+-- Tensor creation and math (lt.tensor, lt.zeros, lt.matmul, ...), random
+-- numbers (lt.manual_seed, lt.rand), JSON (lt.json), memory and thread
+-- controls. Later layers add lt.F, lt.nn, lt.optim, lt.data, lt.dist.
+local capi = require "lutra.capi"
+local tensor = require "lutra.tensor"
+local random = require "lutra.random"
+local ffi, C = capi.ffi, capi.C
+
+local lt = {}
+
+lt.version = ffi.string(C.lt_version())
+
+for _, name in ipairs { "tensor", "zeros", "ones", "full", "empty", "arange", "zeros_like",
+  "ones_like", "empty_like", "full_like", "where", "matmul", "is_tensor" } do
+  lt[name] = tensor[name]
+end
+for _, name in ipairs { "rand", "randn", "manual_seed", "Generator", "default_generator" } do
+  lt[name] = random[name]
+end
+
+-- tensor math as functions too: lt.add(a, b), lt.exp(x), lt.sum(x, 2), ...
+for _, name in ipairs { "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt",
+  "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "clamp",
+  "sum", "mean", "max", "min", "argmax", "argmin", "var", "std", "index_select", "gather",
+  "transpose", "permute", "reshape", "view", "narrow", "select", "expand", "squeeze",
+  "unsqueeze", "contiguous", "clone", "flatten", "masked_fill" } do
+  lt[name] = tensor.methods[name]
+end
+
+lt.json = require "lutra.json"
+
+--- lt.build_info(): the lines `lutra --version` prints.
+function lt.build_info() return ffi.string(C.lt_build_info()) end
+
+--- lt.num_threads() / lt.set_num_threads(n): CPU threads for kernels and BLAS.
+function lt.num_threads() return C.lt_num_threads() end
+function lt.set_num_threads(n) C.lt_set_num_threads(n) end
+
+--- lt.memory_stats() -> {allocated=, reserved=, peak=} in bytes for CPU tensors
+-- (reserved includes blocks cached for reuse).
+function lt.memory_stats()
+  local a, r, p = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  C.lt_cpu_memory_stats(a, r, p)
+  return { allocated = tonumber(a[0]), reserved = tonumber(r[0]), peak = tonumber(p[0]) }
+end
+
+--- lt.empty_cache(): returns cached CPU blocks to the system.
+function lt.empty_cache() C.lt_cpu_empty_cache() end
+
+lt.cuda = {
+  --- Number of CUDA devices usable now, and the reason when there are none.
+  device_count = function()
+    local why = ffi.new("const char*[1]")
+    local n = C.lt_cuda_device_count(why)
+    return n, why[0] ~= nil and ffi.string(why[0]) or nil
+  end,
+  --- Whether this build has CUDA compiled in and a device is present.
+  is_available = function() return C.lt_cuda_device_count(nil) > 0 end,
+}
+
+return lt

@@ -1,0 +1,94 @@
+--- lutra.random: Philox generators and random tensors.
+-- A generator is (seed, offset); draws consume counters so that CPU and CUDA
+-- give the same numbers for the same seed (host/lutra.h). lt.manual_seed(s)
+-- resets the default generator; functions take {generator=g} to use another.
+local capi = require "lutra.capi"
+local tensor = require "lutra.tensor"
+local ffi, C, fail = capi.ffi, capi.C, capi.fail
+
+local M = {}
+local Generator = {}
+Generator.__index = Generator
+
+local gen_box = ffi.new("lt_generator*[1]")
+local u64a, u64b = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+
+--- lt.Generator(seed): a new generator at offset 0. seed is a whole number >= 0.
+function M.Generator(seed)
+  seed = seed or 0
+  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) then
+    error("Generator: seed must be a whole number >= 0, got " .. tostring(seed), 2)
+  end
+  if C.lt_generator_new(seed, gen_box) ~= 0 then fail(2) end
+  return setmetatable({ ptr = ffi.gc(gen_box[0], C.lt_generator_release) }, Generator)
+end
+
+--- g:state() -> {seed=, offset=}: everything needed to continue the stream.
+function Generator:state()
+  C.lt_generator_get_state(self.ptr, u64a, u64b)
+  return { seed = tonumber(u64a[0]), offset = tonumber(u64b[0]) }
+end
+
+--- g:set_state{seed=, offset=}
+function Generator:set_state(s)
+  C.lt_generator_set_state(self.ptr, s.seed, s.offset)
+  return self
+end
+
+function Generator:__tostring()
+  local s = self:state()
+  return ("Generator(seed=%d, offset=%d)"):format(s.seed, s.offset)
+end
+
+local default = M.Generator(0)
+
+--- lt.manual_seed(seed): restarts the default generator at (seed, 0).
+function M.manual_seed(seed)
+  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) then
+    error("manual_seed: seed must be a whole number >= 0, got " .. tostring(seed), 2)
+  end
+  default:set_state { seed = seed, offset = 0 }
+end
+
+--- The default generator.
+function M.default_generator() return default end
+
+local function gen_of(opts)
+  local g = opts and opts.generator or default
+  if getmetatable(g) ~= Generator then error("generator must come from lt.Generator", 3) end
+  return g.ptr
+end
+
+--- lt.rand(shape, {dtype=, device=, generator=}): uniform in [0, 1).
+function M.rand(...)
+  local n, opts = tensor.read_shape("rand", capi.dims_a, 2, ...)
+  local dt, dev = tensor.options(opts, 2)
+  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
+  local r = tensor.take()
+  if C.lt_tensor_uniform_(r, gen_of(opts), 0, 1) ~= 0 then fail(2) end
+  return r
+end
+
+--- lt.randn(shape, {dtype=, device=, generator=}): standard normal.
+function M.randn(...)
+  local n, opts = tensor.read_shape("randn", capi.dims_a, 2, ...)
+  local dt, dev = tensor.options(opts, 2)
+  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
+  local r = tensor.take()
+  if C.lt_tensor_normal_(r, gen_of(opts), 0, 1) ~= 0 then fail(2) end
+  return r
+end
+
+--- t:uniform_(lo, hi[, generator]) fills t in place; returns t.
+function tensor.methods.uniform_(t, lo, hi, g)
+  if C.lt_tensor_uniform_(t, gen_of(g and { generator = g }), lo or 0, hi or 1) ~= 0 then fail(2) end
+  return t
+end
+
+--- t:normal_(mean, std[, generator]) fills t in place; returns t.
+function tensor.methods.normal_(t, mean, std, g)
+  if C.lt_tensor_normal_(t, gen_of(g and { generator = g }), mean or 0, std or 1) ~= 0 then fail(2) end
+  return t
+end
+
+return M

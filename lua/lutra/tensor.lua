@@ -1,0 +1,738 @@
+--- lutra.tensor: the tensor type seen from Lua.
+-- Tensors are ffi.metatype objects over the C core's lt_tensor (host/lutra.h):
+-- methods, operators (+ - * / ^, unary minus, tostring), 1-based dims with
+-- negative dims counting from the end, and errors raised at the caller's
+-- line that name the op, shapes and dtypes. Every function here converts its
+-- arguments and forwards to one C call; the work is in C.
+local capi = require "lutra.capi"
+local ffi, C, fail = capi.ffi, capi.C, capi.fail
+local box, dims_a, dims_b = capi.tensor_box, capi.dims_a, capi.dims_b
+
+local M = {}
+local T = {} -- tensor methods
+M.methods = T
+
+local gc, release = ffi.gc, C.lt_tensor_release
+local type, select, floor = type, select, math.floor
+
+--- Takes the tensor C wrote into the box (owning its reference).
+local function take()
+  return gc(box[0], release)
+end
+M.take = take
+
+-- ---- dtypes and devices -------------------------------------------------
+
+local dtype_cache, dtype_codes = {}, {}
+local dtype_out = ffi.new("lt_dtype[1]")
+local device_out = ffi.new("lt_device[1]")
+
+--- dtype code of a name ("f32", "bf16", "float32", ...); raises on unknown names.
+local function dtype_code(name, level)
+  local code = dtype_codes[name]
+  if code then return code end
+  if type(name) ~= "string" then
+    error(("dtype must be a string such as 'f32', got %s"):format(type(name)), (level or 1) + 1)
+  end
+  if C.lt_dtype_parse(name, dtype_out) ~= 0 then fail((level or 1)) end
+  dtype_codes[name] = tonumber(dtype_out[0])
+  return dtype_codes[name]
+end
+M.dtype_code = dtype_code
+
+local function dtype_name(code)
+  local n = dtype_cache[code]
+  if not n then
+    n = ffi.string(C.lt_dtype_name(code))
+    dtype_cache[code] = n
+  end
+  return n
+end
+M.dtype_name = dtype_name
+
+local device_codes, device_names = {}, {}
+local name_buf = ffi.new("char[16]")
+local function device_code(name, level)
+  local code = device_codes[name]
+  if code then return code end
+  if type(name) ~= "string" then
+    error(("device must be a string such as 'cpu' or 'cuda:0', got %s"):format(type(name)), (level or 1) + 1)
+  end
+  if C.lt_device_parse(name, device_out) ~= 0 then fail(level or 1) end
+  device_codes[name] = tonumber(device_out[0])
+  return device_codes[name]
+end
+M.device_code = device_code
+
+local function device_name(code)
+  local n = device_names[code]
+  if not n then
+    n = ffi.string(C.lt_device_name(code, name_buf))
+    device_names[code] = n
+  end
+  return n
+end
+
+local function is_tensor(x)
+  return type(x) == "cdata" and ffi.istype("lt_tensor*", x)
+end
+M.is_tensor = is_tensor
+
+--- Options table {dtype=, device=} -> dtype code, device code.
+local F32 = 0
+local function options(opts, level)
+  if opts == nil then return F32, 0 end
+  if type(opts) ~= "table" then
+    error("options must be a table such as {dtype='f32', device='cpu'}", level + 1)
+  end
+  local dt = opts.dtype and dtype_code(opts.dtype, level + 1) or F32
+  local dev = opts.device and device_code(opts.device, level + 1) or 0
+  return dt, dev
+end
+M.options = options
+
+-- ---- shapes and dims ----------------------------------------------------
+
+local shape_buf = ffi.new("char[200]")
+local function shape_str(t)
+  return ffi.string(C.lt_tensor_shape_str(t, shape_buf))
+end
+M.shape_str = shape_str
+
+--- Reads a shape given as numbers (2, 3) or a table {2, 3} into buf; returns n.
+-- A trailing table argument after numbers is left for options.
+local function read_shape(op, buf, level, ...)
+  local first = ...
+  local n = 0
+  if type(first) == "table" and not is_tensor(first) then
+    n = #first
+    if n > 8 then error(op .. ": at most 8 dims, got " .. n, level + 1) end
+    for i = 1, n do
+      local s = first[i]
+      if type(s) ~= "number" or s ~= floor(s) then
+        error(("%s: size %d of the shape is %s, expected a whole number"):format(op, i, tostring(s)), level + 1)
+      end
+      buf[i - 1] = s
+    end
+    return n, select(2, ...)
+  end
+  local args = select("#", ...)
+  for i = 1, args do
+    local s = select(i, ...)
+    if type(s) ~= "number" then return n, select(i, ...) end
+    if s ~= floor(s) then
+      error(("%s: size %d of the shape is %s, expected a whole number"):format(op, i, tostring(s)), level + 1)
+    end
+    n = n + 1
+    if n > 8 then error(op .. ": at most 8 dims", level + 1) end
+    buf[n - 1] = s
+  end
+  return n
+end
+M.read_shape = read_shape
+
+--- Lua dim (1-based, negative from the end) -> C dim for a tensor with n dims.
+local function cdim(op, t, d, level, extra)
+  local n = C.lt_tensor_ndim(t) + (extra or 0)
+  if type(d) ~= "number" or d ~= floor(d) then
+    error(("%s: dim must be a whole number, got %s"):format(op, tostring(d)), level + 1)
+  end
+  local c = d < 0 and n + d or d - 1
+  if c < 0 or c >= n then
+    error(("%s: dim %d is out of range for a %d-dim tensor of shape %s (valid: 1..%d or -%d..-1)")
+      :format(op, d, C.lt_tensor_ndim(t), shape_str(t), n, n), level + 1)
+  end
+  return c
+end
+M.cdim = cdim
+
+local function check_tensor(op, x, pos, level)
+  if not is_tensor(x) then
+    error(("bad argument #%d to '%s' (tensor expected, got %s)"):format(pos, op, type(x)), level + 1)
+  end
+end
+
+-- ---- properties ----------------------------------------------------------
+
+--- t:shape() -> {size1, size2, ...}
+function T.shape(t)
+  local n = C.lt_tensor_ndim(t)
+  local s = {}
+  for i = 0, n - 1 do s[i + 1] = tonumber(C.lt_tensor_size(t, i)) end
+  return s
+end
+
+--- t:size() -> shape table; t:size(d) -> size of dim d (1-based, negative from the end).
+function T.size(t, d)
+  if d == nil then return T.shape(t) end
+  return tonumber(C.lt_tensor_size(t, cdim("size", t, d, 2)))
+end
+
+--- t:stride(d) -> stride of dim d in elements; t:stride() -> table of strides.
+function T.stride(t, d)
+  if d == nil then
+    local s = {}
+    for i = 0, C.lt_tensor_ndim(t) - 1 do s[i + 1] = tonumber(C.lt_tensor_stride(t, i)) end
+    return s
+  end
+  return tonumber(C.lt_tensor_stride(t, cdim("stride", t, d, 2)))
+end
+
+function T.dim(t) return C.lt_tensor_ndim(t) end
+function T.numel(t) return tonumber(C.lt_tensor_numel(t)) end
+function T.is_contiguous(t) return C.lt_tensor_is_contiguous(t) ~= 0 end
+function T.storage_offset(t) return tonumber(C.lt_tensor_offset(t)) end
+--- Whether two tensors view the same storage.
+function T.shares_storage(t, other) return C.lt_tensor_same_storage(t, other) ~= 0 end
+function T.is_floating_point(t) return C.lt_dtype_is_float(C.lt_tensor_dtype(t)) ~= 0 end
+--- Address of element 1 of a CPU tensor, as a typed pointer for FFI code.
+local ptr_types = { f32 = "float*", f64 = "double*", bf16 = "uint16_t*", f16 = "uint16_t*",
+  i8 = "int8_t*", u8 = "uint8_t*", u16 = "uint16_t*", i32 = "int32_t*", i64 = "int64_t*", bool = "uint8_t*" }
+function T.data_ptr(t)
+  local p = C.lt_tensor_data(t)
+  if p == nil then error("data_ptr: the tensor is not on the CPU", 2) end
+  return ffi.cast(ptr_types[dtype_name(C.lt_tensor_dtype(t))], p)
+end
+
+--- Releases the tensor now instead of at garbage collection. Using t afterwards is an error.
+function T.free(t)
+  gc(t, nil)
+  release(t)
+end
+
+local props = {
+  dtype = function(t) return dtype_name(C.lt_tensor_dtype(t)) end,
+  device = function(t) return device_name(C.lt_tensor_device(t)) end,
+}
+
+-- ---- values ----------------------------------------------------------------
+
+--- t:item() -> the value of a one-element tensor as a Lua number (bool: true/false).
+local item_out = ffi.new("double[1]")
+function T.item(t)
+  if C.lt_tensor_item(t, item_out) ~= 0 then fail(2) end
+  if C.lt_tensor_dtype(t) == 9 then return item_out[0] ~= 0 end
+  return item_out[0]
+end
+
+--- t:totable() -> nested Lua tables of numbers (booleans for bool); a number for 0-dim.
+-- i64 values beyond 2^53 lose precision (Lua numbers are doubles).
+function T.totable(t)
+  local n = tonumber(C.lt_tensor_numel(t))
+  local buf = ffi.new("double[?]", math.max(n, 1))
+  if C.lt_tensor_to_f64(t, buf, n) ~= 0 then fail(2) end
+  local is_bool = C.lt_tensor_dtype(t) == 9
+  local shape = T.shape(t)
+  local pos = 0
+  local function build(d)
+    local out = {}
+    if d > #shape then return end
+    for i = 1, shape[d] do
+      if d == #shape then
+        local v = buf[pos]
+        pos = pos + 1
+        if is_bool then v = v ~= 0 end
+        out[i] = v
+      else
+        out[i] = build(d + 1)
+      end
+    end
+    return out
+  end
+  if #shape == 0 then
+    local v = buf[0]
+    if is_bool then v = v ~= 0 end
+    return v
+  end
+  return build(1)
+end
+
+-- ---- creation ----------------------------------------------------------------
+
+--- Walks nested tables: returns the shape and the flat values; raises on ragged
+-- tables and non-numbers, naming the element.
+local function flatten(data, level)
+  local shape = {}
+  local probe = data
+  while type(probe) == "table" do
+    shape[#shape + 1] = #probe
+    if #shape > 8 then error("tensor: nested more than 8 deep", level + 1) end
+    probe = probe[1]
+  end
+  local n = 1
+  for i = 1, #shape do n = n * shape[i] end
+  local vals = ffi.new("double[?]", math.max(n, 1))
+  local pos = 0
+  local path = {}
+  local err
+  local function walk(x, d)
+    if d > #shape then
+      local tx = type(x)
+      if tx == "number" then
+        vals[pos] = x
+      elseif tx == "boolean" then
+        vals[pos] = x and 1 or 0
+      else
+        err = ("tensor: element [%s] is a %s, expected a number"):format(table.concat(path, "]["), tx)
+      end
+      pos = pos + 1
+      return
+    end
+    if type(x) ~= "table" then
+      err = ("tensor: element [%s] is a %s where a table of %d elements was expected (ragged nesting)")
+        :format(table.concat(path, "]["), type(x), shape[d])
+      return
+    end
+    if #x ~= shape[d] then
+      err = ("tensor: ragged nested table: [%s] has %d elements, expected %d like the first at depth %d")
+        :format(table.concat(path, "]["), #x, shape[d], d)
+      return
+    end
+    for i = 1, shape[d] do
+      path[d] = i
+      walk(x[i], d + 1)
+      path[d] = nil
+      if err then return end
+    end
+  end
+  walk(data, 1)
+  if err then error(err, level + 1) end
+  return shape, vals
+end
+
+--- lt.tensor(data, {dtype=, device=}): a tensor from a number or nested tables.
+-- dtype defaults to f32. Raises on ragged tables and non-numbers.
+function M.tensor(data, opts)
+  local dt, dev = options(opts, 2)
+  if type(data) == "number" or type(data) == "boolean" then
+    local v = ffi.new("double[1]", type(data) == "boolean" and (data and 1 or 0) or data)
+    if C.lt_tensor_from_f64(v, 0, dims_a, dt, dev, box) ~= 0 then fail(2) end
+    return take()
+  end
+  if type(data) ~= "table" then
+    error(("tensor: expected a number or a nested table, got %s"):format(type(data)), 2)
+  end
+  local shape, vals = flatten(data, 2)
+  for i = 1, #shape do dims_a[i - 1] = shape[i] end
+  if C.lt_tensor_from_f64(vals, #shape, dims_a, dt, dev, box) ~= 0 then fail(2) end
+  return take()
+end
+
+local function make_full(op, value, level, ...)
+  local n, opts = read_shape(op, dims_a, level + 1, ...)
+  local dt, dev = options(opts, level + 1)
+  if C.lt_tensor_full(n, dims_a, value, dt, dev, box) ~= 0 then fail(level) end
+  return take()
+end
+
+--- lt.zeros(2, 3) or lt.zeros({2, 3}, {dtype=, device=}).
+function M.zeros(...) return make_full("zeros", 0, 2, ...) end
+--- lt.ones(shape, opts): like zeros, filled with 1.
+function M.ones(...) return make_full("ones", 1, 2, ...) end
+
+--- lt.full(shape, value, opts): every element value (rounded to the dtype).
+function M.full(shape, value, opts)
+  if type(value) ~= "number" and type(value) ~= "boolean" then
+    error("full: value must be a number, got " .. type(value), 2)
+  end
+  if type(value) == "boolean" then value = value and 1 or 0 end
+  return make_full("full", value, 2, shape, opts)
+end
+
+--- lt.empty(shape, opts): uninitialised memory (fill it before reading).
+function M.empty(...)
+  local n, opts = read_shape("empty", dims_a, 2, ...)
+  local dt, dev = options(opts, 2)
+  if C.lt_tensor_empty(n, dims_a, dt, dev, box) ~= 0 then fail(2) end
+  return take()
+end
+
+local function like_opts(t, opts)
+  opts = opts or {}
+  return { dtype = opts.dtype or t.dtype, device = opts.device or t.device }
+end
+function M.zeros_like(t, opts) return M.zeros(T.shape(t), like_opts(t, opts)) end
+function M.ones_like(t, opts) return M.ones(T.shape(t), like_opts(t, opts)) end
+function M.empty_like(t, opts) return M.empty(T.shape(t), like_opts(t, opts)) end
+function M.full_like(t, value, opts) return M.full(T.shape(t), value, like_opts(t, opts)) end
+
+--- lt.arange(n) = 0..n-1; lt.arange(start, stop[, step]) = [start, stop) by step
+-- (torch.arange); a trailing options table sets dtype/device (default f32).
+function M.arange(a, b, c, d)
+  local opts
+  if type(b) == "table" then opts, b = b, nil
+  elseif type(c) == "table" then opts, c = c, nil
+  elseif type(d) == "table" then opts = d end
+  local start, stop, step = 0, a, 1
+  if b ~= nil then start, stop, step = a, b, c or 1 end
+  if type(start) ~= "number" or type(stop) ~= "number" or type(step) ~= "number" then
+    error("arange: start, stop and step must be numbers", 2)
+  end
+  local dt, dev = options(opts, 2)
+  if C.lt_tensor_arange(start, stop, step, dt, dev, box) ~= 0 then fail(2) end
+  return take()
+end
+
+-- ---- views ---------------------------------------------------------------------
+
+--- t:view(2, 3) or t:view{2, 3}: same storage, new shape (one size may be -1).
+-- Raises when the strides do not allow it (use reshape).
+function T.view(t, ...)
+  local n = read_shape("view", dims_a, 2, ...)
+  if C.lt_tensor_view(t, n, dims_a, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:reshape(...): a view when possible, else a contiguous copy.
+function T.reshape(t, ...)
+  local n = read_shape("reshape", dims_a, 2, ...)
+  if C.lt_tensor_reshape(t, n, dims_a, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:flatten([start_dim, end_dim]): merges dims start..end (default all) into one.
+function T.flatten(t, s, e)
+  local n = C.lt_tensor_ndim(t)
+  if n == 0 then return T.reshape(t, 1) end
+  s = s and cdim("flatten", t, s, 2) or 0
+  e = e and cdim("flatten", t, e, 2) or n - 1
+  local shape, out = T.shape(t), {}
+  for i = 1, s do out[#out + 1] = shape[i] end
+  local m = 1
+  for i = s + 1, e + 1 do m = m * shape[i] end
+  out[#out + 1] = m
+  for i = e + 2, n do out[#out + 1] = shape[i] end
+  return T.reshape(t, out)
+end
+
+--- t:transpose(d1, d2): swaps two dims (a view).
+function T.transpose(t, d0, d1)
+  if C.lt_tensor_transpose(t, cdim("transpose", t, d0, 2), cdim("transpose", t, d1, 2), box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:t(): the transpose of a 2-D tensor (a view).
+function T.t(t)
+  if C.lt_tensor_ndim(t) ~= 2 then
+    error(("t: expects a 2-D tensor, got shape %s; use transpose(d1, d2)"):format(shape_str(t)), 2)
+  end
+  if C.lt_tensor_transpose(t, 0, 1, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:permute(3, 1, 2) or t:permute{3, 1, 2}: result dim i is input dim dims[i].
+function T.permute(t, ...)
+  local dims = type(...) == "table" and ... or { ... }
+  local n = #dims
+  if n ~= C.lt_tensor_ndim(t) then
+    error(("permute: %d dims given for a %d-dim tensor of shape %s"):format(n, C.lt_tensor_ndim(t), shape_str(t)), 2)
+  end
+  for i = 1, n do dims_a[i - 1] = cdim("permute", t, dims[i], 2) end
+  if C.lt_tensor_permute(t, n, dims_a, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:narrow(dim, start, length): elements start .. start+length-1 (1-based) of dim.
+function T.narrow(t, dim, start, length)
+  if type(start) ~= "number" or type(length) ~= "number" then
+    error("narrow: start and length must be numbers", 2)
+  end
+  if C.lt_tensor_narrow(t, cdim("narrow", t, dim, 2), start - 1, length, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:select(dim, i): element i (1-based, negative from the end) of dim, removing the dim.
+function T.select(t, dim, index)
+  local d = cdim("select", t, dim, 2)
+  if type(index) ~= "number" then error("select: index must be a number", 2) end
+  if index < 0 then index = tonumber(C.lt_tensor_size(t, d)) + index + 1 end
+  if C.lt_tensor_select(t, d, index - 1, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:expand(4, 2, 3) or t:expand{...}: broadcasts size-1 dims (-1 keeps a size). A view.
+function T.expand(t, ...)
+  local n = read_shape("expand", dims_a, 2, ...)
+  if C.lt_tensor_expand(t, n, dims_a, box) ~= 0 then fail(2) end
+  return take()
+end
+
+function T.expand_as(t, other) return T.expand(t, T.shape(other)) end
+
+--- t:squeeze([dim]): removes dim if its size is 1, or every size-1 dim.
+function T.squeeze(t, dim)
+  local d = dim == nil and -1 or cdim("squeeze", t, dim, 2)
+  if C.lt_tensor_squeeze(t, d, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:unsqueeze(dim): inserts a size-1 dim so that it becomes dim (1..ndim+1, or negative).
+function T.unsqueeze(t, dim)
+  if C.lt_tensor_unsqueeze(t, cdim("unsqueeze", t, dim, 2, 1), box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:contiguous(): t itself when contiguous, else a contiguous copy.
+function T.contiguous(t)
+  if C.lt_tensor_contiguous(t, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:clone(): a contiguous copy.
+function T.clone(t)
+  if C.lt_tensor_clone(t, box) ~= 0 then fail(2) end
+  return take()
+end
+
+-- ---- copies and conversion ---------------------------------------------------
+
+--- t:to("bf16"), t:to("cuda"), t:to("cuda", "bf16") or t:to{dtype=, device=}:
+-- a copy with that dtype and device; t itself when nothing changes.
+function T.to(t, a, b)
+  local dt, dev = C.lt_tensor_dtype(t), C.lt_tensor_device(t)
+  local function apply(x)
+    if x == nil then return end
+    if type(x) == "table" then
+      if x.dtype then dt = dtype_code(x.dtype, 4) end
+      if x.device then dev = device_code(x.device, 4) end
+    elseif type(x) == "string" then
+      if C.lt_dtype_parse(x, dtype_out) == 0 then
+        dt = dtype_out[0]
+      elseif C.lt_device_parse(x, device_out) == 0 then
+        dev = device_out[0]
+      else
+        error(("to: '%s' is neither a dtype (f32, bf16, ...) nor a device (cpu, cuda:N)"):format(x), 4)
+      end
+    else
+      error("to: expected a dtype or device name, got " .. type(x), 4)
+    end
+  end
+  apply(a)
+  apply(b)
+  if C.lt_tensor_to(t, dt, dev, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:copy_(src): copies src (broadcast, any dtype or device) into t; returns t.
+function T.copy_(t, src)
+  check_tensor("copy_", src, 1, 2)
+  if C.lt_tensor_copy_(t, src) ~= 0 then fail(2) end
+  return t
+end
+
+--- t:fill_(value): every element set to value; returns t.
+function T.fill_(t, value)
+  if type(value) == "boolean" then value = value and 1 or 0 end
+  if type(value) ~= "number" then error("fill_: value must be a number, got " .. type(value), 2) end
+  if C.lt_tensor_fill_(t, value) ~= 0 then fail(2) end
+  return t
+end
+
+function T.zero_(t)
+  if C.lt_tensor_fill_(t, 0) ~= 0 then fail(2) end
+  return t
+end
+
+-- ---- elementwise ---------------------------------------------------------------
+
+local UNARY = { neg = 0, abs = 1, exp = 2, log = 3, sqrt = 4, rsqrt = 5, tanh = 6, sigmoid = 7 }
+local BINARY = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
+  eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12 }
+M.UNARY, M.BINARY = UNARY, BINARY
+
+for name, code in pairs(UNARY) do
+  T[name] = function(t)
+    if C.lt_unary(code, t, nil, box) ~= 0 then fail(2) end
+    return take()
+  end
+  T[name .. "_"] = function(t)
+    if C.lt_unary(code, t, t, box) ~= 0 then fail(2) end
+    release(box[0])
+    return t
+  end
+end
+
+--- a op b for tensors or numbers on either side; out (a tensor) receives the
+-- result when given. Errors blame `level` frames up.
+local function binary(code, a, b, out, level)
+  local st
+  if type(b) == "number" then
+    if not is_tensor(a) then
+      error(("bad operands: %s and number (expected a tensor)"):format(type(a)), level + 1)
+    end
+    st = C.lt_binary_scalar(code, a, b, 0, out, box)
+  elseif type(a) == "number" then
+    if not is_tensor(b) then error(("bad operands: number and %s"):format(type(b)), level + 1) end
+    st = C.lt_binary_scalar(code, b, a, 1, out, box)
+  else
+    if not is_tensor(a) or not is_tensor(b) then
+      error(("bad operands: %s and %s (expected tensors or numbers)"):format(type(a), type(b)), level + 1)
+    end
+    st = C.lt_binary(code, a, b, out, box)
+  end
+  if st ~= 0 then fail(level) end
+  if out ~= nil then
+    release(box[0])
+    return out
+  end
+  return take()
+end
+M.binary = binary
+
+for name, code in pairs(BINARY) do
+  T[name] = function(a, b) return binary(code, a, b, nil, 2) end
+  T[name .. "_"] = function(a, b) return binary(code, a, b, a, 2) end
+end
+
+--- lt.where(cond, a, b): elementwise cond ? a : b; cond is bool; a or b may be numbers.
+function M.where(cond, a, b)
+  check_tensor("where", cond, 1, 2)
+  local ref = is_tensor(a) and a or (is_tensor(b) and b or nil)
+  local dt = ref and { dtype = ref.dtype, device = ref.device } or { device = cond.device }
+  if type(a) == "number" then a = M.tensor(a, dt) end
+  if type(b) == "number" then b = M.tensor(b, dt) end
+  check_tensor("where", a, 2, 2)
+  check_tensor("where", b, 3, 2)
+  if C.lt_where(cond, a, b, nil, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:masked_fill(mask, value): value where mask (bool, broadcast) is true, t elsewhere.
+function T.masked_fill(t, mask, value)
+  check_tensor("masked_fill", mask, 1, 2)
+  local v = M.tensor(value, { dtype = t.dtype, device = t.device })
+  if C.lt_where(mask, v, t, nil, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:clamp(lo, hi): min(max(t, lo), hi); either bound may be nil. NaN stays NaN.
+function T.clamp(t, lo, hi)
+  if C.lt_clamp(t, lo or 0, lo and 1 or 0, hi or 0, hi and 1 or 0, nil, box) ~= 0 then fail(2) end
+  return take()
+end
+
+function T.clamp_(t, lo, hi)
+  if C.lt_clamp(t, lo or 0, lo and 1 or 0, hi or 0, hi and 1 or 0, t, box) ~= 0 then fail(2) end
+  release(box[0])
+  return t
+end
+
+-- ---- reductions -----------------------------------------------------------------
+
+local REDUCE = { sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, var = 6 }
+
+--- Reads dims given as nil (all), a number or a table of numbers.
+local function read_dims(op, t, dims, level)
+  if dims == nil then return 0 end
+  if type(dims) == "number" then
+    dims_b[0] = cdim(op, t, dims, level + 1)
+    return 1
+  end
+  if type(dims) ~= "table" then
+    error(("%s: dims must be a number or a table of numbers, got %s"):format(op, type(dims)), level + 1)
+  end
+  for i = 1, #dims do dims_b[i - 1] = cdim(op, t, dims[i], level + 1) end
+  if #dims == 0 then
+    error(op .. ": empty table of dims (pass nil to reduce over all dims)", level + 1)
+  end
+  return #dims
+end
+
+-- The methods below call this in tail position, so level 2 is the user's line.
+local function reduce(op, t, dims, keepdim, correction, level)
+  level = level or 2
+  local n = read_dims(op, t, dims, level)
+  if C.lt_reduce(REDUCE[op], t, n, dims_b, keepdim and 1 or 0, correction or 0, box) ~= 0 then fail(level) end
+  return take()
+end
+
+--- t:sum([dims[, keepdim]]): dims nil (all), a dim or a table of dims. Integers sum to i64.
+function T.sum(t, dims, keepdim) return reduce("sum", t, dims, keepdim) end
+--- t:mean([dims[, keepdim]]) (float tensors).
+function T.mean(t, dims, keepdim) return reduce("mean", t, dims, keepdim) end
+--- t:max([dims[, keepdim]]): the largest values (NaN wins, as torch). See argmax.
+function T.max(t, dims, keepdim) return reduce("max", t, dims, keepdim) end
+function T.min(t, dims, keepdim) return reduce("min", t, dims, keepdim) end
+--- t:argmax([dim[, keepdim]]): 0-based i64 positions of the first largest value
+-- along dim (or in the flattened tensor).
+function T.argmax(t, dim, keepdim) return reduce("argmax", t, dim, keepdim) end
+function T.argmin(t, dim, keepdim) return reduce("argmin", t, dim, keepdim) end
+--- t:var([dims[, keepdim[, correction]]]): sum of squared deviations over
+-- (count - correction); correction defaults to 1 (unbiased), as torch.var.
+function T.var(t, dims, keepdim, correction)
+  return reduce("var", t, dims, keepdim, correction == nil and 1 or correction)
+end
+function T.std(t, dims, keepdim, correction)
+  local v = reduce("var", t, dims, keepdim, correction == nil and 1 or correction, 3)
+  return v:sqrt_()
+end
+
+-- ---- matrix products and indexing -----------------------------------------------
+
+--- lt.matmul(a, b): torch.matmul semantics (see host/lutra.h).
+function M.matmul(a, b)
+  check_tensor("matmul", a, 1, 2)
+  check_tensor("matmul", b, 2, 2)
+  if C.lt_matmul(a, b, box) ~= 0 then fail(2) end
+  return take()
+end
+T.matmul = M.matmul
+
+--- t:index_select(dim, index): rows of dim picked by a 1-D i32/i64 tensor of 0-based positions.
+function T.index_select(t, dim, index)
+  check_tensor("index_select", index, 2, 2)
+  if C.lt_index_select(t, cdim("index_select", t, dim, 2), index, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:gather(dim, index): out[i][j] = t[i][index[i][j]] along dim (0-based positions).
+function T.gather(t, dim, index)
+  check_tensor("gather", index, 2, 2)
+  if C.lt_gather(t, cdim("gather", t, dim, 2), index, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- t:scatter_add_(dim, index, src): t[i][index[i][j]] += src[i][j]; returns t.
+function T.scatter_add_(t, dim, index, src)
+  check_tensor("scatter_add_", index, 2, 2)
+  check_tensor("scatter_add_", src, 3, 2)
+  if C.lt_scatter_add_(t, cdim("scatter_add_", t, dim, 2), index, src) ~= 0 then fail(2) end
+  return t
+end
+
+--- t:index_add_(dim, index, src): t.select(dim, index[i]) += src.select(dim, i); returns t.
+function T.index_add_(t, dim, index, src)
+  check_tensor("index_add_", index, 2, 2)
+  check_tensor("index_add_", src, 3, 2)
+  if C.lt_index_add_(t, cdim("index_add_", t, dim, 2), index, src) ~= 0 then fail(2) end
+  return t
+end
+
+-- ---- metatable ----------------------------------------------------------------------
+
+local mt = {
+  __index = function(t, k)
+    local m = T[k]
+    if m ~= nil then return m end
+    local p = props[k]
+    if p then return p(t) end
+    return nil
+  end,
+  __add = function(a, b) return binary(0, a, b, nil, 2) end,
+  __sub = function(a, b) return binary(1, a, b, nil, 2) end,
+  __mul = function(a, b) return binary(2, a, b, nil, 2) end,
+  __div = function(a, b) return binary(3, a, b, nil, 2) end,
+  __pow = function(a, b) return binary(4, a, b, nil, 2) end,
+  __unm = function(a)
+    if C.lt_unary(0, a, nil, box) ~= 0 then fail(2) end
+    return take()
+  end,
+  __len = function(t)
+    if C.lt_tensor_ndim(t) == 0 then error("len: a 0-dim tensor has no length", 2) end
+    return tonumber(C.lt_tensor_size(t, 0))
+  end,
+  __tostring = function(t) return require("lutra.format").tensor(t) end,
+}
+ffi.metatype("lt_tensor", mt)
+
+return M
