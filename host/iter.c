@@ -77,6 +77,30 @@ void lt_iter_build(lt_iter *it, int nops, const lt_tensor *const *ops) {
   it->ndim = m;
 }
 
+static int category(lt_dtype d) {
+  return d == LT_DTYPE_BOOL ? 0 : lt_dtype_is_float(d) ? 2 : 1;
+}
+
+lt_dtype lt_result_type(int n, const lt_tensor *const *ts) {
+  int have_dim = 0, have_zero = 0;
+  lt_dtype dim = LT_DTYPE_BOOL, zero = LT_DTYPE_BOOL;
+  for (int i = 0; i < n; i++) {
+    lt_dtype d = ts[i]->dtype;
+    if (ts[i]->ndim > 0) {
+      dim = have_dim ? lt_dtype_promote(dim, d) : d;
+      have_dim = 1;
+    } else {
+      zero = have_zero ? lt_dtype_promote(zero, d) : d;
+      have_zero = 1;
+    }
+  }
+  if (!have_dim)
+    return zero;
+  if (have_zero && category(zero) > category(dim))
+    return zero;
+  return dim;
+}
+
 static const char *shape_of(const lt_tensor *t, char *buf) { return lt_tensor_shape_str(t, buf); }
 
 lt_status lt_broadcast_shape(const char *op, int n, const lt_tensor *const *ts, int *ndim, int64_t *shape) {
@@ -124,7 +148,10 @@ lt_status lt_prepare_out(const char *op, int ndim, const int64_t *shape, lt_dtyp
   if (out->storage->device != device)
     return lt_fail(LT_ERR_DEVICE, "%s: the output tensor is on %s but the inputs are on %s", op,
                    lt_device_name(out->storage->device, d1), lt_device_name(device, d2));
+  int64_t numel = 1;
   for (int d = 0; d < ndim; d++)
+    numel *= shape[d];
+  for (int d = 0; d < ndim && numel > 0; d++)
     if (out->strides[d] == 0 && out->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG,
                      "%s: cannot write into an expanded tensor of shape %s (dim %d has stride 0); "

@@ -26,6 +26,10 @@ lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, cons
    of in; otherwise in itself (retained). */
 lt_status lt_unalias(const lt_tensor *out, const lt_tensor *in, lt_tensor **safe);
 
+/* torch.result_type for tensor operands: 0-dim tensors take part only when
+   their category (bool < integer < float) is above that of the others. */
+lt_dtype lt_result_type(int n, const lt_tensor *const *ts);
+
 /* The compute kind for results of a dtype. */
 static inline lt_compute lt_compute_for(lt_dtype d) {
   return d == LT_DTYPE_F64 ? LT_COMPUTE_F64 : lt_dtype_is_float(d) ? LT_COMPUTE_F32 : LT_COMPUTE_I64;

@@ -62,6 +62,17 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
 
 /* ---- binary --------------------------------------------------------------- */
 
+/* An operand ready for the kernel: converted first when the common dtype is
+   unsigned and the operand a signed integer (torch wraps -3 to 253 before
+   computing; loading it as i64 would keep -3), else unaliased from out. */
+static lt_status cast_operand(const lt_tensor *out, const lt_tensor *in, lt_dtype common,
+                              lt_tensor **safe) {
+  int unsigned_common = common == LT_DTYPE_U8 || common == LT_DTYPE_U16;
+  if (unsigned_common && in->dtype != common && in->dtype != LT_DTYPE_BOOL)
+    return lt_tensor_to((lt_tensor *)in, common, in->storage->device, safe);
+  return lt_unalias(out, in, safe);
+}
+
 lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_tensor *out,
                     lt_tensor **res) {
   if ((unsigned)op >= LT_BINARY_COUNT)
@@ -73,17 +84,17 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
   int ndim;
   int64_t shape[LT_MAX_DIMS];
   LT_TRY(lt_broadcast_shape(name, 2, ins, &ndim, shape));
-  lt_dtype cd = lt_dtype_promote(a->dtype, b->dtype);
-  if (op == LT_BINARY_DIV && !lt_dtype_is_float(cd))
-    cd = LT_DTYPE_F32;
+  lt_dtype cd = lt_result_type(2, ins);
   lt_dtype rd = is_comparison(op) ? LT_DTYPE_BOOL : cd;
+  if (op == LT_BINARY_DIV && !lt_dtype_is_float(cd))
+    rd = cd = LT_DTYPE_F32;
   if (!be->binary)
     return no_kernel(name, be);
   lt_tensor *r, *sa = NULL, *sb = NULL;
   LT_TRY(lt_prepare_out(name, ndim, shape, rd, a->storage->device, out, &r));
-  lt_status st = lt_unalias(r, a, &sa);
+  lt_status st = cast_operand(r, a, cd, &sa);
   if (st == LT_OK)
-    st = lt_unalias(r, b, &sb);
+    st = cast_operand(r, b, cd, &sb);
   if (st == LT_OK) {
     lt_iter it;
     const lt_tensor *ops[3] = {r, sa, sb};
@@ -140,14 +151,14 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
   int ndim;
   int64_t shape[LT_MAX_DIMS];
   LT_TRY(lt_broadcast_shape("where", 3, ins, &ndim, shape));
-  lt_dtype rd = lt_dtype_promote(a->dtype, b->dtype);
+  lt_dtype rd = lt_result_type(2, ins + 1);
   if (!be->where)
     return no_kernel("where", be);
   lt_tensor *r, *safe[3] = {NULL, NULL, NULL};
   LT_TRY(lt_prepare_out("where", ndim, shape, rd, a->storage->device, out, &r));
   lt_status st = LT_OK;
   for (int i = 0; i < 3 && st == LT_OK; i++)
-    st = lt_unalias(r, ins[i], &safe[i]);
+    st = i == 0 ? lt_unalias(r, ins[i], &safe[i]) : cast_operand(r, ins[i], rd, &safe[i]);
   if (st == LT_OK) {
     lt_iter it;
     const lt_tensor *ops[4] = {r, safe[0], safe[1], safe[2]};
