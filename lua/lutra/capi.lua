@@ -6,10 +6,19 @@
 local ffi = require "ffi"
 local core = require "lutra.core"
 
-ffi.cdef(core.cdef)
+-- The FFI keeps declarations and metatypes for the life of the state, so
+-- anything the library sets up once lives in the registry: a module that is
+-- loaded again (busted's insulation, reloading in the REPL) reuses it.
+local registry = debug.getregistry()
+local state = registry.lutra_state
+if not state then
+  ffi.cdef(core.cdef)
+  state = {}
+  registry.lutra_state = state
+end
 local C = ffi.C
 
-local M = { C = C, ffi = ffi, core = core }
+local M = { C = C, ffi = ffi, core = core, state = state }
 
 --- Raises the last C error. `level` counts as for error(): 2 blames the
 -- caller of the function that calls fail.

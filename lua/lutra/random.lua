@@ -7,7 +7,8 @@ local tensor = require "lutra.tensor"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
 
 local M = {}
-local Generator = {}
+capi.state.Generator = capi.state.Generator or {}
+local Generator = capi.state.Generator -- one metatable for the life of the state
 Generator.__index = Generator
 
 local gen_box = ffi.new("lt_generator*[1]")
@@ -40,7 +41,8 @@ function Generator:__tostring()
   return ("Generator(seed=%d, offset=%d)"):format(s.seed, s.offset)
 end
 
-local default = M.Generator(0)
+capi.state.default_generator = capi.state.default_generator or M.Generator(0)
+local default = capi.state.default_generator
 
 --- lt.manual_seed(seed): restarts the default generator at (seed, 0).
 function M.manual_seed(seed)
@@ -62,6 +64,7 @@ end
 --- lt.rand(shape, {dtype=, device=, generator=}): uniform in [0, 1).
 function M.rand(...)
   local n, opts = tensor.read_shape("rand", capi.dims_a, 2, ...)
+  tensor.check_sizes("rand", capi.dims_a, n, 2)
   local dt, dev = tensor.options(opts, 2)
   if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
   local r = tensor.take()
@@ -72,6 +75,7 @@ end
 --- lt.randn(shape, {dtype=, device=, generator=}): standard normal.
 function M.randn(...)
   local n, opts = tensor.read_shape("randn", capi.dims_a, 2, ...)
+  tensor.check_sizes("randn", capi.dims_a, n, 2)
   local dt, dev = tensor.options(opts, 2)
   if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
   local r = tensor.take()

@@ -9,7 +9,11 @@ local ffi, C, fail = capi.ffi, capi.C, capi.fail
 local box, dims_a, dims_b = capi.tensor_box, capi.dims_a, capi.dims_b
 
 local M = {}
-local T = {} -- tensor methods
+-- tensor methods: one table for the life of the state (the metatype below is
+-- set once and keeps pointing at it if this module is loaded again)
+local first_load = capi.state.tensor_methods == nil
+capi.state.tensor_methods = capi.state.tensor_methods or {}
+local T = capi.state.tensor_methods
 M.methods = T
 
 local gc, release = ffi.gc, C.lt_tensor_release
@@ -109,8 +113,9 @@ local function read_shape(op, buf, level, ...)
     if n > 8 then error(op .. ": at most 8 dims, got " .. n, level + 1) end
     for i = 1, n do
       local s = first[i]
-      if type(s) ~= "number" or s ~= floor(s) then
-        error(("%s: size %d of the shape is %s, expected a whole number"):format(op, i, tostring(s)), level + 1)
+      if type(s) ~= "number" or s ~= floor(s) or s < -1 then
+        error(("%s: size %d of the shape is %s, expected a whole number >= 0 (or -1 to infer it)")
+          :format(op, i, tostring(s)), level + 1)
       end
       buf[i - 1] = s
     end
@@ -120,8 +125,9 @@ local function read_shape(op, buf, level, ...)
   for i = 1, args do
     local s = select(i, ...)
     if type(s) ~= "number" then return n, select(i, ...) end
-    if s ~= floor(s) then
-      error(("%s: size %d of the shape is %s, expected a whole number"):format(op, i, tostring(s)), level + 1)
+    if s ~= floor(s) or s < -1 then
+      error(("%s: size %d of the shape is %s, expected a whole number >= 0 (or -1 to infer it)")
+        :format(op, i, tostring(s)), level + 1)
     end
     n = n + 1
     if n > 8 then error(op .. ": at most 8 dims", level + 1) end
@@ -130,6 +136,16 @@ local function read_shape(op, buf, level, ...)
   return n
 end
 M.read_shape = read_shape
+
+--- For creation: the n sizes in buf must be >= 0 (no -1 to infer).
+local function check_sizes(op, buf, n, level)
+  for i = 0, n - 1 do
+    if buf[i] < 0 then
+      error(("%s: negative size %d (dim %d) in a shape to create"):format(op, tonumber(buf[i]), i + 1), level + 1)
+    end
+  end
+end
+M.check_sizes = check_sizes
 
 --- Lua dim (1-based, negative from the end) -> C dim for a tensor with n dims.
 local function cdim(op, t, d, level, extra)
@@ -320,6 +336,7 @@ end
 
 local function make_full(op, value, level, ...)
   local n, opts = read_shape(op, dims_a, level + 1, ...)
+  check_sizes(op, dims_a, n, level + 1)
   local dt, dev = options(opts, level + 1)
   if C.lt_tensor_full(n, dims_a, value, dt, dev, box) ~= 0 then fail(level) end
   return take()
@@ -342,6 +359,7 @@ end
 --- lt.empty(shape, opts): uninitialised memory (fill it before reading).
 function M.empty(...)
   local n, opts = read_shape("empty", dims_a, 2, ...)
+  check_sizes("empty", dims_a, n, 2)
   local dt, dev = options(opts, 2)
   if C.lt_tensor_empty(n, dims_a, dt, dev, box) ~= 0 then fail(2) end
   return take()
@@ -631,6 +649,7 @@ local function read_dims(op, t, dims, level)
   if type(dims) ~= "table" then
     error(("%s: dims must be a number or a table of numbers, got %s"):format(op, type(dims)), level + 1)
   end
+  if #dims > 8 then error(("%s: %d dims given, at most 8"):format(op, #dims), level + 1) end
   for i = 1, #dims do dims_b[i - 1] = cdim(op, t, dims[i], level + 1) end
   if #dims == 0 then
     error(op .. ": empty table of dims (pass nil to reduce over all dims)", level + 1)
@@ -733,6 +752,6 @@ local mt = {
   end,
   __tostring = function(t) return require("lutra.format").tensor(t) end,
 }
-ffi.metatype("lt_tensor", mt)
+if first_load then ffi.metatype("lt_tensor", mt) end
 
 return M
