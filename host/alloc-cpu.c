@@ -50,28 +50,34 @@ static int64_t get_cache_limit(void) {
   return cache_limit;
 }
 
+static void count_live(size_t rounded) { /* with the lock held */
+  live_bytes += (int64_t)rounded;
+  if (live_bytes > peak_bytes)
+    peak_bytes = live_bytes;
+}
+
 void *lt_cpu_alloc(size_t nbytes) {
   size_t rounded;
   int c = size_class(nbytes, &rounded);
   void *p = NULL;
   pthread_mutex_lock(&lock);
-  if (c < NCLASSES && free_lists[c]) {
+  if (c < NCLASSES && free_lists[c]) { /* the steady state: one lock, no system call */
     block *b = free_lists[c];
     free_lists[c] = b->next;
     cached_bytes -= (int64_t)rounded;
-    p = b;
+    count_live(rounded);
+    pthread_mutex_unlock(&lock);
+    return b;
   }
   pthread_mutex_unlock(&lock);
-  if (!p && !(p = aligned_alloc(64, rounded))) {
+  if (!(p = aligned_alloc(64, rounded))) {
     lt_cpu_empty_cache();
     p = aligned_alloc(64, rounded);
   }
   if (!p)
     return NULL;
   pthread_mutex_lock(&lock);
-  live_bytes += (int64_t)rounded;
-  if (live_bytes > peak_bytes)
-    peak_bytes = live_bytes;
+  count_live(rounded);
   pthread_mutex_unlock(&lock);
   return p;
 }

@@ -250,6 +250,11 @@ void lt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out);
 void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak);
 /* Returns cached CPU blocks to the system. */
 void lt_cpu_empty_cache(void);
+/* Bytes of tensor memory and headers allocated (any device) since the last
+   call, which it resets. The Lua layer reports them to LuaJIT's collector,
+   which otherwise sees only an 8-byte pointer per tensor and would let
+   garbage tensors pile up. */
+int64_t lt_take_alloc_pressure(void);
 /* LT_FFI_END */
 
 #ifdef __cplusplus

@@ -15,6 +15,12 @@
 
 /* ---- reference counts ---------------------------------------------------- */
 
+static int64_t alloc_pressure; /* bytes allocated since lt_take_alloc_pressure */
+
+int64_t lt_take_alloc_pressure(void) {
+  return __atomic_exchange_n(&alloc_pressure, 0, __ATOMIC_RELAXED);
+}
+
 void lt_storage_release(lt_storage *s) {
   if (!s)
     return;
@@ -44,6 +50,7 @@ lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t
   lt_tensor *t = malloc(sizeof *t);
   if (!t)
     return NULL;
+  __atomic_add_fetch(&alloc_pressure, (int64_t)sizeof *t, __ATOMIC_RELAXED);
   t->refcount = 1;
   t->storage = s;
   __atomic_add_fetch(&s->refcount, 1, __ATOMIC_RELAXED);
@@ -167,6 +174,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
   s->device = device;
   s->backend = be;
   s->data = NULL;
+  __atomic_add_fetch(&alloc_pressure, (int64_t)(nbytes + sizeof *s), __ATOMIC_RELAXED);
   lt_status st = be->alloc(device, nbytes, &s->data);
   if (st != LT_OK) {
     free(s);
