@@ -19,8 +19,13 @@ CUDA_HOME ?= /usr/local/cuda
 BUILD ?= build
 
 ifneq ($(SYSROOT),)
-  export PKG_CONFIG_SYSROOT_DIR := $(SYSROOT)
-  export PKG_CONFIG_PATH := $(SYSROOT)/usr/lib/x86_64-linux-gnu/pkgconfig:$(SYSROOT)/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:$(SYSROOT)/usr/share/pkgconfig
+  # (make 4.3 passes no exported variable to $(shell), hence the prefix)
+  PKG_CONFIG := PKG_CONFIG_SYSROOT_DIR=$(SYSROOT) PKG_CONFIG_PATH=$(SYSROOT)/usr/lib/x86_64-linux-gnu/pkgconfig:$(SYSROOT)/usr/lib/x86_64-linux-gnu/openblas-pthread/pkgconfig:$(SYSROOT)/usr/share/pkgconfig $(PKG_CONFIG)
+  # pkg-config drops flags naming system dirs (/usr/include, /usr/lib/...),
+  # which under a sysroot are exactly the ones needed
+  SYSROOT_CFLAGS := -I$(SYSROOT)/usr/include
+  SYSROOT_LIBS := -L$(SYSROOT)/usr/lib/x86_64-linux-gnu -L$(SYSROOT)/lib/x86_64-linux-gnu \
+                  -Wl,-rpath-link,$(SYSROOT)/usr/lib/x86_64-linux-gnu -Wl,-rpath-link,$(SYSROOT)/lib/x86_64-linux-gnu
 endif
 
 PKGS := luajit openblas libedit libcjson
@@ -30,8 +35,8 @@ ifneq ($(MISSING),)
     $(error missing packages: $(MISSING); run 'make deps' (Debian) first)
   endif
 endif
-PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
+PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null) $(SYSROOT_CFLAGS)
+PKG_LIBS := $(SYSROOT_LIBS) $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
 
 # CUDA: compiled in when nvcc is present, unless CUDA=0.
 ifeq ($(CUDA),)
