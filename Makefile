@@ -15,6 +15,7 @@
 
 CC ?= cc
 PKG_CONFIG ?= pkg-config
+MPI_PKG_CONFIG := $(PKG_CONFIG)
 CUDA_HOME ?= /usr/local/cuda
 BUILD ?= build
 
@@ -50,14 +51,14 @@ else
   CUDA_FOUND := no (CUDA=0)
 endif
 
-# MPI: Open MPI through pkg-config, unless MPI=0.
+# MPI: Open MPI through pkg-config (the machine's own, never a sysroot's), unless MPI=0.
 ifeq ($(MPI),)
-  MPI := $(if $(shell $(PKG_CONFIG) --exists ompi-c && echo y),1,0)
+  MPI := $(if $(shell $(MPI_PKG_CONFIG) --exists ompi-c && echo y),1,0)
 endif
 ifeq ($(MPI),1)
-  MPI_CFLAGS := -DLT_WITH_MPI $(shell $(PKG_CONFIG) --cflags ompi-c)
-  MPI_LIBS := $(shell $(PKG_CONFIG) --libs ompi-c)
-  MPI_FOUND := Open MPI $(shell $(PKG_CONFIG) --modversion ompi-c)
+  MPI_CFLAGS := -DLT_WITH_MPI $(shell $(MPI_PKG_CONFIG) --cflags ompi-c)
+  MPI_LIBS := $(shell $(MPI_PKG_CONFIG) --libs ompi-c)
+  MPI_FOUND := Open MPI $(shell $(MPI_PKG_CONFIG) --modversion ompi-c)
 else
   MPI_FOUND := no (MPI=0)
 endif

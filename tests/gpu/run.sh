@@ -19,7 +19,7 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
 nproc
 
-make_args=()
+make_args=(MPI=0) # collectives are a later issue; the device's MPI is not needed yet
 if ! pkg-config --exists luajit 2>/dev/null && [ -d .deps ]; then
   step "unpacking .deps into /tmp/sysroot"
   SYSROOT=/tmp/sysroot
