@@ -130,12 +130,8 @@ demo: deps
 ref:
 	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json
 
-bench: lutra $(BUILD)/bench/blas_direct
+bench: lutra
 	./lutra bench/ops.lua
-
-$(BUILD)/bench/blas_direct: bench/blas_direct.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -O2 -o $@ $< $(LDLIBS_ALL)
 
 asan:
 	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \

@@ -41,11 +41,12 @@ int lt_has_mpi(void) {
 
 int lt_cuda_device_count(const char **why) {
 #ifdef LT_WITH_CUDA
-  int n = 0;
+  int n = 0, driver = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why)
-      *why = cudaGetErrorString(err);
+    cudaDriverGetVersion(&driver);
+    if (why) /* the runtime reports a missing libcuda as an old driver */
+      *why = driver == 0 ? "no NVIDIA driver found" : cudaGetErrorString(err);
     cudaGetLastError(); /* clear the sticky error for later calls */
     return 0;
   }
@@ -87,10 +88,13 @@ const char *lt_build_info(void) {
   cudaDriverGetVersion(&drv);
   const char *why = "";
   int count = lt_cuda_device_count(&why);
+  char drvs[32] = "none";
+  if (drv)
+    snprintf(drvs, sizeof drvs, "%d.%d", drv / 1000, drv % 1000 / 10);
   n += snprintf(buf + n, sizeof buf - (size_t)n,
-                "cuda: compiled in (runtime %d.%d, driver %d.%d), %d device%s found%s%s\n",
-                rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10, count, count == 1 ? "" : "s",
-                count ? "" : ": ", count ? "" : why);
+                "cuda: compiled in (runtime %d.%d, driver %s), %d device%s found%s%s\n", rt / 1000,
+                rt % 1000 / 10, drvs, count, count == 1 ? "" : "s", count ? "" : ": ",
+                count ? "" : why);
   for (int i = 0; i < count && n < (int)sizeof buf - 200; i++) {
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, i) == cudaSuccess)

@@ -38,6 +38,20 @@ static void on_sigint(int sig) {
   signal(sig, SIG_DFL); /* a second Ctrl-C ends the process */
   lt_interrupt();
   lua_sethook(global_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  alarm(2); /* on_stuck explains if nothing has taken the interrupt by then */
+}
+
+/* SIGALRM two seconds after a Ctrl-C that nothing took: the running code is
+   a JIT-compiled loop that calls neither Lua functions nor lutra ops, which
+   LuaJIT cannot interrupt. Only async-signal-safe calls here. */
+static void on_stuck(int sig) {
+  (void)sig;
+  if (!lt_is_interrupted())
+    return;
+  static const char msg[] = "\nlutra: the running code is a compiled Lua loop that Ctrl-C cannot stop; "
+                            "press Ctrl-C again to end lutra\n";
+  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)w;
 }
 
 static int traceback(lua_State *L) {
@@ -58,7 +72,9 @@ int lt_docall(lua_State *L, int nargs, int nres) {
   global_L = L;
   lt_clear_interrupt();
   signal(SIGINT, on_sigint);
+  signal(SIGALRM, on_stuck);
   int status = lua_pcall(L, nargs, nres, base);
+  alarm(0);
   signal(SIGINT, SIG_DFL);
   lua_sethook(L, NULL, 0, 0);
   lt_clear_interrupt();

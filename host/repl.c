@@ -134,10 +134,21 @@ static int load_entry(lua_State *L, int tty, char **text) {
   for (;;) {
     /* an expression first, so its value can be printed */
     size_t n = strlen(buf);
-    char *ret = malloc(n + 8);
-    memcpy(ret, "return ", 7);
-    memcpy(ret + 7, buf, n + 1);
-    int st = luaL_loadbuffer(L, ret, n + 7, "=stdin");
+    char *ret = malloc(n + 32);
+    snprintf(ret, n + 32, "return %s", buf);
+    int st = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+    if (st == 0) {
+      /* run it as select(1, <expr>): the same values, but a call in the entry
+         is no longer a tail call, so errors keep their "stdin:1:" position */
+      lua_pop(L, 1);
+      snprintf(ret, n + 32, "return select(1, %s\n)", buf);
+      st = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+      if (st != 0) { /* cannot happen for an expression; keep the plain form */
+        lua_pop(L, 1);
+        snprintf(ret, n + 32, "return %s", buf);
+        st = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+      }
+    }
     free(ret);
     if (st == 0) {
       *text = buf;

@@ -63,10 +63,10 @@ fi
 
 # GPU checks
 ./lutra tests/gpu/checks.lua >"$log" 2>&1; rc=$?
-sed 's/^/   /' "$log"
 if grep -q '^skipped' "$log"; then
   echo "== GPU checks: $(grep '^skipped' "$log" | head -1)"
 else
+  sed 's/^/   /' "$log"
   gp=$(grep -c '^ok ' "$log"); gf=$(grep -c '^not ok ' "$log")
   [ $rc -ne 0 ] && [ "$gf" -eq 0 ] && gf=1
   count "GPU checks" "$gp" "$gf"

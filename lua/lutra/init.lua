@@ -12,10 +12,10 @@ local lt = {}
 lt.version = ffi.string(C.lt_version())
 
 for _, name in ipairs { "tensor", "zeros", "ones", "full", "empty", "arange", "zeros_like",
-  "ones_like", "empty_like", "full_like", "where", "matmul", "is_tensor" } do
+  "ones_like", "empty_like", "full_like", "where", "matmul", "is_tensor", "cat", "stack" } do
   lt[name] = tensor[name]
 end
-for _, name in ipairs { "rand", "randn", "manual_seed", "Generator", "default_generator" } do
+for _, name in ipairs { "rand", "randn", "randint", "manual_seed", "Generator", "default_generator" } do
   lt[name] = random[name]
 end
 
@@ -58,5 +58,18 @@ lt.cuda = {
   --- Whether this build has CUDA compiled in and a device is present.
   is_available = function() return C.lt_cuda_device_count(nil) > 0 end,
 }
+
+--- dtype names as constants: lt.zeros(3, lt.i64) or {dtype = lt.bf16}.
+for _, dt in ipairs { "f32", "f64", "bf16", "f16", "i8", "u8", "u16", "i32", "i64", "bool" } do
+  lt[dt] = dt
+end
+
+-- Reading a field lt does not have is an error naming it (a typo such as
+-- lt.int64 would otherwise pass nil along silently).
+setmetatable(lt, {
+  __index = function(_, k)
+    error(("lt.%s does not exist"):format(tostring(k)), 2)
+  end,
+})
 
 return lt

@@ -83,6 +83,24 @@ function M.randn(...)
   return r
 end
 
+--- lt.randint(low, high, shape, {dtype=, device=, generator=}): whole numbers
+-- uniform in [low, high) (default dtype i64), as torch.randint.
+function M.randint(low, high, shape, opts)
+  if type(low) ~= "number" or type(high) ~= "number" or high <= low then
+    error("randint: needs numbers low < high, got " .. tostring(low) .. " and " .. tostring(high), 2)
+  end
+  local n = tensor.read_shape("randint", capi.dims_a, 2, shape)
+  tensor.check_sizes("randint", capi.dims_a, n, 2)
+  local dt, dev = tensor.options(opts, 2)
+  if not (type(opts) == "table" and opts.dtype or type(opts) == "string") then dt = 8 end -- i64
+  if C.lt_tensor_empty(n, capi.dims_a, 1, dev, capi.tensor_box) ~= 0 then fail(2) end
+  local u = tensor.take() -- f64 in [0, 1)
+  if C.lt_tensor_uniform_(u, gen_of(opts), 0, 1) ~= 0 then fail(2) end
+  -- u * range >= 0, so the truncation of the f64 -> i64 conversion is a floor
+  local r = u:mul_(math.ceil(high) - math.ceil(low)):to("i64"):add_(math.ceil(low))
+  return r:to(tensor.dtype_name(dt))
+end
+
 --- t:uniform_(lo, hi[, generator]) fills t in place; returns t.
 function tensor.methods.uniform_(t, lo, hi, g)
   if C.lt_tensor_uniform_(t, gen_of(g and { generator = g }), lo or 0, hi or 1) ~= 0 then fail(2) end

@@ -95,12 +95,17 @@ local function is_tensor(x)
 end
 M.is_tensor = is_tensor
 
---- Options table {dtype=, device=} -> dtype code, device code.
+--- Options {dtype=, device=}, or one dtype or device name -> dtype code, device code.
 local F32 = 0
 local function options(opts, level)
   if opts == nil then return F32, 0 end
+  if type(opts) == "string" then
+    if C.lt_dtype_parse(opts, dtype_out) == 0 then return tonumber(dtype_out[0]), 0 end
+    if C.lt_device_parse(opts, device_out) == 0 then return F32, tonumber(device_out[0]) end
+    error(("options: '%s' is neither a dtype (f32, bf16, i64, ...) nor a device (cpu, cuda:N)"):format(opts), level + 1)
+  end
   if type(opts) ~= "table" then
-    error("options must be a table such as {dtype='f32', device='cpu'}", level + 1)
+    error("options must be a table such as {dtype='f32', device='cpu'} or a dtype name, got " .. type(opts), level + 1)
   end
   local dt = opts.dtype and dtype_code(opts.dtype, level + 1) or F32
   local dev = opts.device and device_code(opts.device, level + 1) or 0
@@ -183,12 +188,15 @@ end
 
 -- ---- properties ----------------------------------------------------------
 
---- t:shape() -> {size1, size2, ...}
+-- shape and stride tables print as [2, 3] (they stay plain sequences)
+local shape_mt = { __tostring = function(s) return "[" .. table.concat(s, ", ") .. "]" end }
+
+--- t:shape() -> {size1, size2, ...} (prints as [size1, size2, ...])
 function T.shape(t)
   local n = C.lt_tensor_ndim(t)
   local s = {}
   for i = 0, n - 1 do s[i + 1] = tonumber(C.lt_tensor_size(t, i)) end
-  return s
+  return setmetatable(s, shape_mt)
 end
 
 --- t:size() -> shape table; t:size(d) -> size of dim d (1-based, negative from the end).
@@ -202,7 +210,7 @@ function T.stride(t, d)
   if d == nil then
     local s = {}
     for i = 0, C.lt_tensor_ndim(t) - 1 do s[i + 1] = tonumber(C.lt_tensor_stride(t, i)) end
-    return s
+    return setmetatable(s, shape_mt)
   end
   return tonumber(C.lt_tensor_stride(t, cdim("stride", t, d, 2)))
 end
@@ -388,7 +396,8 @@ function M.empty_like(t, opts) return M.empty(T.shape(t), like_opts(t, opts)) en
 function M.full_like(t, value, opts) return M.full(T.shape(t), value, like_opts(t, opts)) end
 
 --- lt.arange(n) = 0..n-1; lt.arange(start, stop[, step]) = [start, stop) by step
--- (torch.arange); a trailing options table sets dtype/device (default f32).
+-- (torch.arange); a trailing options table sets dtype/device. As in torch the
+-- dtype defaults to i64 when start, stop and step are whole numbers, else f32.
 function M.arange(a, b, c, d)
   local opts
   if type(b) == "table" then opts, b = b, nil
@@ -400,6 +409,10 @@ function M.arange(a, b, c, d)
     error("arange: start, stop and step must be numbers", 2)
   end
   local dt, dev = options(opts, 2)
+  if not (type(opts) == "table" and opts.dtype or type(opts) == "string" and dtype_codes[opts])
+    and start == floor(start) and stop == floor(stop) and step == floor(step) then
+    dt = 8 -- i64
+  end
   if C.lt_tensor_arange(start, stop, step, dt, dev, box) ~= 0 then fail(2) end
   return take()
 end
@@ -682,9 +695,20 @@ end
 function T.sum(t, dims, keepdim) return reduce("sum", t, dims, keepdim) end
 --- t:mean([dims[, keepdim]]) (float tensors).
 function T.mean(t, dims, keepdim) return reduce("mean", t, dims, keepdim) end
---- t:max([dims[, keepdim]]): the largest values (NaN wins, as torch). See argmax.
-function T.max(t, dims, keepdim) return reduce("max", t, dims, keepdim) end
-function T.min(t, dims, keepdim) return reduce("min", t, dims, keepdim) end
+--- t:max([dims[, keepdim]]): the largest values (NaN wins, as torch). Over one
+-- dim it also returns their 0-based i64 positions, as torch.max(x, dim):
+-- `local values, indices = x:max(2)`.
+function T.max(t, dims, keepdim)
+  local v = reduce("max", t, dims, keepdim, nil, 3)
+  if type(dims) ~= "number" then return v end
+  return v, reduce("argmax", t, dims, keepdim, nil, 3)
+end
+--- t:min([dims[, keepdim]]): as max, for the smallest values.
+function T.min(t, dims, keepdim)
+  local v = reduce("min", t, dims, keepdim, nil, 3)
+  if type(dims) ~= "number" then return v end
+  return v, reduce("argmin", t, dims, keepdim, nil, 3)
+end
 --- t:argmax([dim[, keepdim]]): 0-based i64 positions of the first largest value
 -- along dim (or in the flattened tensor).
 function T.argmax(t, dim, keepdim) return reduce("argmax", t, dim, keepdim) end
@@ -697,6 +721,52 @@ end
 function T.std(t, dims, keepdim, correction)
   local v = reduce("var", t, dims, keepdim, correction == nil and 1 or correction, 3)
   return v:sqrt_()
+end
+
+-- ---- joining --------------------------------------------------------------------
+
+--- lt.cat({a, b, ...}, dim): joins tensors along an existing dim (default 1);
+-- other dims must match; dtypes promote as in arithmetic (torch.cat).
+function M.cat(list, dim)
+  if type(list) ~= "table" or #list == 0 then error("cat: expected a non-empty table of tensors", 2) end
+  for i = 1, #list do check_tensor("cat", list[i], i, 2) end
+  local first = list[1]
+  local d = cdim("cat", first, dim or 1, 2) + 1
+  local shape, dt = T.shape(first), C.lt_tensor_dtype(first)
+  local total = 0
+  for i = 1, #list do
+    local s = T.shape(list[i])
+    if #s ~= #shape then
+      error(("cat: tensor %d has shape %s, tensor 1 has %s (dims differ)"):format(i, tostring(s), tostring(shape)), 2)
+    end
+    for k = 1, #s do
+      if k ~= d and s[k] ~= shape[k] then
+        error(("cat: tensor %d has shape %s, tensor 1 has %s (dim %d differs)"):format(i, tostring(s), tostring(shape), k), 2)
+      end
+    end
+    total = total + s[d]
+    dt = C.lt_dtype_promote(dt, C.lt_tensor_dtype(list[i]))
+  end
+  shape[d] = total
+  local out = M.empty(shape, { dtype = dtype_name(dt), device = first.device })
+  local at = 1
+  for i = 1, #list do
+    local n = list[i]:size(d)
+    if n > 0 then out:narrow(d, at, n):copy_(list[i]) end
+    at = at + n
+  end
+  return out
+end
+
+--- lt.stack({a, b, ...}, dim): joins same-shaped tensors along a new dim (default 1).
+function M.stack(list, dim)
+  if type(list) ~= "table" or #list == 0 then error("stack: expected a non-empty table of tensors", 2) end
+  local parts = {}
+  for i = 1, #list do
+    check_tensor("stack", list[i], i, 2)
+    parts[i] = T.unsqueeze(list[i], dim or 1)
+  end
+  return M.cat(parts, dim or 1)
 end
 
 -- ---- matrix products and indexing -----------------------------------------------

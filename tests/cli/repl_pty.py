@@ -139,6 +139,18 @@ with tempfile.TemporaryDirectory() as home:
     out = s.read_until(PROMPT)
     check("the REPL works after an interrupt", out is not None and "still here" in out, repr(out))
 
+    s.send("local s = 0 for i = 1, 1e12 do s = s + i end\r")
+    time.sleep(0.5)
+    s.send("\x03")
+    out = s.read_until(r"cannot stop", timeout=6)
+    check("a compiled loop that Ctrl-C cannot stop is explained", out is not None, repr(out))
+    s.send("\x03")
+    time.sleep(0.5)
+    code = s.close()
+    check("a second Ctrl-C ends lutra", code == -2, repr(code))
+    s = Session(home)
+    s.read_until(PROMPT)
+
     s.send("this line is dropped")
     time.sleep(0.3)
     s.send("\x03")
