@@ -85,7 +85,11 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 .PHONY: all test test-c deps demo ref bench asan clean check-warnings
 all: lutra
 
-lutra: $(BUILD)/liblutra.a $(BIND_OBJ)
+LUTRA_OUT ?= lutra
+ifneq ($(LUTRA_OUT),lutra)
+lutra: $(LUTRA_OUT)
+endif
+$(LUTRA_OUT): $(BUILD)/liblutra.a $(BIND_OBJ)
 	$(CC) -o $@ $(BIND_OBJ) -Wl,--whole-archive $(BUILD)/liblutra.a -Wl,--no-whole-archive -Wl,-E $(LDLIBS_ALL)
 
 $(BUILD)/liblutra.a: $(CORE_OBJ)
@@ -133,10 +137,17 @@ ref:
 bench: lutra
 	./lutra bench/ops.lua
 
+# The C tests and the Lua specs on a lutra built with AddressSanitizer and
+# UBSan; the caching allocator is off so every use after free is caught.
+ASAN_ENV := LUTRA_CPU_CACHE_MB=0 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 asan:
 	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \
-	  build-asan/liblutra.a $(C_TESTS:$(BUILD)/%=build-asan/%)
-	@for t in build-asan/tests/test_*; do LUTRA_CPU_CACHE_MB=0 $$t || exit 1; done
+	  LUTRA_OUT=build-asan/lutra build-asan/lutra $(C_TESTS:$(BUILD)/%=build-asan/%)
+	@for t in build-asan/tests/test_*; do $(ASAN_ENV) $$t || exit 1; done
+	@$(ASAN_ENV) build-asan/lutra tests/lua/run.lua -o TAP tests/lua > build-asan/specs.tap 2>&1; \
+	  echo "Lua specs under ASan: $$(grep -c '^ok ' build-asan/specs.tap) passed, $$(grep -c '^not ok ' build-asan/specs.tap) failed"; \
+	  ! grep -A5 '^not ok ' build-asan/specs.tap
 
 clean:
 	rm -rf $(BUILD) build-asan lutra

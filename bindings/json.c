@@ -17,9 +17,22 @@
 #define JSON_NULL ((void *)0)
 enum { MAX_DEPTH = 200 };
 
-static void push_value(lua_State *L, const cJSON *v, int depth) {
+/* Checks what push_value cannot report without leaking the tree: nesting
+   depth and numbers beyond the range of a double. Returns a message or NULL. */
+static const char *validate(const cJSON *v, int depth) {
   if (depth > MAX_DEPTH)
-    luaL_error(L, "json.decode: nesting deeper than %d", MAX_DEPTH);
+    return "nesting deeper than 200 levels";
+  if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
+    return "a number beyond the range of a double";
+  for (const cJSON *c = v->child; c; c = c->next) {
+    const char *err = validate(c, depth + 1);
+    if (err)
+      return err;
+  }
+  return NULL;
+}
+
+static void push_value(lua_State *L, const cJSON *v, int depth) {
   luaL_checkstack(L, 4, "json.decode");
   if (cJSON_IsNull(v)) {
     lua_pushlightuserdata(L, JSON_NULL);
@@ -49,10 +62,27 @@ static void push_value(lua_State *L, const cJSON *v, int depth) {
   }
 }
 
+/* Whether text holds the escape \u0000 (a NUL inside a string), which
+   cJSON's C strings would silently cut short. */
+static int has_escaped_nul(const char *text, size_t len) {
+  for (size_t i = 0; i + 6 <= len; i++) {
+    if (text[i] != '\\')
+      continue;
+    if (memcmp(text + i + 1, "u0000", 5) == 0)
+      return 1;
+    i++; /* skip the escaped character, so "\\u0000" is not a NUL */
+  }
+  return 0;
+}
+
 /* json.decode(text) -> value; raises "json.decode: invalid JSON at byte N". */
 static int json_decode(lua_State *L) {
   size_t len;
-  const char *text = luaL_checklstring(L, 1, &len);
+  if (lua_type(L, 1) != LUA_TSTRING)
+    return luaL_error(L, "json.decode: expected a string, got %s", luaL_typename(L, 1));
+  const char *text = lua_tolstring(L, 1, &len);
+  if (has_escaped_nul(text, len))
+    return luaL_error(L, "json.decode: a string holds \\u0000 (NUL), which is not supported");
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (!root) {
@@ -60,7 +90,8 @@ static int json_decode(lua_State *L) {
     const char *err = cJSON_GetErrorPtr();
     if (err && err >= text && err <= text + len)
       at = (size_t)(err - text);
-    return luaL_error(L, "json.decode: invalid JSON at byte %d of %d", (int)at + 1, (int)len);
+    return luaL_error(L, "json.decode: invalid JSON at byte %d of %d (or nested deeper than %d)",
+                      (int)at + 1, (int)len, CJSON_NESTING_LIMIT);
   }
   /* trailing text after the value is an error too */
   const char *p = end;
@@ -69,6 +100,11 @@ static int json_decode(lua_State *L) {
   if (p && p < text + len) {
     cJSON_Delete(root);
     return luaL_error(L, "json.decode: unexpected text after the value at byte %d", (int)(p - text) + 1);
+  }
+  const char *bad = validate(root, 0);
+  if (bad) {
+    cJSON_Delete(root);
+    return luaL_error(L, "json.decode: %s", bad);
   }
   push_value(L, root, 0);
   cJSON_Delete(root);
@@ -102,8 +138,15 @@ static cJSON *to_json(lua_State *L, int idx, int depth, const char **err) {
     }
     return cJSON_CreateNumber(x);
   }
-  case LUA_TSTRING:
-    return cJSON_CreateString(lua_tostring(L, idx));
+  case LUA_TSTRING: {
+    size_t len;
+    const char *str = lua_tolstring(L, idx, &len);
+    if (strlen(str) != len) {
+      *err = "a string holds a NUL byte";
+      return NULL;
+    }
+    return cJSON_CreateString(str);
+  }
   case LUA_TTABLE: {
     if (idx < 0)
       idx = lua_gettop(L) + idx + 1;
@@ -131,14 +174,22 @@ static cJSON *to_json(lua_State *L, int idx, int depth, const char **err) {
       return arr;
     }
     if (nstr != count) {
-      *err = "a table mixes non-string keys with others (not an array, not an object)";
+      *err = "a table that is neither an array (keys 1..n without holes) nor an object (string keys)";
       return NULL;
     }
     const char **keys = malloc(sizeof(char *) * (count ? count : 1));
     size_t k = 0;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
-      keys[k++] = lua_tostring(L, -2); /* the table keeps the strings alive */
+      size_t klen;
+      keys[k] = lua_tolstring(L, -2, &klen); /* the table keeps the strings alive */
+      if (strlen(keys[k]) != klen) {
+        lua_pop(L, 2);
+        free(keys);
+        *err = "a key holds a NUL byte";
+        return NULL;
+      }
+      k++;
       lua_pop(L, 1);
     }
     qsort(keys, count, sizeof(char *), cmp_keys);

@@ -65,6 +65,8 @@ int lt_num_threads(void) { return omp_get_max_threads(); }
 void lt_set_num_threads(int n) {
   if (n < 1)
     n = 1;
+  if (n > 1024)
+    n = 1024;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }

@@ -44,6 +44,16 @@ static lt_status bad_index(const char *op, const lt_tensor *index, int dim, cons
                  (long long)limit, dim + 1, lt_tensor_shape_str(t, b));
 }
 
+/* The index itself, or a copy when it lives in the storage an in-place op
+   writes (its values would change under the kernel after being checked). */
+static lt_status index_apart(const lt_tensor *t, const lt_tensor *index, lt_tensor **idx) {
+  if (index->storage == t->storage)
+    return lt_tensor_clone(index, idx);
+  lt_tensor_retain((lt_tensor *)index);
+  *idx = (lt_tensor *)index;
+  return LT_OK;
+}
+
 static void outer_inner(const lt_tensor *t, int dim, int64_t *outer, int64_t *inner) {
   *outer = 1;
   *inner = 1;
@@ -118,8 +128,13 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
                    lt_dtype_name(src->dtype), lt_dtype_name(t->dtype));
   if (!be->index_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "index_add_: not implemented on the %s backend", be->name);
-  lt_tensor *s = NULL, *dst = NULL;
-  lt_status st = lt_tensor_clone(src, &s); /* contiguous, and never aliasing t */
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] == 0 && t->sizes[d] > 1)
+      return lt_fail(LT_ERR_ARG, "index_add_: cannot write into an expanded tensor; clone() it first");
+  lt_tensor *s = NULL, *dst = NULL, *idx = NULL;
+  lt_status st = index_apart(t, index, &idx);
+  if (st == LT_OK)
+    st = lt_tensor_clone(src, &s); /* contiguous, and never aliasing t */
   if (st == LT_OK)
     st = lt_tensor_contiguous(t, &dst);
   if (st == LT_OK) {
@@ -128,9 +143,9 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
     d.src_dim = index->sizes[0];
     d.dst_dim = t->sizes[dim];
     d.nindex = index->sizes[0];
-    d.index = lt_tensor_ptr(index);
-    d.index_dtype = index->dtype;
-    d.index_stride = index->strides[0];
+    d.index = lt_tensor_ptr(idx);
+    d.index_dtype = idx->dtype;
+    d.index_stride = idx->strides[0];
     int64_t bad = -1;
     st = be->index_add(&d, lt_tensor_ptr(dst), lt_tensor_ptr(s), t->dtype, &bad);
     if (st != LT_OK && bad >= 0)
@@ -140,6 +155,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
   }
   lt_tensor_release(s);
   lt_tensor_release(dst);
+  lt_tensor_release(idx);
   return st;
 }
 
@@ -218,17 +234,23 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "scatter_add_: cannot write into an expanded tensor; clone() it first");
-  lt_tensor *s;
+  lt_tensor *s, *idx = NULL;
   LT_TRY(lt_unalias(t, src, &s));
+  lt_status st = index_apart(t, index, &idx);
+  if (st != LT_OK) {
+    lt_tensor_release(s);
+    return st;
+  }
   lt_tensor sv, tv;
-  restricted_view(&sv, s, index, dim, 0);
-  restricted_view(&tv, t, index, dim, 1);
+  restricted_view(&sv, s, idx, dim, 0);
+  restricted_view(&tv, t, idx, dim, 1);
   lt_iter it;
-  const lt_tensor *ops[3] = {&sv, index, &tv};
+  const lt_tensor *ops[3] = {&sv, idx, &tv};
   lt_iter_build(&it, 3, ops);
   int64_t bad = -1;
-  lt_status st = be->scatter_add(&it, t->strides[dim], t->sizes[dim], &bad);
+  st = be->scatter_add(&it, t->strides[dim], t->sizes[dim], &bad);
   lt_tensor_release(s);
+  lt_tensor_release(idx);
   if (st != LT_OK && bad >= 0)
     return bad_index("scatter_add_", index, dim, t);
   return st;

@@ -162,6 +162,8 @@ lt_status lt_prepare_out(const char *op, int ndim, const int64_t *shape, lt_dtyp
 }
 
 lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be) {
+  for (int i = 0; i < n; i++)
+    LT_TRY(lt_check_tensor(op, ts[i], i + 1));
   lt_device dev = ts[0]->storage->device;
   for (int i = 1; i < n; i++)
     if (ts[i]->storage->device != dev) {

@@ -73,7 +73,7 @@ typedef enum lt_binary_op {
 
 typedef enum lt_reduce_op {
   LT_REDUCE_SUM = 0, LT_REDUCE_MEAN, LT_REDUCE_MAX, LT_REDUCE_MIN,
-  LT_REDUCE_ARGMAX, LT_REDUCE_ARGMIN, LT_REDUCE_VAR, LT_REDUCE_COUNT
+  LT_REDUCE_ARGMAX, LT_REDUCE_ARGMIN, LT_REDUCE_VAR, LT_REDUCE_STD, LT_REDUCE_COUNT
 } lt_reduce_op;
 
 typedef struct lt_tensor lt_tensor;
@@ -94,7 +94,7 @@ int lt_has_mpi(void);
 /* Several lines describing this build and what was found at run time: lutra's
    version, BLAS, CUDA (compiled in, runtime and driver, devices), MPI. */
 const char *lt_build_info(void);
-/* OpenMP threads used by CPU kernels. */
+/* OpenMP threads used by CPU kernels; set_num_threads clamps n to 1..1024. */
 int lt_num_threads(void);
 void lt_set_num_threads(int n);
 /* Raised by the SIGINT handler: the next op fails with LT_ERR_INTERRUPTED. */
@@ -119,6 +119,10 @@ const char *lt_device_name(lt_device device, char *buf);
 
 void lt_tensor_retain(lt_tensor *t);
 void lt_tensor_release(lt_tensor *t);
+/* Drops t's data now when the caller holds the only reference (Lua's
+   t:free()); the header stays until its last release, marked freed, so any
+   later use fails with a message instead of touching freed memory. */
+void lt_tensor_free_data(lt_tensor *t);
 int lt_tensor_ndim(const lt_tensor *t);
 int64_t lt_tensor_size(const lt_tensor *t, int dim);   /* dim 0-based, in range */
 int64_t lt_tensor_stride(const lt_tensor *t, int dim); /* in elements */
@@ -203,7 +207,7 @@ lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has
 /* Reduces over the ndims dims listed (0-based, distinct); ndims = 0 reduces
    over every dim. Accumulates in f64. SUM of integers gives i64; ARGMAX/ARGMIN
    take one dim (or all, over the flattened tensor) and give i64 positions;
-   VAR divides by (count - correction). MEAN and VAR need a float dtype.
+   VAR divides by (count - correction); STD is its square root, taken in f64. MEAN and VAR need a float dtype.
    MAX/MIN/ARG* of an empty extent fail; SUM gives 0, MEAN NaN. */
 lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_t *dims, int keepdim, int64_t correction, lt_tensor **res);
 

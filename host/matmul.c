@@ -65,7 +65,7 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
                    lt_tensor_shape_str(a, b1), lt_tensor_shape_str(b, b2), (long long)sa, (long long)sb);
       goto done;
     }
-    d.batch_shape[i] = sa > sb ? sa : sb;
+    d.batch_shape[i] = sa == 1 ? sb : sa; /* 1 broadcasts; 0 stays 0 */
     d.a_batch_strides[i] = (ia >= 0 && sa != 1) ? av->strides[ia] : 0;
     d.b_batch_strides[i] = (ib >= 0 && sb != 1) ? bv->strides[ib] : 0;
   }

@@ -20,6 +20,21 @@ static lt_status no_kernel(const char *op, const lt_backend_i *be) {
   return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
 }
 
+/* torch's rule for writing a result into a given output: a float result
+   cannot go into an integer tensor, nor anything but bool into a bool one.
+   (copy_ and to convert freely; math ops do not.) */
+static lt_status check_cast(const char *op, lt_dtype result, const lt_tensor *out) {
+  if (!out)
+    return LT_OK;
+  int bad = (lt_dtype_is_float(result) && !lt_dtype_is_float(out->dtype)) ||
+            (out->dtype == LT_DTYPE_BOOL && result != LT_DTYPE_BOOL);
+  if (bad)
+    return lt_fail(LT_ERR_DTYPE, "%s: the result is %s and cannot be written into the %s output tensor "
+                   "(in-place ops keep their tensor's dtype; convert with :to() first)",
+                   op, lt_dtype_name(result), lt_dtype_name(out->dtype));
+  return LT_OK;
+}
+
 /* Runs a kernel on a prepared output, releasing it on failure. */
 static lt_status finish(lt_status st, lt_tensor *r, lt_tensor **res) {
   if (st != LT_OK) {
@@ -47,6 +62,7 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
   }
   if (!be->unary)
     return no_kernel(name, be);
+  LT_TRY(check_cast(name, rd, out));
   lt_tensor *r, *in;
   LT_TRY(lt_prepare_out(name, a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &in);
@@ -90,6 +106,7 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
     rd = cd = LT_DTYPE_F32;
   if (!be->binary)
     return no_kernel(name, be);
+  LT_TRY(check_cast(name, rd, out));
   lt_tensor *r, *sa = NULL, *sb = NULL;
   LT_TRY(lt_prepare_out(name, ndim, shape, rd, a->storage->device, out, &r));
   lt_status st = cast_operand(r, a, cd, &sa);
@@ -125,6 +142,7 @@ lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int re
   lt_dtype rd = is_comparison(op) ? LT_DTYPE_BOOL : cd;
   if (!be->binary_scalar)
     return no_kernel(name, be);
+  LT_TRY(check_cast(name, rd, out));
   lt_tensor *r, *sa;
   LT_TRY(lt_prepare_out(name, a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &sa);
@@ -154,6 +172,7 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
   lt_dtype rd = lt_result_type(2, ins + 1);
   if (!be->where)
     return no_kernel("where", be);
+  LT_TRY(check_cast("where", rd, out));
   lt_tensor *r, *safe[3] = {NULL, NULL, NULL};
   LT_TRY(lt_prepare_out("where", ndim, shape, rd, a->storage->device, out, &r));
   lt_status st = LT_OK;
@@ -181,6 +200,7 @@ lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has
     rd = LT_DTYPE_F32;
   if (!be->clamp)
     return no_kernel("clamp", be);
+  LT_TRY(check_cast("clamp", rd, out));
   lt_tensor *r, *sa;
   LT_TRY(lt_prepare_out("clamp", a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &sa);
@@ -262,6 +282,8 @@ static lt_status copy_across_devices(lt_tensor *dst, const lt_tensor *src) {
 }
 
 lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
+  LT_TRY(lt_check_tensor("copy_", dst, 1));
+  LT_TRY(lt_check_tensor("copy_", src, 2));
   LT_TRY(lt_check_interrupt("copy_"));
   const lt_tensor *ins[2] = {dst, src};
   int ndim;
@@ -276,6 +298,7 @@ lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
 }
 
 lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
+  LT_TRY(lt_check_tensor("clone", t, 1));
   lt_tensor *r;
   LT_TRY(lt_tensor_empty_like(t, t->dtype, &r));
   lt_status st = copy_same_device(r, t);
@@ -283,6 +306,7 @@ lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
 }
 
 lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor **out) {
+  LT_TRY(lt_check_tensor("to", t, 1));
   if (t->dtype == dtype && t->storage->device == device) {
     lt_tensor_retain(t);
     *out = t;
@@ -295,6 +319,7 @@ lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor
 }
 
 lt_status lt_tensor_fill_(lt_tensor *t, double value) {
+  LT_TRY(lt_check_tensor("fill_", t, 1));
   const lt_backend_i *be = t->storage->backend;
   LT_TRY(lt_check_interrupt("fill_"));
   if (!be->fill)
@@ -335,6 +360,7 @@ lt_status lt_tensor_from_f64(const double *values, int ndim, const int64_t *size
 }
 
 lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
+  LT_TRY(lt_check_tensor("to_f64", t, 1));
   int64_t numel = lt_tensor_numel(t);
   if (n < numel)
     return lt_fail(LT_ERR_ARG, "to_f64: buffer of %lld doubles for %lld elements", (long long)n,
@@ -346,6 +372,7 @@ lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
 }
 
 lt_status lt_tensor_item(const lt_tensor *t, double *value) {
+  LT_TRY(lt_check_tensor("item", t, 1));
   if (lt_tensor_numel(t) != 1) {
     char b[200];
     return lt_fail(LT_ERR_SHAPE, "item: the tensor has %lld elements (shape %s), item() needs exactly 1",

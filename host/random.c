@@ -43,6 +43,13 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
     return lt_fail(LT_ERR_DTYPE, "%s: needs a float tensor, got %s", op, lt_dtype_name(t->dtype));
   if (!g)
     return lt_fail(LT_ERR_ARG, "%s: no generator given", op);
+  if (kind == UNIFORM && !(p1 <= p2))
+    return lt_fail(LT_ERR_ARG, "%s: needs lo <= hi, got %g and %g", op, p1, p2);
+  if (kind == NORMAL && !(p2 >= 0))
+    return lt_fail(LT_ERR_ARG, "%s: needs std >= 0, got %g", op, p2);
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] == 0 && t->sizes[d] > 1)
+      return lt_fail(LT_ERR_ARG, "%s: cannot write into an expanded tensor; clone() it first", op);
   if ((kind == UNIFORM && !be->uniform) || (kind == NORMAL && !be->normal))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   int64_t n = lt_tensor_numel(t);

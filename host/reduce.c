@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char *const reduce_names[LT_REDUCE_COUNT] = {"sum", "mean", "max", "min",
-                                                           "argmax", "argmin", "var"};
+                                                           "argmax", "argmin", "var", "std"};
 
 lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_t *dims, int keepdim,
                     int64_t correction, lt_tensor **res) {
@@ -36,7 +36,7 @@ lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_
   if (is_arg && ndims > 1)
     return lt_fail(LT_ERR_ARG, "%s: takes one dim (or none, over all elements), got %d", name, ndims);
   int is_float = lt_dtype_is_float(a->dtype);
-  if ((op == LT_REDUCE_MEAN || op == LT_REDUCE_VAR) && !is_float)
+  if ((op == LT_REDUCE_MEAN || op == LT_REDUCE_VAR || op == LT_REDUCE_STD) && !is_float)
     return lt_fail(LT_ERR_DTYPE, "%s: needs a float tensor, got %s; convert with :to('f32') first",
                    name, lt_dtype_name(a->dtype));
   if (correction < 0)

@@ -139,6 +139,10 @@ extern const lt_backend_i lt_backend_cpu;
 /* The backend serving a device, or NULL when it is absent in this build. */
 const lt_backend_i *lt_backend_for(lt_device device);
 
+/* Fails when t is NULL (nil from Lua) or was freed with lt_tensor_free_data;
+   pos is the argument's 1-based position for the message. */
+lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos);
+
 static inline char *lt_tensor_ptr(const lt_tensor *t) {
   return (char *)t->storage->data + t->offset * lt_dtype_size(t->dtype);
 }

@@ -31,6 +31,22 @@ void lt_storage_release(lt_storage *s) {
   }
 }
 
+lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos) {
+  if (!t)
+    return lt_fail(LT_ERR_ARG, "%s: argument %d is nil, expected a tensor", op, pos);
+  if (!t->storage)
+    return lt_fail(LT_ERR_ARG, "%s: argument %d is a tensor that was freed with :free()", op, pos);
+  return LT_OK;
+}
+
+void lt_tensor_free_data(lt_tensor *t) {
+  if (!t || !t->storage || __atomic_load_n(&t->refcount, __ATOMIC_ACQUIRE) != 1)
+    return; /* nil, already freed, or still held elsewhere (then its owner frees it) */
+  lt_storage_release(t->storage);
+  t->storage = NULL;
+  t->ndim = 0;
+}
+
 void lt_tensor_retain(lt_tensor *t) {
   if (t)
     __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
@@ -67,18 +83,22 @@ lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t
 
 /* ---- accessors ------------------------------------------------------------- */
 
-int lt_tensor_ndim(const lt_tensor *t) { return t->ndim; }
+/* Accessors answer for nil and freed tensors too (as a 0-dim f32 on no
+   device) so that a bad argument reaches an op's check instead of crashing. */
+int lt_tensor_ndim(const lt_tensor *t) { return t ? t->ndim : 0; }
 int64_t lt_tensor_size(const lt_tensor *t, int dim) {
-  return (dim >= 0 && dim < t->ndim) ? t->sizes[dim] : 1;
+  return (t && dim >= 0 && dim < t->ndim) ? t->sizes[dim] : 1;
 }
 int64_t lt_tensor_stride(const lt_tensor *t, int dim) {
-  return (dim >= 0 && dim < t->ndim) ? t->strides[dim] : 1;
+  return (t && dim >= 0 && dim < t->ndim) ? t->strides[dim] : 1;
 }
-int64_t lt_tensor_offset(const lt_tensor *t) { return t->offset; }
-lt_dtype lt_tensor_dtype(const lt_tensor *t) { return t->dtype; }
-lt_device lt_tensor_device(const lt_tensor *t) { return t->storage->device; }
+int64_t lt_tensor_offset(const lt_tensor *t) { return t ? t->offset : 0; }
+lt_dtype lt_tensor_dtype(const lt_tensor *t) { return t ? t->dtype : LT_DTYPE_F32; }
+lt_device lt_tensor_device(const lt_tensor *t) { return t && t->storage ? t->storage->device : -1; }
 
 int64_t lt_tensor_numel(const lt_tensor *t) {
+  if (!t)
+    return 0;
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++)
     n *= t->sizes[i];
@@ -86,6 +106,8 @@ int64_t lt_tensor_numel(const lt_tensor *t) {
 }
 
 int lt_tensor_is_contiguous(const lt_tensor *t) {
+  if (!t)
+    return 0;
   int64_t expected = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->sizes[i] == 0)
@@ -98,11 +120,11 @@ int lt_tensor_is_contiguous(const lt_tensor *t) {
 }
 
 int lt_tensor_same_storage(const lt_tensor *a, const lt_tensor *b) {
-  return a->storage == b->storage;
+  return a && b && a->storage && a->storage == b->storage;
 }
 
 void *lt_tensor_data(const lt_tensor *t) {
-  if (t->storage->device != LT_DEVICE_CPU)
+  if (!t || !t->storage || t->storage->device != LT_DEVICE_CPU)
     return NULL;
   return lt_tensor_ptr(t);
 }
@@ -117,6 +139,10 @@ const char *lt_shape_str(int ndim, const int64_t *sizes, char *buf) {
 }
 
 const char *lt_tensor_shape_str(const lt_tensor *t, char *buf) {
+  if (!t) {
+    snprintf(buf, 200, "(nil)");
+    return buf;
+  }
   return lt_shape_str(t->ndim, t->sizes, buf);
 }
 
@@ -178,7 +204,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
   lt_status st = be->alloc(device, nbytes, &s->data);
   if (st != LT_OK) {
     free(s);
-    return st;
+    return lt_fail_prefix(st, "empty");
   }
   int64_t strides[LT_MAX_DIMS];
   lt_contiguous_strides(ndim, sizes, strides);
@@ -193,6 +219,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
 }
 
 lt_status lt_tensor_empty_like(const lt_tensor *t, lt_dtype dtype, lt_tensor **out) {
+  LT_TRY(lt_check_tensor("empty_like", t, 1));
   return lt_tensor_empty(t->ndim, t->sizes, dtype, t->storage->device, out);
 }
 
@@ -213,6 +240,7 @@ lt_status lt_tensor_full(int ndim, const int64_t *sizes, double value, lt_dtype 
 
 static lt_status view_of(lt_tensor *t, int64_t offset, int ndim, const int64_t *sizes,
                          const int64_t *strides, lt_tensor **out) {
+  /* every view op has checked t (check_dim or its own lt_check_tensor) */
   lt_tensor *v = lt_tensor_wrap(t->storage, offset, ndim, sizes, strides, t->dtype);
   if (!v)
     return lt_fail(LT_ERR_OOM, "view: out of host memory for a tensor header");
@@ -221,6 +249,7 @@ static lt_status view_of(lt_tensor *t, int64_t offset, int ndim, const int64_t *
 }
 
 static lt_status check_dim(const char *op, const lt_tensor *t, int dim, int extra) {
+  LT_TRY(lt_check_tensor(op, t, 1));
   if (dim < 0 || dim >= t->ndim + extra) {
     char b[200];
     return lt_fail(LT_ERR_ARG, "%s: dim %d is out of range for a %d-dim tensor of shape %s", op,
@@ -232,6 +261,7 @@ static lt_status check_dim(const char *op, const lt_tensor *t, int dim, int extr
 /* Resolves one -1 in sizes against numel; checks the product. */
 static lt_status infer_sizes(const char *op, const lt_tensor *t, int ndim, const int64_t *sizes,
                              int64_t *resolved) {
+  LT_TRY(lt_check_tensor(op, t, 1));
   if (ndim < 0 || ndim > LT_MAX_DIMS)
     return lt_fail(LT_ERR_SHAPE, "%s: %d dims requested, at most %d are supported", op, ndim,
                    LT_MAX_DIMS);
@@ -247,6 +277,9 @@ static lt_status infer_sizes(const char *op, const lt_tensor *t, int ndim, const
     } else if (sizes[i] < 0) {
       return lt_fail(LT_ERR_SHAPE, "%s: negative size in %s", op, lt_shape_str(ndim, sizes, b1));
     } else {
+      if (sizes[i] > 0 && known > INT64_MAX / sizes[i])
+        return lt_fail(LT_ERR_SHAPE, "%s: shape %s has too many elements", op,
+                       lt_shape_str(ndim, sizes, b1));
       known *= sizes[i];
     }
     resolved[i] = sizes[i];
@@ -342,6 +375,7 @@ lt_status lt_tensor_transpose(lt_tensor *t, int dim0, int dim1, lt_tensor **out)
 
 lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tensor **out) {
   char b[200];
+  LT_TRY(lt_check_tensor("permute", t, 1));
   if (ndim != t->ndim)
     return lt_fail(LT_ERR_ARG, "permute: %d dims given for a %d-dim tensor of shape %s", ndim,
                    t->ndim, lt_tensor_shape_str(t, b));
@@ -360,11 +394,11 @@ lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tens
 
 lt_status lt_tensor_narrow(lt_tensor *t, int dim, int64_t start, int64_t length, lt_tensor **out) {
   LT_TRY(check_dim("narrow", t, dim, 0));
-  if (start < 0 || length < 0 || start + length > t->sizes[dim]) {
+  if (start < 0 || length < 0 || length > t->sizes[dim] || start > t->sizes[dim] - length) {
     char b[200];
     return lt_fail(LT_ERR_ARG,
-                   "narrow: elements %" PRId64 "..%" PRId64 " are out of range for dim %d of size %"
-                   PRId64 " (shape %s)", start + 1, start + length, dim + 1, t->sizes[dim],
+                   "narrow: start %" PRId64 " with length %" PRId64 " is out of range for dim %d of size %"
+                   PRId64 " (shape %s)", start + 1, length, dim + 1, t->sizes[dim],
                    lt_tensor_shape_str(t, b));
   }
   int64_t sizes[LT_MAX_DIMS];
@@ -393,6 +427,7 @@ lt_status lt_tensor_select(lt_tensor *t, int dim, int64_t index, lt_tensor **out
 
 lt_status lt_tensor_expand(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out) {
   char b1[200], b2[200];
+  LT_TRY(lt_check_tensor("expand", t, 1));
   if (ndim < t->ndim || ndim > LT_MAX_DIMS)
     return lt_fail(LT_ERR_SHAPE, "expand: cannot expand shape %s to %s (fewer dims)",
                    lt_tensor_shape_str(t, b1), lt_shape_str(ndim, sizes, b2));
@@ -413,10 +448,13 @@ lt_status lt_tensor_expand(lt_tensor *t, int ndim, const int64_t *sizes, lt_tens
     nsizes[i] = want;
     nstrides[i] = (j >= 0 && have == want) ? t->strides[j] : 0;
   }
+  int64_t numel;
+  LT_TRY(check_shape("expand", ndim, nsizes, &numel));
   return view_of(t, t->offset, ndim, nsizes, nstrides, out);
 }
 
 lt_status lt_tensor_squeeze(lt_tensor *t, int dim, lt_tensor **out) {
+  LT_TRY(lt_check_tensor("squeeze", t, 1));
   if (dim != -1)
     LT_TRY(check_dim("squeeze", t, dim, 0));
   int64_t sizes[LT_MAX_DIMS], strides[LT_MAX_DIMS];
@@ -452,6 +490,7 @@ lt_status lt_tensor_unsqueeze(lt_tensor *t, int dim, lt_tensor **out) {
 }
 
 lt_status lt_tensor_contiguous(lt_tensor *t, lt_tensor **out) {
+  LT_TRY(lt_check_tensor("contiguous", t, 1));
   if (lt_tensor_is_contiguous(t)) {
     lt_tensor_retain(t);
     *out = t;

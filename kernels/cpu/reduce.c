@@ -191,12 +191,15 @@ static void reduce_one(const plan *pl, int64_t o, int parallel, int64_t correcti
     reduce_blocks(pl, LT_REDUCE_SUM, base, 0, parallel, &acc);
     result = acc.sum / (double)R;
     break;
-  case LT_REDUCE_VAR: {
+  case LT_REDUCE_VAR:
+  case LT_REDUCE_STD: {
     reduce_blocks(pl, LT_REDUCE_SUM, base, 0, parallel, &acc);
     double mean = acc.sum / (double)R;
     reduce_blocks(pl, LT_REDUCE_VAR, base, mean, parallel, &acc);
     double denom = (double)(R - correction);
     result = denom > 0 ? acc.sum / denom : NAN;
+    if (pl->op == LT_REDUCE_STD)
+      result = sqrt(result); /* before rounding to the output dtype, which may overflow */
     break;
   }
   case LT_REDUCE_MAX:

@@ -16,21 +16,20 @@ local function fmt_number(v, is_int, is_bool, sci)
 end
 
 --- The values of t reduced to the edges of each long dim, as nested tables,
--- plus for each dim whether it was cut.
+-- plus for each dim whether it was cut. The corners are cut out with narrow
+-- before anything is copied, so even a huge expanded tensor costs little.
 local function summarize(t, lt)
   local cut = {}
   local s = t
   if t:numel() > M.threshold then
-    for d = 1, t:dim() do
-      local n = t:size(d)
-      if n > 2 * M.edge then
-        local idx = {}
-        for i = 0, M.edge - 1 do idx[#idx + 1] = i end
-        for i = n - M.edge, n - 1 do idx[#idx + 1] = i end
-        s = s:index_select(d, lt.tensor(idx, { dtype = "i64", device = t.device }))
-        cut[d] = true
-      end
+    local function corners(x, d)
+      if d > x:dim() then return x:contiguous() end
+      local n = x:size(d)
+      if n <= 2 * M.edge then return corners(x, d + 1) end
+      cut[d] = true
+      return lt.cat({ corners(x:narrow(d, 1, M.edge), d + 1), corners(x:narrow(d, n - M.edge + 1, M.edge), d + 1) }, d)
     end
+    s = corners(t, 1)
   end
   if s.device ~= "cpu" then s = s:to("cpu") end
   return s:totable(), cut

@@ -7,6 +7,8 @@ local tensor = require "lutra.tensor"
 local random = require "lutra.random"
 local ffi, C = capi.ffi, capi.C
 
+tensor.check_methods() -- after every module has added its tensor methods
+
 local lt = {}
 
 lt.version = ffi.string(C.lt_version())
@@ -35,7 +37,12 @@ function lt.build_info() return ffi.string(C.lt_build_info()) end
 
 --- lt.num_threads() / lt.set_num_threads(n): CPU threads for kernels and BLAS.
 function lt.num_threads() return C.lt_num_threads() end
-function lt.set_num_threads(n) C.lt_set_num_threads(n) end
+function lt.set_num_threads(n)
+  if type(n) ~= "number" or n ~= math.floor(n) or n < 1 or n > 1024 then
+    error("set_num_threads: n must be a whole number in 1..1024, got " .. tostring(n), 2)
+  end
+  C.lt_set_num_threads(n)
+end
 
 --- lt.memory_stats() -> {allocated=, reserved=, peak=} in bytes for CPU tensors
 -- (reserved includes blocks cached for reuse).

@@ -14,12 +14,17 @@ Generator.__index = Generator
 local gen_box = ffi.new("lt_generator*[1]")
 local u64a, u64b = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
 
---- lt.Generator(seed): a new generator at offset 0. seed is a whole number >= 0.
+--- A seed or offset: a whole number in [0, 2^64).
+local function check_u64(op, what, v, level)
+  if type(v) ~= "number" or v < 0 or v ~= math.floor(v) or v >= 2 ^ 64 then
+    error(("%s: %s must be a whole number in [0, 2^64), got %s"):format(op, what, tostring(v)), level + 1)
+  end
+end
+
+--- lt.Generator(seed): a new generator at offset 0. seed is a whole number in [0, 2^64).
 function M.Generator(seed)
   seed = seed or 0
-  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) then
-    error("Generator: seed must be a whole number >= 0, got " .. tostring(seed), 2)
-  end
+  check_u64("Generator", "seed", seed, 2)
   if C.lt_generator_new(seed, gen_box) ~= 0 then fail(2) end
   return setmetatable({ ptr = ffi.gc(gen_box[0], C.lt_generator_release) }, Generator)
 end
@@ -32,6 +37,9 @@ end
 
 --- g:set_state{seed=, offset=}
 function Generator:set_state(s)
+  if type(s) ~= "table" then error("set_state: expected a table {seed=, offset=}", 2) end
+  check_u64("set_state", "seed", s.seed, 2)
+  check_u64("set_state", "offset", s.offset, 2)
   C.lt_generator_set_state(self.ptr, s.seed, s.offset)
   return self
 end
@@ -46,9 +54,7 @@ local default = capi.state.default_generator
 
 --- lt.manual_seed(seed): restarts the default generator at (seed, 0).
 function M.manual_seed(seed)
-  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) then
-    error("manual_seed: seed must be a whole number >= 0, got " .. tostring(seed), 2)
-  end
+  check_u64("manual_seed", "seed", seed, 2)
   default:set_state { seed = seed, offset = 0 }
 end
 
@@ -66,9 +72,9 @@ function M.rand(...)
   local n, opts = tensor.read_shape("rand", capi.dims_a, 2, ...)
   tensor.check_sizes("rand", capi.dims_a, n, 2)
   local dt, dev = tensor.options(opts, 2)
-  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
+  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then tensor.fail_as("rand", 2) end
   local r = tensor.take()
-  if C.lt_tensor_uniform_(r, gen_of(opts), 0, 1) ~= 0 then fail(2) end
+  if C.lt_tensor_uniform_(r, gen_of(opts), 0, 1) ~= 0 then tensor.fail_as("rand", 2) end
   return r
 end
 
@@ -77,9 +83,9 @@ function M.randn(...)
   local n, opts = tensor.read_shape("randn", capi.dims_a, 2, ...)
   tensor.check_sizes("randn", capi.dims_a, n, 2)
   local dt, dev = tensor.options(opts, 2)
-  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then fail(2) end
+  if C.lt_tensor_empty(n, capi.dims_a, dt, dev, capi.tensor_box) ~= 0 then tensor.fail_as("randn", 2) end
   local r = tensor.take()
-  if C.lt_tensor_normal_(r, gen_of(opts), 0, 1) ~= 0 then fail(2) end
+  if C.lt_tensor_normal_(r, gen_of(opts), 0, 1) ~= 0 then tensor.fail_as("randn", 2) end
   return r
 end
 
@@ -93,7 +99,7 @@ function M.randint(low, high, shape, opts)
   tensor.check_sizes("randint", capi.dims_a, n, 2)
   local dt, dev = tensor.options(opts, 2)
   if not (type(opts) == "table" and opts.dtype or type(opts) == "string") then dt = 8 end -- i64
-  if C.lt_tensor_empty(n, capi.dims_a, 1, dev, capi.tensor_box) ~= 0 then fail(2) end
+  if C.lt_tensor_empty(n, capi.dims_a, 1, dev, capi.tensor_box) ~= 0 then tensor.fail_as("randint", 2) end
   local u = tensor.take() -- f64 in [0, 1)
   if C.lt_tensor_uniform_(u, gen_of(opts), 0, 1) ~= 0 then fail(2) end
   -- u * range >= 0, so the truncation of the f64 -> i64 conversion is a floor
@@ -103,12 +109,18 @@ end
 
 --- t:uniform_(lo, hi[, generator]) fills t in place; returns t.
 function tensor.methods.uniform_(t, lo, hi, g)
+  if (lo ~= nil and type(lo) ~= "number") or (hi ~= nil and type(hi) ~= "number") then
+    error("uniform_: lo and hi must be numbers", 2)
+  end
   if C.lt_tensor_uniform_(t, gen_of(g and { generator = g }), lo or 0, hi or 1) ~= 0 then fail(2) end
   return t
 end
 
 --- t:normal_(mean, std[, generator]) fills t in place; returns t.
 function tensor.methods.normal_(t, mean, std, g)
+  if (mean ~= nil and type(mean) ~= "number") or (std ~= nil and type(std) ~= "number") then
+    error("normal_: mean and std must be numbers", 2)
+  end
   if C.lt_tensor_normal_(t, gen_of(g and { generator = g }), mean or 0, std or 1) ~= 0 then fail(2) end
   return t
 end

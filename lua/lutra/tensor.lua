@@ -15,6 +15,7 @@ local first_load = capi.state.tensor_methods == nil
 capi.state.tensor_methods = capi.state.tensor_methods or {}
 local T = capi.state.tensor_methods
 M.methods = T
+capi.state.checked_methods = capi.state.checked_methods or setmetatable({}, { __mode = "k" })
 
 local gc, release = ffi.gc, C.lt_tensor_release
 local type, select, floor = type, select, math.floor
@@ -38,6 +39,15 @@ local function take()
 end
 M.take = take
 
+--- Raises the last C error with its leading op name replaced by op (creation
+-- functions share lt_tensor_empty, whose messages say "empty").
+local function fail_as(op, level)
+  local msg = ffi.string(C.lt_last_error()):gsub("^[%w_]+: ", op .. ": ", 1)
+  error(msg, level + 1)
+end
+M.fail_as = fail_as
+
+
 -- ---- dtypes and devices -------------------------------------------------
 
 local dtype_cache, dtype_codes = {}, {}
@@ -58,6 +68,7 @@ end
 M.dtype_code = dtype_code
 
 local function dtype_name(code)
+  code = tonumber(code) -- enums come back from C as boxed cdata: never use those as keys
   local n = dtype_cache[code]
   if not n then
     n = ffi.string(C.lt_dtype_name(code))
@@ -121,32 +132,41 @@ local function shape_str(t)
 end
 M.shape_str = shape_str
 
---- Reads a shape given as numbers (2, 3) or a table {2, 3} into buf; returns n.
--- A trailing table argument after numbers is left for options.
+--- Reads a shape given as numbers (2, 3) or a table {2, 3} into buf; returns n
+-- and the arguments after the shape (options). Sizes are whole numbers >= -1
+-- (-1 asks view/reshape to infer one size); nils inside a shape are errors.
+local function check_size(op, i, s, level)
+  if type(s) ~= "number" or s ~= floor(s) or s < -1 or s > 2 ^ 62 then
+    error(("%s: size %d of the shape is %s, expected a whole number >= 0 (or -1 to infer it)")
+      :format(op, i, tostring(s)), level + 1)
+  end
+end
+
 local function read_shape(op, buf, level, ...)
   local first = ...
   local n = 0
   if type(first) == "table" and not is_tensor(first) then
     n = #first
     if n > 8 then error(op .. ": at most 8 dims, got " .. n, level + 1) end
+    local keys = 0
+    for _ in pairs(first) do keys = keys + 1 end
+    if keys ~= n then error(op .. ": the shape table has holes or non-numeric keys", level + 1) end
     for i = 1, n do
-      local s = first[i]
-      if type(s) ~= "number" or s ~= floor(s) or s < -1 then
-        error(("%s: size %d of the shape is %s, expected a whole number >= 0 (or -1 to infer it)")
-          :format(op, i, tostring(s)), level + 1)
-      end
-      buf[i - 1] = s
+      check_size(op, i, first[i], level + 1)
+      buf[i - 1] = first[i]
     end
     return n, select(2, ...)
   end
   local args = select("#", ...)
   for i = 1, args do
     local s = select(i, ...)
-    if type(s) ~= "number" then return n, select(i, ...) end
-    if s ~= floor(s) or s < -1 then
-      error(("%s: size %d of the shape is %s, expected a whole number >= 0 (or -1 to infer it)")
-        :format(op, i, tostring(s)), level + 1)
+    if type(s) ~= "number" then
+      if s == nil and i < args then
+        error(("%s: size %d of the shape is nil"):format(op, i), level + 1)
+      end
+      return n, select(i, ...)
     end
+    check_size(op, i, s, level + 1)
     n = n + 1
     if n > 8 then error(op .. ": at most 8 dims", level + 1) end
     buf[n - 1] = s
@@ -173,12 +193,22 @@ local function cdim(op, t, d, level, extra)
   end
   local c = d < 0 and n + d or d - 1
   if c < 0 or c >= n then
+    if n == 0 then
+      error(("%s: dim %d is out of range: the tensor has no dims (shape %s)"):format(op, d, shape_str(t)), level + 1)
+    end
     error(("%s: dim %d is out of range for a %d-dim tensor of shape %s (valid: 1..%d or -%d..-1)")
       :format(op, d, C.lt_tensor_ndim(t), shape_str(t), n, n), level + 1)
   end
   return c
 end
 M.cdim = cdim
+
+--- A 1-based position argument: a whole number (negative ones count from the end where allowed).
+local function check_position(op, what, v, level)
+  if type(v) ~= "number" or v ~= floor(v) or v ~= v or math.abs(v) > 2 ^ 62 then
+    error(("%s: %s must be a whole number, got %s"):format(op, what, tostring(v)), level + 1)
+  end
+end
 
 local function check_tensor(op, x, pos, level)
   if not is_tensor(x) then
@@ -231,10 +261,10 @@ function T.data_ptr(t)
   return ffi.cast(ptr_types[dtype_name(C.lt_tensor_dtype(t))], p)
 end
 
---- Releases the tensor now instead of at garbage collection. Using t afterwards is an error.
+--- Releases the tensor's memory now instead of at garbage collection (when
+-- nothing else holds it). Using t afterwards is an error that says so.
 function T.free(t)
-  gc(t, nil)
-  release(t)
+  C.lt_tensor_free_data(t)
 end
 
 local props = {
@@ -325,6 +355,10 @@ local function flatten(data, level)
         :format(table.concat(path, "]["), #x, shape[d], d)
       return
     end
+    if next(x, #x > 0 and #x or nil) ~= nil then
+      err = ("tensor: the table at [%s] has holes or non-numeric keys"):format(table.concat(path, "]["))
+      return
+    end
     for i = 1, shape[d] do
       path[d] = i
       walk(x[i], d + 1)
@@ -343,7 +377,7 @@ function M.tensor(data, opts)
   local dt, dev = options(opts, 2)
   if type(data) == "number" or type(data) == "boolean" then
     local v = ffi.new("double[1]", type(data) == "boolean" and (data and 1 or 0) or data)
-    if C.lt_tensor_from_f64(v, 0, dims_a, dt, dev, box) ~= 0 then fail(2) end
+    if C.lt_tensor_from_f64(v, 0, dims_a, dt, dev, box) ~= 0 then fail_as("tensor", 2) end
     return take()
   end
   if type(data) ~= "table" then
@@ -351,7 +385,7 @@ function M.tensor(data, opts)
   end
   local shape, vals = flatten(data, 2)
   for i = 1, #shape do dims_a[i - 1] = shape[i] end
-  if C.lt_tensor_from_f64(vals, #shape, dims_a, dt, dev, box) ~= 0 then fail(2) end
+  if C.lt_tensor_from_f64(vals, #shape, dims_a, dt, dev, box) ~= 0 then fail_as("tensor", 2) end
   return take()
 end
 
@@ -359,7 +393,7 @@ local function make_full(op, value, level, ...)
   local n, opts = read_shape(op, dims_a, level + 1, ...)
   check_sizes(op, dims_a, n, level + 1)
   local dt, dev = options(opts, level + 1)
-  if C.lt_tensor_full(n, dims_a, value, dt, dev, box) ~= 0 then fail(level) end
+  if C.lt_tensor_full(n, dims_a, value, dt, dev, box) ~= 0 then fail_as(op, level + 1) end
   return take()
 end
 
@@ -382,18 +416,32 @@ function M.empty(...)
   local n, opts = read_shape("empty", dims_a, 2, ...)
   check_sizes("empty", dims_a, n, 2)
   local dt, dev = options(opts, 2)
-  if C.lt_tensor_empty(n, dims_a, dt, dev, box) ~= 0 then fail(2) end
+  if C.lt_tensor_empty(n, dims_a, dt, dev, box) ~= 0 then fail_as("empty", 2) end
   return take()
 end
 
-local function like_opts(t, opts)
+local function like_opts(op, t, opts)
+  check_tensor(op, t, 1, 3)
   opts = opts or {}
   return { dtype = opts.dtype or t.dtype, device = opts.device or t.device }
 end
-function M.zeros_like(t, opts) return M.zeros(T.shape(t), like_opts(t, opts)) end
-function M.ones_like(t, opts) return M.ones(T.shape(t), like_opts(t, opts)) end
-function M.empty_like(t, opts) return M.empty(T.shape(t), like_opts(t, opts)) end
-function M.full_like(t, value, opts) return M.full(T.shape(t), value, like_opts(t, opts)) end
+--- lt.zeros_like(t[, opts]) and friends: t's shape, dtype and device unless opts say otherwise.
+function M.zeros_like(t, opts)
+  local o = like_opts("zeros_like", t, opts)
+  return M.zeros(T.shape(t), o)
+end
+function M.ones_like(t, opts)
+  local o = like_opts("ones_like", t, opts)
+  return M.ones(T.shape(t), o)
+end
+function M.empty_like(t, opts)
+  local o = like_opts("empty_like", t, opts)
+  return M.empty(T.shape(t), o)
+end
+function M.full_like(t, value, opts)
+  local o = like_opts("full_like", t, opts)
+  return M.full(T.shape(t), value, o)
+end
 
 --- lt.arange(n) = 0..n-1; lt.arange(start, stop[, step]) = [start, stop) by step
 -- (torch.arange); a trailing options table sets dtype/device. As in torch the
@@ -404,6 +452,7 @@ function M.arange(a, b, c, d)
   elseif type(c) == "table" then opts, c = c, nil
   elseif type(d) == "table" then opts = d end
   local start, stop, step = 0, a, 1
+  if b == nil and c ~= nil then error("arange: stop is nil but a step was given", 2) end
   if b ~= nil then start, stop, step = a, b, c or 1 end
   if type(start) ~= "number" or type(stop) ~= "number" or type(step) ~= "number" then
     error("arange: start, stop and step must be numbers", 2)
@@ -413,7 +462,7 @@ function M.arange(a, b, c, d)
     and start == floor(start) and stop == floor(stop) and step == floor(step) then
     dt = 8 -- i64
   end
-  if C.lt_tensor_arange(start, stop, step, dt, dev, box) ~= 0 then fail(2) end
+  if C.lt_tensor_arange(start, stop, step, dt, dev, box) ~= 0 then fail_as("arange", 2) end
   return take()
 end
 
@@ -440,6 +489,7 @@ function T.flatten(t, s, e)
   if n == 0 then return T.reshape(t, 1) end
   s = s and cdim("flatten", t, s, 2) or 0
   e = e and cdim("flatten", t, e, 2) or n - 1
+  if s > e then error(("flatten: start dim %d comes after end dim %d"):format(s + 1, e + 1), 2) end
   local shape, out = T.shape(t), {}
   for i = 1, s do out[#out + 1] = shape[i] end
   local m = 1
@@ -466,6 +516,7 @@ end
 
 --- t:permute(3, 1, 2) or t:permute{3, 1, 2}: result dim i is input dim dims[i].
 function T.permute(t, ...)
+  if select("#", ...) == 0 then error("permute: no dims given", 2) end
   local dims = type(...) == "table" and ... or { ... }
   local n = #dims
   if n ~= C.lt_tensor_ndim(t) then
@@ -478,9 +529,8 @@ end
 
 --- t:narrow(dim, start, length): elements start .. start+length-1 (1-based) of dim.
 function T.narrow(t, dim, start, length)
-  if type(start) ~= "number" or type(length) ~= "number" then
-    error("narrow: start and length must be numbers", 2)
-  end
+  check_position("narrow", "start", start, 2)
+  check_position("narrow", "length", length, 2)
   if C.lt_tensor_narrow(t, cdim("narrow", t, dim, 2), start - 1, length, box) ~= 0 then fail(2) end
   return take()
 end
@@ -488,9 +538,13 @@ end
 --- t:select(dim, i): element i (1-based, negative from the end) of dim, removing the dim.
 function T.select(t, dim, index)
   local d = cdim("select", t, dim, 2)
-  if type(index) ~= "number" then error("select: index must be a number", 2) end
-  if index < 0 then index = tonumber(C.lt_tensor_size(t, d)) + index + 1 end
-  if C.lt_tensor_select(t, d, index - 1, box) ~= 0 then fail(2) end
+  check_position("select", "index", index, 2)
+  local size = tonumber(C.lt_tensor_size(t, d))
+  local i = index < 0 and size + index + 1 or index
+  if i < 1 or i > size then
+    error(("select: index %d is out of range for dim %d of size %d (shape %s)"):format(index, dim, size, shape_str(t)), 2)
+  end
+  if C.lt_tensor_select(t, d, i - 1, box) ~= 0 then fail(2) end
   return take()
 end
 
@@ -501,7 +555,10 @@ function T.expand(t, ...)
   return take()
 end
 
-function T.expand_as(t, other) return T.expand(t, T.shape(other)) end
+function T.expand_as(t, other)
+  check_tensor("expand_as", other, 1, 2)
+  return T.expand(t, T.shape(other))
+end
 
 --- t:squeeze([dim]): removes dim if its size is 1, or every size-1 dim.
 function T.squeeze(t, dim)
@@ -533,7 +590,7 @@ end
 --- t:to("bf16"), t:to("cuda"), t:to("cuda", "bf16") or t:to{dtype=, device=}:
 -- a copy with that dtype and device; t itself when nothing changes.
 function T.to(t, a, b)
-  local dt, dev = C.lt_tensor_dtype(t), C.lt_tensor_device(t)
+  local dt, dev = tonumber(C.lt_tensor_dtype(t)), C.lt_tensor_device(t)
   local function apply(x)
     if x == nil then return end
     if type(x) == "table" then
@@ -624,17 +681,27 @@ end
 M.binary = binary
 
 for name, code in pairs(BINARY) do
+  -- these check their operands themselves (a number may come first)
   T[name] = function(a, b) return binary(code, a, b, nil, 2) end
   T[name .. "_"] = function(a, b) return binary(code, a, b, a, 2) end
+  capi.state.checked_methods[T[name]] = true
+  capi.state.checked_methods[T[name .. "_"]] = true
 end
 
 --- lt.where(cond, a, b): elementwise cond ? a : b; cond is bool; a or b may be numbers.
 function M.where(cond, a, b)
   check_tensor("where", cond, 1, 2)
   local ref = is_tensor(a) and a or (is_tensor(b) and b or nil)
-  local dt = ref and { dtype = ref.dtype, device = ref.device } or { device = cond.device }
-  if type(a) == "number" then a = M.tensor(a, dt) end
-  if type(b) == "number" then b = M.tensor(b, dt) end
+  -- a number becomes a 0-dim tensor of the other operand's dtype, or f32 when
+  -- that is an integer type and the number is not whole (0-dim operands
+  -- promote only across categories, as torch's Python scalars do)
+  local function scalar(v)
+    local dt = ref and ref.dtype or "f32"
+    if ref and not ref:is_floating_point() and v ~= floor(v) then dt = "f32" end
+    return M.tensor(v, { dtype = dt, device = ref and ref.device or cond.device })
+  end
+  if type(a) == "number" then a = scalar(a) end
+  if type(b) == "number" then b = scalar(b) end
   check_tensor("where", a, 2, 2)
   check_tensor("where", b, 3, 2)
   if C.lt_where(cond, a, b, nil, box) ~= 0 then fail(2) end
@@ -644,18 +711,32 @@ end
 --- t:masked_fill(mask, value): value where mask (bool, broadcast) is true, t elsewhere.
 function T.masked_fill(t, mask, value)
   check_tensor("masked_fill", mask, 1, 2)
+  if mask.dtype ~= "bool" then
+    error(("masked_fill: the mask must be bool, got %s (compare first, e.g. x:eq(0))"):format(mask.dtype), 2)
+  end
+  if type(value) ~= "number" and type(value) ~= "boolean" then
+    error("masked_fill: value must be a number, got " .. type(value), 2)
+  end
   local v = M.tensor(value, { dtype = t.dtype, device = t.device })
   if C.lt_where(mask, v, t, nil, box) ~= 0 then fail(2) end
   return take()
 end
 
 --- t:clamp(lo, hi): min(max(t, lo), hi); either bound may be nil. NaN stays NaN.
+local function check_bounds(lo, hi)
+  if (lo ~= nil and type(lo) ~= "number") or (hi ~= nil and type(hi) ~= "number") then
+    error(("clamp: bounds must be numbers or nil, got %s and %s"):format(type(lo), type(hi)), 3)
+  end
+end
+
 function T.clamp(t, lo, hi)
+  check_bounds(lo, hi)
   if C.lt_clamp(t, lo or 0, lo and 1 or 0, hi or 0, hi and 1 or 0, nil, box) ~= 0 then fail(2) end
   return take()
 end
 
 function T.clamp_(t, lo, hi)
+  check_bounds(lo, hi)
   if C.lt_clamp(t, lo or 0, lo and 1 or 0, hi or 0, hi and 1 or 0, t, box) ~= 0 then fail(2) end
   release(box[0])
   return t
@@ -663,11 +744,12 @@ end
 
 -- ---- reductions -----------------------------------------------------------------
 
-local REDUCE = { sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, var = 6 }
+local REDUCE = { sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, var = 6, std = 7 }
 
 --- Reads dims given as nil (all), a number or a table of numbers.
 local function read_dims(op, t, dims, level)
   if dims == nil then return 0 end
+  if C.lt_tensor_ndim(t) == 0 and (dims == 1 or dims == -1) then return 0 end -- as torch: a 0-dim tensor has dim 1
   if type(dims) == "number" then
     dims_b[0] = cdim(op, t, dims, level + 1)
     return 1
@@ -686,6 +768,10 @@ end
 -- The methods below call this in tail position, so level 2 is the user's line.
 local function reduce(op, t, dims, keepdim, correction, level)
   level = level or 2
+  if correction ~= nil and (type(correction) ~= "number" or correction ~= floor(correction) or correction < 0
+      or correction > 2 ^ 53) then
+    error(("%s: correction must be a whole number >= 0, got %s"):format(op, tostring(correction)), level + 1)
+  end
   local n = read_dims(op, t, dims, level)
   if C.lt_reduce(REDUCE[op], t, n, dims_b, keepdim and 1 or 0, correction or 0, box) ~= 0 then fail(level) end
   return take()
@@ -719,8 +805,7 @@ function T.var(t, dims, keepdim, correction)
   return reduce("var", t, dims, keepdim, correction == nil and 1 or correction)
 end
 function T.std(t, dims, keepdim, correction)
-  local v = reduce("var", t, dims, keepdim, correction == nil and 1 or correction, 3)
-  return v:sqrt_()
+  return reduce("std", t, dims, keepdim, correction == nil and 1 or correction)
 end
 
 -- ---- joining --------------------------------------------------------------------
@@ -732,7 +817,7 @@ function M.cat(list, dim)
   for i = 1, #list do check_tensor("cat", list[i], i, 2) end
   local first = list[1]
   local d = cdim("cat", first, dim or 1, 2) + 1
-  local shape, dt = T.shape(first), C.lt_tensor_dtype(first)
+  local shape, dt = T.shape(first), tonumber(C.lt_tensor_dtype(first))
   local total = 0
   for i = 1, #list do
     local s = T.shape(list[i])
@@ -745,7 +830,7 @@ function M.cat(list, dim)
       end
     end
     total = total + s[d]
-    dt = C.lt_dtype_promote(dt, C.lt_tensor_dtype(list[i]))
+    dt = tonumber(C.lt_dtype_promote(dt, C.lt_tensor_dtype(list[i])))
   end
   shape[d] = total
   local out = M.empty(shape, { dtype = dtype_name(dt), device = first.device })
@@ -810,6 +895,28 @@ function T.index_add_(t, dim, index, src)
   return t
 end
 
+-- ---- argument checks ------------------------------------------------------------------
+
+-- Every method checks its tensor first, so `x.sum()` (a dot for a colon) or
+-- a nil reports "bad argument" instead of reaching C with NULL. The wrapper
+-- tail-calls the method, so error levels inside it still name the caller.
+-- lutra's init calls this once every module has added its methods.
+function M.check_methods()
+ for name, f in pairs(T) do
+  if type(f) == "function" and not capi.state.checked_methods[f] then
+    local checked = function(t, ...)
+      if not is_tensor(t) then
+        error(("bad argument #1 to '%s' (tensor expected, got %s)%s"):format(name, type(t),
+          t == nil and "; call methods with a colon: x:" .. name .. "(...)" or ""), 2)
+      end
+      return f(t, ...)
+    end
+    capi.state.checked_methods[checked] = true
+    T[name] = checked
+  end
+ end
+end
+
 -- ---- metatable ----------------------------------------------------------------------
 
 local mt = {
@@ -829,6 +936,8 @@ local mt = {
     if C.lt_unary(0, a, nil, box) ~= 0 then fail(2) end
     return take()
   end,
+  __lt = function() error("use a:lt(b) or a:gt(b): Lua's < must give a boolean, not a tensor", 2) end,
+  __le = function() error("use a:le(b) or a:ge(b): Lua's <= must give a boolean, not a tensor", 2) end,
   __len = function(t)
     if C.lt_tensor_ndim(t) == 0 then error("len: a 0-dim tensor has no length", 2) end
     return tonumber(C.lt_tensor_size(t, 0))

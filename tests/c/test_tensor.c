@@ -280,4 +280,42 @@ TEST(index_ops_threaded) {
   lt_tensor_release(gw);
 }
 
+TEST(nil_and_freed_tensors_are_refused) {
+  lt_tensor *r = NULL, *t;
+  CHECK(lt_unary(LT_UNARY_EXP, NULL, NULL, &r) == LT_ERR_ARG);
+  CHECK(strstr(lt_last_error(), "nil") != NULL);
+  CHECK(lt_tensor_view(NULL, 1, (int64_t[]){1}, &r) == LT_ERR_ARG);
+  CHECK(lt_tensor_narrow(NULL, 0, 0, 1, &r) == LT_ERR_ARG);
+  CHECK(lt_tensor_copy_(NULL, NULL) == LT_ERR_ARG);
+  CHECK(lt_tensor_ndim(NULL) == 0 && lt_tensor_numel(NULL) == 0 && lt_tensor_data(NULL) == NULL);
+  CHECK_OK(lt_tensor_full(1, (int64_t[]){4}, 1, LT_DTYPE_F32, LT_DEVICE_CPU, &t));
+  lt_tensor *v;
+  CHECK_OK(lt_tensor_view(t, 2, (int64_t[]){2, 2}, &v));
+  lt_tensor_free_data(v); /* v is the only holder of its header: its storage reference goes */
+  CHECK(lt_reduce(LT_REDUCE_SUM, v, 0, NULL, 0, 0, &r) == LT_ERR_ARG);
+  CHECK(strstr(lt_last_error(), "freed") != NULL);
+  double s = 0;
+  lt_tensor *sum;
+  CHECK_OK(lt_reduce(LT_REDUCE_SUM, t, 0, NULL, 0, 0, &sum)); /* t still owns the data */
+  CHECK_OK(lt_tensor_item(sum, &s));
+  CHECK_NEAR(s, 4, 0);
+  lt_tensor_retain(t);
+  lt_tensor_free_data(t); /* held twice: nothing is freed */
+  CHECK_OK(lt_tensor_item(sum, &s));
+  CHECK(lt_tensor_numel(t) == 4);
+  lt_tensor_release(t);
+  lt_tensor_release(t);
+  lt_tensor_release(v);
+  lt_tensor_release(sum);
+}
+
+TEST(overflowing_shapes) {
+  lt_tensor *t, *r;
+  CHECK_OK(lt_tensor_full(2, (int64_t[]){1, 1}, 0, LT_DTYPE_F32, LT_DEVICE_CPU, &t));
+  CHECK(lt_tensor_expand(t, 2, (int64_t[]){1ll << 32, 1ll << 32}, &r) == LT_ERR_SHAPE);
+  CHECK(lt_tensor_narrow(t, 0, INT64_MAX - 1, 2, &r) == LT_ERR_ARG);
+  CHECK(lt_tensor_view(t, 3, (int64_t[]){1ll << 40, 1ll << 40, 0}, &r) == LT_ERR_SHAPE);
+  lt_tensor_release(t);
+}
+
 RUN_TESTS()

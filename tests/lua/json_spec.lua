@@ -22,7 +22,7 @@ describe("lt.json", function()
     H.assert_error(function() return lt.json.decode('{} x') end, "after the value")
     H.assert_error(function() return lt.json.encode { 0 / 0 } end, "NaN")
     H.assert_error(function() return lt.json.encode { print } end, "function")
-    H.assert_error(function() return lt.json.encode { [1] = 1, x = 2 } end, "mixes")
+    H.assert_error(function() return lt.json.encode { [1] = 1, x = 2 } end, "neither an array")
     local cyc = {}
     cyc.self = cyc
     H.assert_error(function() return lt.json.encode(cyc) end, "deep")
