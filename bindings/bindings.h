@@ -14,4 +14,7 @@ int lt_bindings_open(lua_State *L);
 /* The JSON helpers (bindings/json.c): push their functions into the table on top. */
 void lt_json_register(lua_State *L);
 
+/* backward and its Lua handlers (bindings/autograd.c), into the table on top. */
+void lt_autograd_register(lua_State *L);
+
 #endif

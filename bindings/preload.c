@@ -42,6 +42,7 @@ static int open_core(lua_State *L) {
   lua_pushboolean(L, src && *src);
   lua_setfield(L, -2, "from_source");
   lt_json_register(L);
+  lt_autograd_register(L);
   return 1;
 }
 

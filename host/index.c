@@ -4,6 +4,8 @@
  * 0-based i32 or i64 positions; out-of-range ones are reported with their
  * position and the op does nothing.
  */
+#include "autograd.h"
+#include "grad-ops.h"
 #include "iter.h"
 
 #include <stdlib.h>
@@ -80,7 +82,9 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
   memcpy(sizes, t->sizes, sizeof sizes);
   sizes[dim] = index->sizes[0];
   lt_tensor *src = NULL, *r = NULL;
-  LT_TRY(lt_tensor_contiguous((lt_tensor *)t, &src));
+  lt_status cst;
+  LT_NO_GRAD(cst = lt_tensor_contiguous((lt_tensor *)t, &src));
+  LT_TRY(cst);
   lt_status st = lt_tensor_empty(t->ndim, sizes, t->dtype, t->storage->device, &r);
   if (st == LT_OK) {
     lt_index_desc d = {0};
@@ -97,6 +101,8 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
       st = bad_index("index_select", index, dim, t);
   }
   lt_tensor_release(src);
+  if (st == LT_OK)
+    st = lt_ag_record_index(0, t, dim, index, r);
   if (st != LT_OK) {
     lt_tensor_release(r);
     return st;
@@ -128,6 +134,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
                    lt_dtype_name(src->dtype), lt_dtype_name(t->dtype));
   if (!be->index_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "index_add_: not implemented on the %s backend", be->name);
+  LT_TRY(lt_ag_check_inplace("index_add_", t, 1, &src));
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "index_add_: cannot write into an expanded tensor; clone() it first");
@@ -152,6 +159,8 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
       st = bad_index("index_add_", index, dim, t);
     if (st == LT_OK && dst != t)
       st = lt_tensor_copy_(t, dst);
+    if (st == LT_OK)
+      lt_bump_version(t);
   }
   lt_tensor_release(s);
   lt_tensor_release(dst);
@@ -213,6 +222,10 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
       return bad_index("gather", index, dim, t);
     return st;
   }
+  if ((st = lt_ag_record_index(1, t, dim, index, r)) != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
   *res = r;
   return LT_OK;
 }
@@ -231,6 +244,7 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   LT_TRY(check_gather_shapes("scatter_add_", t, dim, index, src));
   if (!be->scatter_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "scatter_add_: not implemented on the %s backend", be->name);
+  LT_TRY(lt_ag_check_inplace("scatter_add_", t, 1, &src));
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "scatter_add_: cannot write into an expanded tensor; clone() it first");
@@ -251,6 +265,8 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   st = be->scatter_add(&it, t->strides[dim], t->sizes[dim], &bad);
   lt_tensor_release(s);
   lt_tensor_release(idx);
+  if (st == LT_OK)
+    lt_bump_version(t);
   if (st != LT_OK && bad >= 0)
     return bad_index("scatter_add_", index, dim, t);
   return st;

@@ -61,7 +61,7 @@ enum { LT_DEVICE_CPU = 0, LT_DEVICE_CUDA = 256, LT_MAX_DIMS = 8 };
 
 typedef enum lt_unary_op {
   LT_UNARY_NEG = 0, LT_UNARY_ABS, LT_UNARY_EXP, LT_UNARY_LOG, LT_UNARY_SQRT,
-  LT_UNARY_RSQRT, LT_UNARY_TANH, LT_UNARY_SIGMOID, LT_UNARY_COUNT
+  LT_UNARY_RSQRT, LT_UNARY_TANH, LT_UNARY_SIGMOID, LT_UNARY_SIGN, LT_UNARY_COUNT
 } lt_unary_op;
 
 typedef enum lt_binary_op {
@@ -83,6 +83,8 @@ typedef struct lt_generator lt_generator;
 
 /* The message of the last failure on this thread ("" when none). */
 const char *lt_last_error(void);
+/* Sets that message (for callers reporting their own failures); returns st. */
+lt_status lt_set_last_error(lt_status st, const char *msg);
 /* lutra's version, e.g. "0.1.0". */
 const char *lt_version(void);
 /* Number of CUDA devices usable now (0 when CUDA is not compiled in or no
@@ -252,6 +254,37 @@ void lt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out);
 
 /* Bytes in live CPU tensors, bytes held (live plus cached), peak of live. */
 void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak);
+/* ---- autograd (host/autograd.c) --------------------------------------------- */
+
+/* Grad mode: while on (the default), ops on tensors that require grad are
+   recorded for backward. lt.no_grad turns it off around a function. */
+void lt_set_grad_enabled(int on);
+int lt_grad_enabled(void);
+/* Marks a leaf float tensor as a parameter whose gradient backward computes. */
+lt_status lt_tensor_requires_grad_(lt_tensor *t, int on);
+int lt_tensor_requires_grad(const lt_tensor *t);
+/* Leaves are tensors no recorded op produced. */
+int lt_tensor_is_leaf(const lt_tensor *t);
+/* The accumulated gradient (a new reference), or NULL. */
+lt_tensor *lt_tensor_grad(const lt_tensor *t);
+/* Replaces the gradient (NULL clears it); it must match t's shape, dtype, device. */
+lt_status lt_tensor_set_grad(lt_tensor *t, lt_tensor *grad);
+/* A tensor sharing t's data with no autograd history. */
+lt_status lt_tensor_detach(lt_tensor *t, lt_tensor **out);
+/* The name of the op that produced t ("MulBackward"), or NULL for leaves. */
+const char *lt_tensor_grad_fn(const lt_tensor *t);
+/* Keeps the gradient of a non-leaf in its .grad after backward. */
+lt_status lt_tensor_retain_grad(lt_tensor *t);
+/* Whether backward should report t's completed gradient to the hooks. */
+lt_status lt_tensor_set_hook_flag(lt_tensor *t, int on);
+/* Records a custom function (at most 4 inputs and 4 outputs): the outputs
+   get a node whose backward calls the backward hooks' custom(id, ...).
+   Ids of such nodes freed since the last call come back from
+   lt_autograd_take_dead_custom (up to max), so the caller can drop its state. */
+lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int noutputs,
+                                    lt_tensor *const *outputs, int64_t id);
+int lt_autograd_take_dead_custom(int64_t *ids, int max);
+
 /* Returns cached CPU blocks to the system. */
 void lt_cpu_empty_cache(void);
 /* Bytes of tensor memory and headers allocated (any device) since the last
@@ -260,6 +293,28 @@ void lt_cpu_empty_cache(void);
    garbage tensors pile up. */
 int64_t lt_take_alloc_pressure(void);
 /* LT_FFI_END */
+
+/*
+ * Backward, outside the FFI part: it calls back into Lua (gradient-ready hooks,
+ * custom functions), which LuaJIT allows only from a classic lua_CFunction
+ * (bindings/autograd.c), never from a function called through the FFI.
+ */
+typedef struct lt_backward_hooks {
+  /* a leaf's gradient is complete (grad is its .grad) */
+  lt_status (*leaf_ready)(void *ctx, lt_tensor *leaf, lt_tensor *grad);
+  /* a custom function's backward: grad_inputs[i] receive new references or NULL */
+  lt_status (*custom)(void *ctx, int64_t id, int noutputs, lt_tensor *const *grad_outputs, int ninputs,
+                      lt_tensor **grad_inputs);
+  void *ctx;
+} lt_backward_hooks;
+
+/* Runs backward from root with gradient grad (NULL: 1 for a one-element
+   root), accumulating into the .grad of leaves. Frees the graph's saved
+   tensors unless retain_graph. Errors: root does not require grad; a
+   non-scalar root without grad; a second backward through a freed graph; a
+   saved tensor modified in place; a hook's error. */
+lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_graph,
+                               const lt_backward_hooks *hooks);
 
 #ifdef __cplusplus
 }

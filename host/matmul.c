@@ -4,6 +4,8 @@
  * bf16/f16 operands are converted to f32, multiplied with f32 accumulation
  * and rounded once into the operands' dtype.
  */
+#include "autograd.h"
+#include "grad-ops.h"
 #include "iter.h"
 
 #include <limits.h>
@@ -145,7 +147,17 @@ done:
   return LT_OK;
 }
 
+static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **res);
+
 lt_status lt_matmul(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
+  lt_status st;
+  LT_NO_GRAD(st = matmul_any(a, b, res));
+  if (st == LT_OK && (st = lt_ag_record_matmul(a, b, *res)) != LT_OK)
+    lt_tensor_release(*res);
+  return st;
+}
+
+static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
   const lt_tensor *ins[2] = {a, b};
   const lt_backend_i *be;
   char b1[200], b2[200];

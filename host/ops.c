@@ -4,13 +4,15 @@
  * prepares the output, builds the iteration and calls the backend's kernel.
  * Also copy_, to, clone, fill_ and the conversions to and from f64 buffers.
  */
+#include "autograd.h"
+#include "grad-ops.h"
 #include "iter.h"
 
 #include <math.h>
 #include <string.h>
 
 static const char *const unary_names[LT_UNARY_COUNT] = {"neg", "abs", "exp", "log", "sqrt",
-                                                         "rsqrt", "tanh", "sigmoid"};
+                                                         "rsqrt", "tanh", "sigmoid", "sign"};
 static const char *const binary_names[LT_BINARY_COUNT] = {
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
 
@@ -45,6 +47,14 @@ static lt_status finish(lt_status st, lt_tensor *r, lt_tensor **res) {
   return LT_OK;
 }
 
+/* After a math op: an in-place result bumps its storage version; a new one
+   is recorded for autograd (rec is the op's record call's status). */
+static lt_status settle(lt_status st, lt_tensor *out, lt_tensor *r, lt_tensor **res) {
+  if (st == LT_OK && out)
+    lt_bump_version(out);
+  return finish(st, r, res);
+}
+
 /* ---- unary --------------------------------------------------------------- */
 
 lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor **res) {
@@ -54,7 +64,7 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
   const lt_backend_i *be;
   LT_TRY(lt_same_device(name, 1, &a, &be));
   lt_dtype rd = a->dtype;
-  if (op == LT_UNARY_NEG || op == LT_UNARY_ABS) {
+  if (op == LT_UNARY_NEG || op == LT_UNARY_ABS || op == LT_UNARY_SIGN) {
     if (rd == LT_DTYPE_BOOL)
       return lt_fail(LT_ERR_DTYPE, "%s: not defined for bool tensors", name);
   } else if (!lt_dtype_is_float(rd)) {
@@ -63,6 +73,7 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
   if (!be->unary)
     return no_kernel(name, be);
   LT_TRY(check_cast(name, rd, out));
+  LT_TRY(lt_ag_check_inplace(name, out, 1, &a));
   lt_tensor *r, *in;
   LT_TRY(lt_prepare_out(name, a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &in);
@@ -73,7 +84,9 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
   lt_iter_build(&it, 2, ops);
   st = be->unary(op, lt_compute_for(rd), &it);
   lt_tensor_release(in);
-  return finish(st, r, res);
+  if (st == LT_OK && !out)
+    st = lt_ag_record_unary(op, a, r);
+  return settle(st, out, r, res);
 }
 
 /* ---- binary --------------------------------------------------------------- */
@@ -107,6 +120,7 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
   if (!be->binary)
     return no_kernel(name, be);
   LT_TRY(check_cast(name, rd, out));
+  LT_TRY(lt_ag_check_inplace(name, out, 2, ins));
   lt_tensor *r, *sa = NULL, *sb = NULL;
   LT_TRY(lt_prepare_out(name, ndim, shape, rd, a->storage->device, out, &r));
   lt_status st = cast_operand(r, a, cd, &sa);
@@ -120,7 +134,9 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
   }
   lt_tensor_release(sa);
   lt_tensor_release(sb);
-  return finish(st, r, res);
+  if (st == LT_OK && !out)
+    st = lt_ag_record_binary(op, a, b, r);
+  return settle(st, out, r, res);
 }
 
 lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int reversed,
@@ -143,6 +159,7 @@ lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int re
   if (!be->binary_scalar)
     return no_kernel(name, be);
   LT_TRY(check_cast(name, rd, out));
+  LT_TRY(lt_ag_check_inplace(name, out, 1, &a));
   lt_tensor *r, *sa;
   LT_TRY(lt_prepare_out(name, a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &sa);
@@ -153,7 +170,9 @@ lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int re
   lt_iter_build(&it, 2, ops);
   st = be->binary_scalar(op, lt_compute_for(cd), &it, s, reversed);
   lt_tensor_release(sa);
-  return finish(st, r, res);
+  if (st == LT_OK && !out)
+    st = lt_ag_record_scalar(op, a, s, reversed, r);
+  return settle(st, out, r, res);
 }
 
 /* ---- where, clamp ------------------------------------------------------------ */
@@ -173,6 +192,7 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
   if (!be->where)
     return no_kernel("where", be);
   LT_TRY(check_cast("where", rd, out));
+  LT_TRY(lt_ag_check_inplace("where", out, 3, ins));
   lt_tensor *r, *safe[3] = {NULL, NULL, NULL};
   LT_TRY(lt_prepare_out("where", ndim, shape, rd, a->storage->device, out, &r));
   lt_status st = LT_OK;
@@ -186,7 +206,9 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
   }
   for (int i = 0; i < 3; i++)
     lt_tensor_release(safe[i]);
-  return finish(st, r, res);
+  if (st == LT_OK && !out)
+    st = lt_ag_record_where(cond, a, b, r);
+  return settle(st, out, r, res);
 }
 
 lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has_hi, lt_tensor *out,
@@ -201,6 +223,7 @@ lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has
   if (!be->clamp)
     return no_kernel("clamp", be);
   LT_TRY(check_cast("clamp", rd, out));
+  LT_TRY(lt_ag_check_inplace("clamp", out, 1, &a));
   lt_tensor *r, *sa;
   LT_TRY(lt_prepare_out("clamp", a->ndim, a->sizes, rd, a->storage->device, out, &r));
   lt_status st = lt_unalias(r, a, &sa);
@@ -211,7 +234,9 @@ lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has
   lt_iter_build(&it, 2, ops);
   st = be->clamp(lt_compute_for(rd), &it, lo, has_lo, hi, has_hi);
   lt_tensor_release(sa);
-  return finish(st, r, res);
+  if (st == LT_OK && !out)
+    st = lt_ag_record_clamp(a, lo, has_lo, hi, has_hi, r);
+  return settle(st, out, r, res);
 }
 
 /* ---- copies ------------------------------------------------------------------ */
@@ -285,6 +310,7 @@ lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
   LT_TRY(lt_check_tensor("copy_", dst, 1));
   LT_TRY(lt_check_tensor("copy_", src, 2));
   LT_TRY(lt_check_interrupt("copy_"));
+  LT_TRY(lt_ag_check_inplace("copy_", dst, 1, &src));
   const lt_tensor *ins[2] = {dst, src};
   int ndim;
   int64_t shape[LT_MAX_DIMS];
@@ -292,9 +318,11 @@ lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
   lt_tensor *chk;
   LT_TRY(lt_prepare_out("copy_", ndim, shape, dst->dtype, dst->storage->device, dst, &chk));
   lt_tensor_release(chk);
-  if (dst->storage->device == src->storage->device)
-    return copy_same_device(dst, src);
-  return copy_across_devices(dst, src);
+  lt_status st = dst->storage->device == src->storage->device ? copy_same_device(dst, src)
+                                                               : copy_across_devices(dst, src);
+  if (st == LT_OK)
+    lt_bump_version(dst);
+  return st;
 }
 
 lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
@@ -302,6 +330,8 @@ lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
   lt_tensor *r;
   LT_TRY(lt_tensor_empty_like(t, t->dtype, &r));
   lt_status st = copy_same_device(r, t);
+  if (st == LT_OK)
+    st = lt_ag_record_view(LT_VIEW_IDENTITY, t, r, NULL, 0);
   return finish(st, r, out);
 }
 
@@ -314,7 +344,10 @@ lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor
   }
   lt_tensor *r;
   LT_TRY(lt_tensor_empty(t->ndim, t->sizes, dtype, device, &r));
-  lt_status st = lt_tensor_copy_(r, t);
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_copy_(r, t));
+  if (st == LT_OK)
+    st = lt_ag_record_view(LT_VIEW_CONVERT, t, r, NULL, 0);
   return finish(st, r, out);
 }
 
@@ -322,12 +355,16 @@ lt_status lt_tensor_fill_(lt_tensor *t, double value) {
   LT_TRY(lt_check_tensor("fill_", t, 1));
   const lt_backend_i *be = t->storage->backend;
   LT_TRY(lt_check_interrupt("fill_"));
+  LT_TRY(lt_ag_check_inplace("fill_", t, 0, NULL));
   if (!be->fill)
     return no_kernel("fill_", be);
   lt_iter it;
   const lt_tensor *ops[1] = {t};
   lt_iter_build(&it, 1, ops);
-  return be->fill(&it, value);
+  lt_status st = be->fill(&it, value);
+  if (st == LT_OK)
+    lt_bump_version(t);
+  return st;
 }
 
 /* ---- f64 buffers ------------------------------------------------------------- */
@@ -368,7 +405,9 @@ lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
   lt_tensor d;
   lt_storage s;
   wrap_f64(&d, &s, dst, t->ndim, t->sizes);
-  return lt_tensor_copy_(&d, t);
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_copy_(&d, t)); /* reading values out is not an op to record */
+  return st;
 }
 
 lt_status lt_tensor_item(const lt_tensor *t, double *value) {

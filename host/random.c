@@ -4,6 +4,7 @@
  * consumes ceil(n / 4) counters whatever the device, so CPU and CUDA stay in
  * step for the same seed.
  */
+#include "autograd.h"
 #include "iter.h"
 
 #include <stdlib.h>
@@ -50,6 +51,7 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "%s: cannot write into an expanded tensor; clone() it first", op);
+  LT_TRY(lt_ag_check_inplace(op, t, 0, NULL));
   if ((kind == UNIFORM && !be->uniform) || (kind == NORMAL && !be->normal))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   int64_t n = lt_tensor_numel(t);
@@ -60,8 +62,10 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
   lt_status st = kind == UNIFORM
                      ? be->uniform(lt_tensor_ptr(dst), t->dtype, n, g->seed, g->offset, p1, p2)
                      : be->normal(lt_tensor_ptr(dst), t->dtype, n, g->seed, g->offset, p1, p2);
-  if (st == LT_OK)
+  if (st == LT_OK) {
     g->offset += (uint64_t)(n + 3) / 4;
+    lt_bump_version(t);
+  }
   if (!direct) {
     if (st == LT_OK)
       st = lt_tensor_copy_(t, dst);

@@ -3,6 +3,8 @@
  * var over a set of dims with keepdim): checks dims and dtypes, shapes the
  * output and describes kept and reduced dims to the backend kernel.
  */
+#include "autograd.h"
+#include "grad-ops.h"
 #include "iter.h"
 
 #include <string.h>
@@ -106,6 +108,8 @@ lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_
   it.in_dtype = a->dtype;
   it.out_dtype = od;
   lt_status st = be->reduce(op, &it, correction);
+  if (st == LT_OK)
+    st = lt_ag_record_reduce(op, a, ndims, dims, correction, r);
   if (st != LT_OK) {
     lt_tensor_release(r);
     return st;

@@ -17,6 +17,8 @@ const char *lt_last_error(void) { return err_buf; }
 
 const char *lt_version(void) { return "0.1.0"; }
 
+lt_status lt_set_last_error(lt_status st, const char *msg) { return lt_fail(st, "%s", msg); }
+
 lt_status lt_fail(lt_status st, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -17,6 +17,7 @@ struct lt_backend_i;
 /* A reference-counted block of memory on one device. */
 typedef struct lt_storage {
   int64_t refcount;
+  uint64_t version; /* bumped by every in-place write: autograd checks saved tensors */
   void *data;
   size_t nbytes;
   lt_device device;

@@ -6,6 +6,8 @@
  * Relies on the backend vtable for memory (lt_backend_for) and on ops.c for
  * the copies that reshape and contiguous fall back to.
  */
+#include "autograd.h"
+#include "grad-ops.h"
 #include "status.h"
 #include "tensor-impl.h"
 
@@ -56,6 +58,8 @@ void lt_tensor_release(lt_tensor *t) {
   if (!t)
     return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (t->autograd)
+      lt_ag_meta_free(t);
     lt_storage_release(t->storage);
     free(t);
   }
@@ -196,6 +200,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
     return lt_fail(LT_ERR_OOM, "empty: out of host memory for a storage header");
   size_t nbytes = (size_t)numel * (size_t)lt_dtype_size(dtype);
   s->refcount = 0;
+  s->version = 0;
   s->nbytes = nbytes;
   s->device = device;
   s->backend = be;
@@ -246,6 +251,17 @@ static lt_status view_of(lt_tensor *t, int64_t offset, int ndim, const int64_t *
     return lt_fail(LT_ERR_OOM, "view: out of host memory for a tensor header");
   *out = v;
   return LT_OK;
+}
+
+/* Records a view op on the tape when st is OK (releasing *out if that fails). */
+static lt_status recorded(lt_status st, lt_view_kind kind, lt_tensor *t, lt_tensor **out,
+                          const int64_t *args, int nargs) {
+  if (st != LT_OK)
+    return st;
+  st = lt_ag_record_view(kind, t, *out, args, nargs);
+  if (st != LT_OK)
+    lt_tensor_release(*out);
+  return st;
 }
 
 static lt_status check_dim(const char *op, const lt_tensor *t, int dim, int extra) {
@@ -345,19 +361,19 @@ lt_status lt_tensor_view(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor
                    lt_tensor_shape_str(t, b1), lt_shape_str(t->ndim, t->strides, b2),
                    lt_shape_str(ndim, resolved, b3));
   }
-  return view_of(t, t->offset, ndim, resolved, strides, out);
+  return recorded(view_of(t, t->offset, ndim, resolved, strides, out), LT_VIEW_RESHAPE, t, out, NULL, 0);
 }
 
 lt_status lt_tensor_reshape(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out) {
   int64_t resolved[LT_MAX_DIMS], strides[LT_MAX_DIMS];
   LT_TRY(infer_sizes("reshape", t, ndim, sizes, resolved));
   if (view_strides(t, ndim, resolved, strides))
-    return view_of(t, t->offset, ndim, resolved, strides, out);
-  lt_tensor *c;
-  LT_TRY(lt_tensor_clone(t, &c));
-  lt_status st = lt_tensor_view(c, ndim, resolved, out);
+    return recorded(view_of(t, t->offset, ndim, resolved, strides, out), LT_VIEW_RESHAPE, t, out, NULL, 0);
+  lt_tensor *c = NULL;
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_clone(t, &c); if (st == LT_OK) st = lt_tensor_view(c, ndim, resolved, out));
   lt_tensor_release(c);
-  return st;
+  return recorded(st, LT_VIEW_RESHAPE, t, out, NULL, 0);
 }
 
 lt_status lt_tensor_transpose(lt_tensor *t, int dim0, int dim1, lt_tensor **out) {
@@ -370,7 +386,8 @@ lt_status lt_tensor_transpose(lt_tensor *t, int dim0, int dim1, lt_tensor **out)
   sizes[dim1] = t->sizes[dim0];
   strides[dim0] = t->strides[dim1];
   strides[dim1] = t->strides[dim0];
-  return view_of(t, t->offset, t->ndim, sizes, strides, out);
+  int64_t args[2] = {dim0, dim1};
+  return recorded(view_of(t, t->offset, t->ndim, sizes, strides, out), LT_VIEW_TRANSPOSE, t, out, args, 2);
 }
 
 lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tensor **out) {
@@ -389,7 +406,7 @@ lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tens
     sizes[i] = t->sizes[dims[i]];
     strides[i] = t->strides[dims[i]];
   }
-  return view_of(t, t->offset, ndim, sizes, strides, out);
+  return recorded(view_of(t, t->offset, ndim, sizes, strides, out), LT_VIEW_PERMUTE, t, out, dims, ndim);
 }
 
 lt_status lt_tensor_narrow(lt_tensor *t, int dim, int64_t start, int64_t length, lt_tensor **out) {
@@ -404,7 +421,9 @@ lt_status lt_tensor_narrow(lt_tensor *t, int dim, int64_t start, int64_t length,
   int64_t sizes[LT_MAX_DIMS];
   memcpy(sizes, t->sizes, sizeof sizes);
   sizes[dim] = length;
-  return view_of(t, t->offset + start * t->strides[dim], t->ndim, sizes, t->strides, out);
+  int64_t args[3] = {dim, start, length};
+  return recorded(view_of(t, t->offset + start * t->strides[dim], t->ndim, sizes, t->strides, out),
+                  LT_VIEW_NARROW, t, out, args, 3);
 }
 
 lt_status lt_tensor_select(lt_tensor *t, int dim, int64_t index, lt_tensor **out) {
@@ -422,7 +441,9 @@ lt_status lt_tensor_select(lt_tensor *t, int dim, int64_t index, lt_tensor **out
       sizes[n] = t->sizes[i];
       strides[n++] = t->strides[i];
     }
-  return view_of(t, t->offset + index * t->strides[dim], n, sizes, strides, out);
+  int64_t args[2] = {dim, index};
+  return recorded(view_of(t, t->offset + index * t->strides[dim], n, sizes, strides, out), LT_VIEW_SELECT,
+                  t, out, args, 2);
 }
 
 lt_status lt_tensor_expand(lt_tensor *t, int ndim, const int64_t *sizes, lt_tensor **out) {
@@ -450,7 +471,7 @@ lt_status lt_tensor_expand(lt_tensor *t, int ndim, const int64_t *sizes, lt_tens
   }
   int64_t numel;
   LT_TRY(check_shape("expand", ndim, nsizes, &numel));
-  return view_of(t, t->offset, ndim, nsizes, nstrides, out);
+  return recorded(view_of(t, t->offset, ndim, nsizes, nstrides, out), LT_VIEW_EXPAND, t, out, NULL, 0);
 }
 
 lt_status lt_tensor_squeeze(lt_tensor *t, int dim, lt_tensor **out) {
@@ -466,7 +487,7 @@ lt_status lt_tensor_squeeze(lt_tensor *t, int dim, lt_tensor **out) {
       strides[n++] = t->strides[i];
     }
   }
-  return view_of(t, t->offset, n, sizes, strides, out);
+  return recorded(view_of(t, t->offset, n, sizes, strides, out), LT_VIEW_RESHAPE, t, out, NULL, 0);
 }
 
 lt_status lt_tensor_unsqueeze(lt_tensor *t, int dim, lt_tensor **out) {
@@ -486,7 +507,7 @@ lt_status lt_tensor_unsqueeze(lt_tensor *t, int dim, lt_tensor **out) {
       strides[n++] = t->strides[i];
     }
   }
-  return view_of(t, t->offset, n, sizes, strides, out);
+  return recorded(view_of(t, t->offset, n, sizes, strides, out), LT_VIEW_RESHAPE, t, out, NULL, 0);
 }
 
 lt_status lt_tensor_contiguous(lt_tensor *t, lt_tensor **out) {

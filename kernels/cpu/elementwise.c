@@ -82,6 +82,7 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
   case LT_UNARY_RSQRT: for (int64_t i = 0; i < n; i++) o[i] = ONE / SQRT(a[i]); break; \
   case LT_UNARY_TANH: for (int64_t i = 0; i < n; i++) o[i] = TANH(a[i]); break;    \
   case LT_UNARY_SIGMOID: for (int64_t i = 0; i < n; i++) o[i] = ONE / (ONE + EXP(-a[i])); break; \
+  case LT_UNARY_SIGN: for (int64_t i = 0; i < n; i++) o[i] = a[i] > 0 ? ONE : a[i] < 0 ? -ONE : a[i]; break; \
   default: break;                                                                  \
   }
 
@@ -107,6 +108,9 @@ static void unary_i64(const void *ctx, void *const *in, void *out, int64_t n) {
   if (op == LT_UNARY_NEG)
     for (int64_t i = 0; i < n; i++)
       o[i] = (int64_t)(0u - (uint64_t)a[i]);
+  else if (op == LT_UNARY_SIGN)
+    for (int64_t i = 0; i < n; i++)
+      o[i] = (a[i] > 0) - (a[i] < 0);
   else
     for (int64_t i = 0; i < n; i++)
       o[i] = a[i] < 0 ? (int64_t)(0u - (uint64_t)a[i]) : a[i];

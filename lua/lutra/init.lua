@@ -5,6 +5,7 @@
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
 local random = require "lutra.random"
+local autograd = require "lutra.autograd"
 local ffi, C = capi.ffi, capi.C
 
 tensor.check_methods() -- after every module has added its tensor methods
@@ -26,11 +27,14 @@ for _, name in ipairs { "add", "sub", "mul", "div", "pow", "maximum", "minimum",
   "le", "gt", "ge", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "clamp",
   "sum", "mean", "max", "min", "argmax", "argmin", "var", "std", "index_select", "gather",
   "transpose", "permute", "reshape", "view", "narrow", "select", "expand", "squeeze",
-  "unsqueeze", "contiguous", "clone", "flatten", "masked_fill" } do
+  "unsqueeze", "contiguous", "clone", "flatten", "masked_fill", "sign", "detach" } do
   lt[name] = tensor.methods[name]
 end
 
 lt.json = require "lutra.json"
+
+lt.autograd = autograd
+lt.no_grad = autograd.no_grad
 
 --- lt.build_info(): the lines `lutra --version` prints.
 function lt.build_info() return ffi.string(C.lt_build_info()) end

@@ -267,10 +267,15 @@ function T.free(t)
   C.lt_tensor_free_data(t)
 end
 
-local props = {
-  dtype = function(t) return dtype_name(C.lt_tensor_dtype(t)) end,
-  device = function(t) return device_name(C.lt_tensor_device(t)) end,
-}
+-- properties read as t.name and written as t.name = v; other modules (autograd)
+-- add theirs. Kept in the registry state so a reloaded module extends the
+-- same tables the metatype uses.
+capi.state.tensor_props = capi.state.tensor_props or {}
+capi.state.tensor_setters = capi.state.tensor_setters or {}
+local props, setters = capi.state.tensor_props, capi.state.tensor_setters
+M.props, M.setters = props, setters
+props.dtype = function(t) return dtype_name(C.lt_tensor_dtype(t)) end
+props.device = function(t) return device_name(C.lt_tensor_device(t)) end
 
 -- ---- values ----------------------------------------------------------------
 
@@ -926,6 +931,11 @@ local mt = {
     local p = props[k]
     if p then return p(t) end
     return nil
+  end,
+  __newindex = function(t, k, v)
+    local set = setters[k]
+    if not set then error(("cannot set field '%s' of a tensor"):format(tostring(k)), 2) end
+    set(t, v)
   end,
   __add = function(a, b) return binary(0, a, b, nil, 2) end,
   __sub = function(a, b) return binary(1, a, b, nil, 2) end,
