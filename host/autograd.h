@@ -113,12 +113,12 @@ const lt_backward_hooks *lt_ag_current_hooks(void);
 
 /* Runs the statements with grad mode off (composite ops use it so their
    internal steps record nothing; they record themselves once). */
-#define LT_NO_GRAD(stmts)           \
-  do {                              \
+#define LT_NO_GRAD(...)                \
+  do {                                 \
     int lt_saved_mode_ = lt_grad_mode; \
-    lt_grad_mode = 0;               \
-    stmts;                          \
-    lt_grad_mode = lt_saved_mode_;  \
+    lt_grad_mode = 0;                  \
+    __VA_ARGS__;                       \
+    lt_grad_mode = lt_saved_mode_;     \
   } while (0)
 
 /* ---- helpers for backward functions ----------------------------------- */

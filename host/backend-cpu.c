@@ -57,4 +57,13 @@ const lt_backend_i lt_backend_cpu = {
     .scatter_add = lt_cpu_scatter_add,
     .uniform = lt_cpu_uniform,
     .normal = lt_cpu_normal,
+    .layer_norm_fwd = lt_cpu_layer_norm_fwd,
+    .layer_norm_bwd = lt_cpu_layer_norm_bwd,
+    .rms_norm_fwd = lt_cpu_rms_norm_fwd,
+    .rms_norm_bwd = lt_cpu_rms_norm_bwd,
+    .softmax_fwd = lt_cpu_softmax_fwd,
+    .softmax_bwd = lt_cpu_softmax_bwd,
+    .cross_entropy_fwd = lt_cpu_cross_entropy_fwd,
+    .cross_entropy_bwd = lt_cpu_cross_entropy_bwd,
+    .rope = lt_cpu_rope,
 };

@@ -160,6 +160,8 @@ static lt_status unary_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi
     r = bin(s, LT_BINARY_MUL, g, bin(s, LT_BINARY_MUL, y, un(s, LT_UNARY_NEG, sc(s, LT_BINARY_SUB, y, 1.0))));
     break;
   case LT_UNARY_SIGN: r = zero_like(s, g); r = expand(s, r, &n->in[0]); break;
+  case LT_UNARY_GELU: x = saved(s, n, 0); r = bin(s, LT_BINARY_GELU_GRAD, x, g); break;
+  case LT_UNARY_SILU: x = saved(s, n, 0); r = bin(s, LT_BINARY_SILU_GRAD, x, g); break;
   default: s->st = lt_fail(LT_ERR_INTERNAL, "unary backward: unknown op"); break;
   }
   give(&gi[0], fit(s, n, 0, r));
@@ -171,7 +173,8 @@ static const lt_node_ops unary_ops[LT_UNARY_COUNT] = {
     {"ExpBackward", unary_backward, NULL},     {"LogBackward", unary_backward, NULL},
     {"SqrtBackward", unary_backward, NULL},    {"RsqrtBackward", unary_backward, NULL},
     {"TanhBackward", unary_backward, NULL},    {"SigmoidBackward", unary_backward, NULL},
-    {"SignBackward", unary_backward, NULL},
+    {"SignBackward", unary_backward, NULL},    {"GeluBackward", unary_backward, NULL},
+    {"SiluBackward", unary_backward, NULL},
 };
 
 lt_status lt_ag_record_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *r) {
@@ -181,7 +184,7 @@ lt_status lt_ag_record_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *r) {
   LT_TRY(lt_ag_node_new(&unary_ops[op], 1, &a, &n));
   n->i[0] = op;
   lt_status st = LT_OK;
-  if (op == LT_UNARY_ABS || op == LT_UNARY_LOG)
+  if (op == LT_UNARY_ABS || op == LT_UNARY_LOG || op == LT_UNARY_GELU || op == LT_UNARY_SILU)
     st = lt_ag_save(n, a);
   else if (op == LT_UNARY_EXP || op == LT_UNARY_SQRT || op == LT_UNARY_RSQRT || op == LT_UNARY_TANH ||
            op == LT_UNARY_SIGMOID)

@@ -61,13 +61,18 @@ enum { LT_DEVICE_CPU = 0, LT_DEVICE_CUDA = 256, LT_MAX_DIMS = 8 };
 
 typedef enum lt_unary_op {
   LT_UNARY_NEG = 0, LT_UNARY_ABS, LT_UNARY_EXP, LT_UNARY_LOG, LT_UNARY_SQRT,
-  LT_UNARY_RSQRT, LT_UNARY_TANH, LT_UNARY_SIGMOID, LT_UNARY_SIGN, LT_UNARY_COUNT
+  LT_UNARY_RSQRT, LT_UNARY_TANH, LT_UNARY_SIGMOID, LT_UNARY_SIGN,
+  LT_UNARY_GELU, /* tanh approximation, as GPT-2: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+  LT_UNARY_SILU, /* x * sigmoid(x) */
+  LT_UNARY_COUNT
 } lt_unary_op;
 
 typedef enum lt_binary_op {
   LT_BINARY_ADD = 0, LT_BINARY_SUB, LT_BINARY_MUL, LT_BINARY_DIV, LT_BINARY_POW,
   LT_BINARY_MAXIMUM, LT_BINARY_MINIMUM,
   LT_BINARY_EQ, LT_BINARY_NE, LT_BINARY_LT, LT_BINARY_LE, LT_BINARY_GT, LT_BINARY_GE,
+  LT_BINARY_GELU_GRAD, /* (x, g) -> g * gelu'(x), the backward of LT_UNARY_GELU */
+  LT_BINARY_SILU_GRAD, /* (x, g) -> g * silu'(x) */
   LT_BINARY_COUNT
 } lt_binary_op;
 
@@ -231,6 +236,27 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
 lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
 /* t.select(dim, index[i]) += src.select(dim, i), in order, deterministic. */
 lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
+
+/* ---- fused neural-network ops (host/nn.c), with gradients ----------------- */
+
+/* LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * w + b, var
+   biased (Ba et al. 2016, as torch.nn.functional.layer_norm); w and b are
+   (C) or NULL. Statistics in f32 (f64 for f64 inputs). */
+lt_status lt_layer_norm(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps, lt_tensor **y);
+/* RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * w (Zhang and Sennrich 2019). */
+lt_status lt_rms_norm(const lt_tensor *x, const lt_tensor *w, double eps, lt_tensor **y);
+/* Softmax (log = 0) or log-softmax (log = 1) along dim; a row that is all
+   -inf gives zeros (softmax) instead of NaN. */
+lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **y);
+/* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
+   log-softmax; rows whose target is ignore_index do not count. reduction:
+   0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).
+   *count receives the counted rows. Errors name a target outside [0, V). */
+lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
+                           int reduction, lt_tensor **loss, int64_t *count);
+/* Rotary position embeddings on x (..., T, D), Llama's half-split convention,
+   angle (start + t) * base^(-2i/D) (Su et al. 2021). */
+lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **y);
 
 /* ---- random numbers: Philox4x32-10 (Salmon et al., SC'11, Random123) ----- */
 

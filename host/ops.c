@@ -12,11 +12,13 @@
 #include <string.h>
 
 static const char *const unary_names[LT_UNARY_COUNT] = {"neg", "abs", "exp", "log", "sqrt",
-                                                         "rsqrt", "tanh", "sigmoid", "sign"};
+                                                         "rsqrt", "tanh", "sigmoid", "sign",
+                                                         "gelu", "silu"};
 static const char *const binary_names[LT_BINARY_COUNT] = {
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+    "gelu_backward", "silu_backward"};
 
-static int is_comparison(lt_binary_op op) { return op >= LT_BINARY_EQ; }
+static int is_comparison(lt_binary_op op) { return op >= LT_BINARY_EQ && op <= LT_BINARY_GE; }
 
 static lt_status no_kernel(const char *op, const lt_backend_i *be) {
   return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
@@ -115,7 +117,7 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
   LT_TRY(lt_broadcast_shape(name, 2, ins, &ndim, shape));
   lt_dtype cd = lt_result_type(2, ins);
   lt_dtype rd = is_comparison(op) ? LT_DTYPE_BOOL : cd;
-  if (op == LT_BINARY_DIV && !lt_dtype_is_float(cd))
+  if ((op == LT_BINARY_DIV || op >= LT_BINARY_GELU_GRAD) && !lt_dtype_is_float(cd))
     rd = cd = LT_DTYPE_F32;
   if (!be->binary)
     return no_kernel(name, be);

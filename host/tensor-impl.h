@@ -132,6 +132,24 @@ typedef struct lt_backend_i {
   lt_status (*gather)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
   lt_status (*scatter_add)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
   lt_status (*uniform)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
+  /* fused nn kernels on contiguous rows (f32 or f64; see kernels/cpu/cpu.h) */
+  lt_status (*layer_norm_fwd)(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
+                              void *rstd, int64_t N, int64_t C, double eps);
+  lt_status (*layer_norm_bwd)(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
+                              const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C);
+  lt_status (*rms_norm_fwd)(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
+                            int64_t C, double eps);
+  lt_status (*rms_norm_bwd)(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
+                            void *dx, void *dw, int64_t N, int64_t C);
+  lt_status (*softmax_fwd)(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm);
+  lt_status (*softmax_bwd)(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
+                           int logsm);
+  lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                 int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
+  lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                 int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx);
+  lt_status (*rope)(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
+                    int64_t start, int inverse);
   lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
 } lt_backend_i;
 

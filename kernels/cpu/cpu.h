@@ -46,6 +46,25 @@ lt_status lt_cpu_scatter_add(const lt_iter *it, int64_t dim_stride_t, int64_t di
 lt_status lt_cpu_uniform(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
 lt_status lt_cpu_normal(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
 
+/* norm.c, softmax.c, loss.c, rope.c: row kernels on contiguous f32 or f64 data */
+lt_status lt_cpu_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y,
+                                void *mean, void *rstd, int64_t N, int64_t C, double eps);
+lt_status lt_cpu_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
+                                const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C);
+lt_status lt_cpu_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
+                              int64_t C, double eps);
+lt_status lt_cpu_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
+                              void *dx, void *dw, int64_t N, int64_t C);
+lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm);
+lt_status lt_cpu_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
+                             int logsm);
+lt_status lt_cpu_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                   int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
+lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                   int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx);
+lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
+                      int64_t start, int inverse);
+
 /* Reads index element i of an i32/i64 index array with a stride. */
 static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {
   return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)index)[i * stride]

@@ -72,6 +72,10 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
 
 /* ---- unary ---------------------------------------------------------------- */
 
+/* GELU, tanh approximation (Hendrycks and Gimpel 2016; as GPT-2) */
+#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
+#define GELU_C 0.044715
+
 #define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ONE)                                   \
   switch (op) {                                                                    \
   case LT_UNARY_NEG: for (int64_t i = 0; i < n; i++) o[i] = -a[i]; break;          \
@@ -83,6 +87,13 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
   case LT_UNARY_TANH: for (int64_t i = 0; i < n; i++) o[i] = TANH(a[i]); break;    \
   case LT_UNARY_SIGMOID: for (int64_t i = 0; i < n; i++) o[i] = ONE / (ONE + EXP(-a[i])); break; \
   case LT_UNARY_SIGN: for (int64_t i = 0; i < n; i++) o[i] = a[i] > 0 ? ONE : a[i] < 0 ? -ONE : a[i]; break; \
+  case LT_UNARY_GELU:                                                              \
+    for (int64_t i = 0; i < n; i++) {                                              \
+      T x = a[i];                                                                  \
+      o[i] = (T)0.5 * x * (ONE + TANH((T)GELU_K * (x + (T)GELU_C * x * x * x)));   \
+    }                                                                              \
+    break;                                                                         \
+  case LT_UNARY_SILU: for (int64_t i = 0; i < n; i++) o[i] = a[i] / (ONE + EXP(-a[i])); break; \
   default: break;                                                                  \
   }
 
@@ -194,18 +205,42 @@ typedef struct {
   int reversed;
 } binary_ctx;
 
+/* The derivatives of the activations, times the incoming gradient g. */
+#define ACTIVATION_GRADS(T, EXP, TANH, ONE)                                          \
+  case LT_BINARY_GELU_GRAD:                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                \
+      T x = a[i], u = (T)GELU_K * (x + (T)GELU_C * x * x * x), t = TANH(u);          \
+      T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x);                            \
+      o[i] = b[i] * ((T)0.5 * (ONE + t) + (T)0.5 * x * (ONE - t * t) * du);          \
+    }                                                                                \
+    break;                                                                           \
+  case LT_BINARY_SILU_GRAD:                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                \
+      T x = a[i], sg = ONE / (ONE + EXP(-x));                                        \
+      o[i] = b[i] * sg * (ONE + x * (ONE - sg));                                     \
+    }                                                                                \
+    break;
+
 static void binary_f32(const void *ctx, void *const *in, void *out, int64_t n) {
   lt_binary_op op = ((const binary_ctx *)ctx)->op;
   const float *a = in[0], *b = in[1];
   float *o = out;
-  BINARY_CASES(a[i], b[i], powf, FDIV);
+  switch (op) {
+    ACTIVATION_GRADS(float, expf, tanhf, 1.0f)
+  default:
+    BINARY_CASES(a[i], b[i], powf, FDIV);
+  }
 }
 
 static void binary_f64(const void *ctx, void *const *in, void *out, int64_t n) {
   lt_binary_op op = ((const binary_ctx *)ctx)->op;
   const double *a = in[0], *b = in[1];
   double *o = out;
-  BINARY_CASES(a[i], b[i], pow, FDIV);
+  switch (op) {
+    ACTIVATION_GRADS(double, exp, tanh, 1.0)
+  default:
+    BINARY_CASES(a[i], b[i], pow, FDIV);
+  }
 }
 
 static void binary_i64(const void *ctx, void *const *in, void *out, int64_t n) {

@@ -35,6 +35,7 @@ lt.json = require "lutra.json"
 
 lt.autograd = autograd
 lt.no_grad = autograd.no_grad
+lt.F = require "lutra.nn.functional"
 
 --- lt.build_info(): the lines `lutra --version` prints.
 function lt.build_info() return ffi.string(C.lt_build_info()) end

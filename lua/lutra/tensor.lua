@@ -641,7 +641,8 @@ end
 
 -- ---- elementwise ---------------------------------------------------------------
 
-local UNARY = { neg = 0, abs = 1, exp = 2, log = 3, sqrt = 4, rsqrt = 5, tanh = 6, sigmoid = 7 }
+local UNARY = { neg = 0, abs = 1, exp = 2, log = 3, sqrt = 4, rsqrt = 5, tanh = 6, sigmoid = 7, sign = 8,
+  gelu = 9, silu = 10 }
 local BINARY = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
   eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12 }
 M.UNARY, M.BINARY = UNARY, BINARY

@@ -1,0 +1,489 @@
+/*
+ * nn.c: the fused neural-network ops (layer_norm, rms_norm, softmax and
+ * log_softmax, cross_entropy, rope) with their autograd nodes. Each
+ * computes in f32 (f64 for f64 inputs: gradient checks) on contiguous rows
+ * through the backend's row kernels, saves what its backward needs (mean
+ * and reciprocal std, the softmax output, the logsumexp) and returns results
+ * in the input's dtype; the loss and the statistics stay in f32.
+ */
+#include "autograd.h"
+#include "iter.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The dtype row kernels run in for inputs of dtype d. */
+static lt_dtype compute_dtype(lt_dtype d) { return d == LT_DTYPE_F64 ? LT_DTYPE_F64 : LT_DTYPE_F32; }
+
+/* t as a contiguous tensor of dtype cd (t itself, retained, when it is one). */
+static lt_status as_compute(const lt_tensor *t, lt_dtype cd, lt_tensor **out) {
+  lt_status st;
+  LT_NO_GRAD({
+    lt_tensor *c = NULL;
+    st = lt_tensor_to((lt_tensor *)t, cd, t->storage->device, &c);
+    if (st == LT_OK) {
+      st = lt_tensor_contiguous(c, out);
+      lt_tensor_release(c);
+    }
+  });
+  return st;
+}
+
+/* r converted to dtype d (consumes r). */
+static lt_status to_dtype(lt_tensor *r, lt_dtype d, lt_tensor **out) {
+  if (r->dtype == d) {
+    *out = r;
+    return LT_OK;
+  }
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_to(r, d, r->storage->device, out));
+  lt_tensor_release(r);
+  return st;
+}
+
+static lt_status need_float(const char *op, const lt_tensor *t) {
+  if (!lt_dtype_is_float(t->dtype))
+    return lt_fail(LT_ERR_DTYPE, "%s: needs a float tensor, got %s", op, lt_dtype_name(t->dtype));
+  return LT_OK;
+}
+
+static lt_status vector_of(const char *op, const char *what, const lt_tensor *v, int64_t C) {
+  if (v && (v->ndim != 1 || v->sizes[0] != C)) {
+    char b[200];
+    return lt_fail(LT_ERR_SHAPE, "%s: %s has shape %s, expected [%lld] (the last dim of the input)", op, what,
+                   lt_tensor_shape_str(v, b), (long long)C);
+  }
+  return LT_OK;
+}
+
+#define RELEASE_ALL(...)                                         \
+  do {                                                           \
+    lt_tensor *rel_[] = {__VA_ARGS__};                           \
+    for (size_t k_ = 0; k_ < sizeof rel_ / sizeof rel_[0]; k_++) \
+      lt_tensor_release(rel_[k_]);                               \
+  } while (0)
+
+/* ---- layer_norm and rms_norm -------------------------------------------------------- */
+
+static lt_status norm_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  int rms = (int)n->i[0];
+  lt_tensor *x, *w = NULL, *mean = NULL, *rstd;
+  LT_TRY(lt_ag_saved(n, 0, &x));
+  int k = 1;
+  if (n->i[1])
+    LT_TRY(lt_ag_saved(n, k++, &w));
+  if (!rms)
+    LT_TRY(lt_ag_saved(n, k++, &mean));
+  LT_TRY(lt_ag_saved(n, k, &rstd));
+  lt_dtype cd = x->dtype;
+  int64_t C = x->sizes[x->ndim - 1], N = C ? lt_tensor_numel(x) / C : 0;
+  const lt_backend_i *be = x->storage->backend;
+  lt_tensor *dy = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+  lt_status st = as_compute(go[0], cd, &dy);
+  if (st == LT_OK && n->next[0].node)
+    st = lt_tensor_empty_like(x, cd, &dx);
+  if (st == LT_OK && w && n->next[1].node)
+    st = lt_tensor_empty_like(w, cd, &dw);
+  if (st == LT_OK && !rms && n->i[2] && n->next[2].node)
+    st = lt_tensor_empty(1, &C, cd, x->storage->device, &db);
+  if (st == LT_OK)
+    st = rms ? be->rms_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
+                                lt_tensor_ptr(rstd), dx ? lt_tensor_ptr(dx) : NULL,
+                                dw ? lt_tensor_ptr(dw) : NULL, N, C)
+             : be->layer_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
+                                  lt_tensor_ptr(mean), lt_tensor_ptr(rstd), dx ? lt_tensor_ptr(dx) : NULL,
+                                  dw ? lt_tensor_ptr(dw) : NULL, db ? lt_tensor_ptr(db) : NULL, N, C);
+  lt_tensor_release(dy);
+  lt_tensor *outs[3] = {dx, dw, db};
+  for (int j = 0; j < 3; j++) {
+    if (st == LT_OK && outs[j]) {
+      lt_tensor *r = NULL;
+      st = to_dtype(outs[j], n->in[j].dtype, &r);
+      outs[j] = NULL;
+      if (st == LT_OK) {
+        lt_tensor *v = NULL; /* dx back to x's shape (it was computed as rows) */
+        st = lt_tensor_reshape(r, n->in[j].ndim, n->in[j].sizes, &v);
+        lt_tensor_release(r);
+        gi[j] = v;
+      }
+    }
+    lt_tensor_release(outs[j]);
+  }
+  return st;
+}
+
+static const lt_node_ops layer_norm_ops = {"LayerNormBackward", norm_backward, NULL};
+static const lt_node_ops rms_norm_ops = {"RMSNormBackward", norm_backward, NULL};
+
+static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps,
+                      lt_tensor **res) {
+  const char *op = rms ? "rms_norm" : "layer_norm";
+  const lt_tensor *ins[3] = {x, w, b};
+  const lt_backend_i *be;
+  int nin = w ? (b ? 3 : 2) : 1;
+  if (!w && b)
+    return lt_fail(LT_ERR_ARG, "%s: a bias needs a weight", op);
+  LT_TRY(lt_same_device(op, nin, ins, &be));
+  LT_TRY(need_float(op, x));
+  if (x->ndim == 0)
+    return lt_fail(LT_ERR_SHAPE, "%s: needs at least 1 dim", op);
+  int64_t C = x->sizes[x->ndim - 1], N = C ? lt_tensor_numel(x) / C : 0;
+  LT_TRY(vector_of(op, "the weight", w, C));
+  LT_TRY(vector_of(op, "the bias", b, C));
+  if (!(eps >= 0))
+    return lt_fail(LT_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
+  if ((rms && !be->rms_norm_fwd) || (!rms && !be->layer_norm_fwd))
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
+  lt_dtype cd = compute_dtype(x->dtype);
+  lt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL, *r = NULL;
+  lt_status st = as_compute(x, cd, &xc);
+  if (st == LT_OK && w)
+    st = as_compute(w, cd, &wc);
+  if (st == LT_OK && b)
+    st = as_compute(b, cd, &bc);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(xc, cd, &y);
+  if (st == LT_OK && !rms)
+    st = lt_tensor_empty(1, &N, cd, x->storage->device, &mean);
+  if (st == LT_OK)
+    st = lt_tensor_empty(1, &N, cd, x->storage->device, &rstd);
+  if (st == LT_OK)
+    st = rms ? be->rms_norm_fwd(cd, lt_tensor_ptr(xc), wc ? lt_tensor_ptr(wc) : NULL, lt_tensor_ptr(y),
+                                lt_tensor_ptr(rstd), N, C, eps)
+             : be->layer_norm_fwd(cd, lt_tensor_ptr(xc), wc ? lt_tensor_ptr(wc) : NULL,
+                                  bc ? lt_tensor_ptr(bc) : NULL, lt_tensor_ptr(y), lt_tensor_ptr(mean),
+                                  lt_tensor_ptr(rstd), N, C, eps);
+  if (st == LT_OK) {
+    lt_tensor_retain(y);
+    st = to_dtype(y, x->dtype, &r);
+  }
+  if (st == LT_OK && lt_ag_needed(nin, ins)) {
+    lt_node *n;
+    st = lt_ag_node_new(rms ? &rms_norm_ops : &layer_norm_ops, nin, ins, &n);
+    if (st == LT_OK) {
+      n->i[0] = rms;
+      n->i[1] = w != NULL;
+      n->i[2] = b != NULL;
+      st = lt_ag_save(n, xc);
+      if (st == LT_OK && w)
+        st = lt_ag_save(n, wc);
+      if (st == LT_OK && !rms)
+        st = lt_ag_save(n, mean);
+      if (st == LT_OK)
+        st = lt_ag_save(n, rstd);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+  }
+  RELEASE_ALL(xc, wc, bc, y, mean, rstd);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
+}
+
+lt_status lt_layer_norm(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps, lt_tensor **y) {
+  return norm(0, x, w, b, eps, y);
+}
+
+lt_status lt_rms_norm(const lt_tensor *x, const lt_tensor *w, double eps, lt_tensor **y) {
+  return norm(1, x, w, NULL, eps, y);
+}
+
+/* ---- softmax and log_softmax ----------------------------------------------------------- */
+
+/* x with dim moved last (a view), or x itself. */
+static lt_status dim_last(const lt_tensor *x, int dim, lt_tensor **out) {
+  if (dim == x->ndim - 1) {
+    lt_tensor_retain((lt_tensor *)x);
+    *out = (lt_tensor *)x;
+    return LT_OK;
+  }
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_transpose((lt_tensor *)x, dim, x->ndim - 1, out));
+  return st;
+}
+
+/* Row kernel result (dim last, contiguous) back to x's layout and dtype. */
+static lt_status dim_back(lt_tensor *r, int dim, int ndim, lt_dtype d, lt_tensor **out) {
+  lt_tensor *t = NULL;
+  lt_status st;
+  if (dim == ndim - 1) {
+    lt_tensor_retain(r);
+    t = r;
+    st = LT_OK;
+  } else {
+    LT_NO_GRAD(st = lt_tensor_transpose(r, dim, ndim - 1, &t));
+  }
+  if (st != LT_OK)
+    return st;
+  return to_dtype(t, d, out);
+}
+
+static lt_status softmax_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  lt_tensor *y;
+  LT_TRY(lt_ag_saved(n, 0, &y)); /* the output, dim last, contiguous */
+  int dim = (int)n->i[0], logsm = (int)n->i[1], ndim = n->in[0].ndim;
+  lt_dtype cd = y->dtype;
+  int64_t C = ndim ? y->sizes[ndim - 1] : 1, N = C ? lt_tensor_numel(y) / C : 0;
+  lt_tensor *gl = NULL, *dy = NULL, *dx = NULL;
+  lt_status st = dim_last(go[0], dim, &gl);
+  if (st == LT_OK)
+    st = as_compute(gl, cd, &dy);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(y, cd, &dx);
+  if (st == LT_OK)
+    st = y->storage->backend->softmax_bwd(cd, lt_tensor_ptr(y), lt_tensor_ptr(dy), lt_tensor_ptr(dx), N, C,
+                                          logsm);
+  if (st == LT_OK)
+    st = dim_back(dx, dim, ndim, n->in[0].dtype, &gi[0]);
+  RELEASE_ALL(gl, dy, dx);
+  return st;
+}
+
+static const lt_node_ops softmax_ops = {"SoftmaxBackward", softmax_backward, NULL};
+static const lt_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backward, NULL};
+
+lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
+  const char *op = log ? "log_softmax" : "softmax";
+  const lt_backend_i *be;
+  LT_TRY(lt_same_device(op, 1, &x, &be));
+  LT_TRY(need_float(op, x));
+  if (x->ndim == 0 || dim < 0 || dim >= x->ndim) {
+    char b[200];
+    return lt_fail(LT_ERR_ARG, "%s: dim %d is out of range for shape %s", op, dim + 1, lt_tensor_shape_str(x, b));
+  }
+  if (!be->softmax_fwd)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
+  lt_dtype cd = compute_dtype(x->dtype);
+  lt_tensor *xl = NULL, *xc = NULL, *y = NULL, *r = NULL;
+  lt_status st = dim_last(x, dim, &xl);
+  if (st == LT_OK)
+    st = as_compute(xl, cd, &xc);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(xc, cd, &y);
+  int64_t C = xc ? xc->sizes[xc->ndim - 1] : 0, N = C ? lt_tensor_numel(x) / C : 0;
+  if (st == LT_OK)
+    st = be->softmax_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(y), N, C, log);
+  if (st == LT_OK)
+    st = dim_back(y, dim, x->ndim, x->dtype, &r);
+  if (st == LT_OK && lt_ag_needed(1, &x)) {
+    lt_node *n;
+    st = lt_ag_node_new(log ? &log_softmax_ops : &softmax_ops, 1, &x, &n);
+    if (st == LT_OK) {
+      n->i[0] = dim;
+      n->i[1] = log;
+      st = lt_ag_save(n, y);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+  }
+  RELEASE_ALL(xl, xc, y);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
+}
+
+/* ---- cross_entropy --------------------------------------------------------------------- */
+
+static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  lt_tensor *x, *tgt, *lse;
+  LT_TRY(lt_ag_saved(n, 0, &x));
+  LT_TRY(lt_ag_saved(n, 1, &tgt));
+  LT_TRY(lt_ag_saved(n, 2, &lse));
+  int64_t N = x->sizes[0], V = x->sizes[1];
+  int reduction = (int)n->i[0];
+  double count = n->f[0];
+  lt_tensor *scale = NULL, *g = NULL, *dx = NULL;
+  lt_status st;
+  /* the gradient of each row's loss: g (reduction none) or g broadcast, / count for mean */
+  LT_NO_GRAD({
+    st = lt_tensor_to(go[0], x->dtype, x->storage->device, &g);
+    if (st == LT_OK)
+      st = lt_tensor_empty(1, &N, x->dtype, x->storage->device, &scale);
+    if (st == LT_OK)
+      st = lt_tensor_copy_(scale, g); /* broadcasts a 0-dim g */
+    if (st == LT_OK && reduction == 0) {
+      lt_tensor *r = NULL;
+      st = lt_binary_scalar(LT_BINARY_MUL, scale, count > 0 ? 1.0 / count : 0.0, 0, scale, &r);
+      lt_tensor_release(r);
+    }
+  });
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(x, x->dtype, &dx);
+  if (st == LT_OK)
+    st = x->storage->backend->cross_entropy_bwd(x->dtype, lt_tensor_ptr(x), lt_tensor_ptr(tgt), tgt->dtype, N, V,
+                                                n->i[1], lt_tensor_ptr(lse), lt_tensor_ptr(scale),
+                                                lt_tensor_ptr(dx));
+  if (st == LT_OK) {
+    lt_tensor_retain(dx);
+    st = to_dtype(dx, n->in[0].dtype, &gi[0]);
+  }
+  RELEASE_ALL(scale, g, dx);
+  return st;
+}
+
+static const lt_node_ops ce_ops = {"CrossEntropyBackward", ce_backward, NULL};
+
+lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
+                           int reduction, lt_tensor **loss, int64_t *count) {
+  const char *op = "cross_entropy";
+  const lt_tensor *ins[2] = {logits, targets};
+  const lt_backend_i *be;
+  char b1[200], b2[200];
+  LT_TRY(lt_same_device(op, 2, ins, &be));
+  LT_TRY(need_float(op, logits));
+  if (targets->dtype != LT_DTYPE_I32 && targets->dtype != LT_DTYPE_I64)
+    return lt_fail(LT_ERR_DTYPE, "%s: targets must be integer class ids (i32 or i64), got %s", op,
+                   lt_dtype_name(targets->dtype));
+  if (logits->ndim != 2 || targets->ndim != 1 || targets->sizes[0] != logits->sizes[0])
+    return lt_fail(LT_ERR_SHAPE, "%s: expects logits (N, V) and targets (N), got %s and %s", op,
+                   lt_tensor_shape_str(logits, b1), lt_tensor_shape_str(targets, b2));
+  if (reduction < 0 || reduction > 2)
+    return lt_fail(LT_ERR_ARG, "%s: reduction must be mean, sum or none", op);
+  if (!be->cross_entropy_fwd)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
+  int64_t N = logits->sizes[0], V = logits->sizes[1];
+  lt_dtype cd = compute_dtype(logits->dtype);
+  lt_tensor *xc = NULL, *tc = NULL, *rows = NULL, *lse = NULL, *r = NULL;
+  lt_status st = as_compute(logits, cd, &xc);
+  if (st == LT_OK)
+    LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)targets, &tc));
+  if (st == LT_OK)
+    st = lt_tensor_empty(1, &N, cd, logits->storage->device, &rows);
+  if (st == LT_OK)
+    st = lt_tensor_empty(1, &N, cd, logits->storage->device, &lse);
+  int64_t bad = -1;
+  if (st == LT_OK) {
+    st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
+                               lt_tensor_ptr(rows), lt_tensor_ptr(lse), &bad);
+    if (st != LT_OK && bad >= 0) {
+      double v = 0;
+      lt_tensor *one = NULL;
+      if (lt_tensor_narrow(tc, 0, bad, 1, &one) == LT_OK)
+        lt_tensor_item(one, &v);
+      lt_tensor_release(one);
+      st = lt_fail(LT_ERR_ARG, "%s: target %lld at position %lld (1-based) is outside the vocabulary [0, %lld) "
+                   "and is not the ignore index %lld", op, (long long)v, (long long)bad + 1, (long long)V,
+                   (long long)ignore_index);
+    }
+  }
+  int64_t counted = 0;
+  if (st == LT_OK) { /* the counted tokens */
+    double *tv = malloc(sizeof(double) * (size_t)(N > 0 ? N : 1));
+    if (!tv || lt_tensor_to_f64(tc, tv, N) != LT_OK)
+      st = lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
+    for (int64_t k = 0; st == LT_OK && k < N; k++)
+      counted += tv[k] != (double)ignore_index;
+    free(tv);
+  }
+  if (st == LT_OK) {
+    LT_NO_GRAD({
+      if (reduction == 2) {
+        lt_tensor_retain(rows);
+        r = rows;
+      } else {
+        lt_tensor *s = NULL;
+        st = lt_reduce(LT_REDUCE_SUM, rows, 0, NULL, 0, 0, &s);
+        if (st == LT_OK && reduction == 0) { /* mean over counted tokens; 0 when none count */
+          st = lt_binary_scalar(LT_BINARY_MUL, s, counted ? 1.0 / (double)counted : 0.0, 0, NULL, &r);
+          lt_tensor_release(s);
+        } else if (st == LT_OK) {
+          r = s;
+        }
+      }
+    });
+  }
+  if (st == LT_OK && lt_ag_needed(1, &logits)) {
+    lt_node *n;
+    st = lt_ag_node_new(&ce_ops, 2, ins, &n);
+    if (st == LT_OK) {
+      n->i[0] = reduction;
+      n->i[1] = ignore_index;
+      n->f[0] = (double)counted;
+      st = lt_ag_save(n, xc);
+      if (st == LT_OK)
+        st = lt_ag_save(n, tc);
+      if (st == LT_OK)
+        st = lt_ag_save(n, lse);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+  }
+  RELEASE_ALL(xc, tc, rows, lse);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *loss = r;
+  if (count)
+    *count = counted;
+  return LT_OK;
+}
+
+/* ---- rope ------------------------------------------------------------------------------- */
+
+static lt_status rope_run(const lt_tensor *x, double base, int64_t start, int inverse, lt_tensor **res) {
+  lt_dtype cd = compute_dtype(x->dtype);
+  int64_t D = x->sizes[x->ndim - 1], Tn = x->sizes[x->ndim - 2];
+  int64_t R = (Tn > 0 && D > 0) ? lt_tensor_numel(x) / (Tn * D) : 0;
+  lt_tensor *xc = NULL, *y = NULL;
+  lt_status st = as_compute(x, cd, &xc);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(xc, cd, &y);
+  if (st == LT_OK)
+    st = x->storage->backend->rope(cd, lt_tensor_ptr(xc), lt_tensor_ptr(y), R, Tn, D, base, start, inverse);
+  lt_tensor_release(xc);
+  if (st != LT_OK) {
+    lt_tensor_release(y);
+    return st;
+  }
+  return to_dtype(y, x->dtype, res);
+}
+
+static lt_status rope_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  return rope_run(go[0], n->f[0], n->i[0], 1, &gi[0]);
+}
+
+static const lt_node_ops rope_ops = {"RopeBackward", rope_backward, NULL};
+
+lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **res) {
+  const lt_backend_i *be;
+  char b[200];
+  LT_TRY(lt_same_device("rope", 1, &x, &be));
+  LT_TRY(need_float("rope", x));
+  if (x->ndim < 2 || x->sizes[x->ndim - 1] % 2 != 0)
+    return lt_fail(LT_ERR_SHAPE, "rope: expects (..., T, D) with an even head size D, got %s",
+                   lt_tensor_shape_str(x, b));
+  if (!(base > 0) || start < 0)
+    return lt_fail(LT_ERR_ARG, "rope: base must be > 0 and the start position >= 0 (got %g and %lld)", base,
+                   (long long)start);
+  if (!be->rope)
+    return lt_fail(LT_ERR_UNSUPPORTED, "rope: not implemented on the %s backend", be->name);
+  lt_tensor *r;
+  LT_TRY(rope_run(x, base, start, 0, &r));
+  if (lt_ag_needed(1, &x)) {
+    lt_node *n;
+    lt_status st = lt_ag_node_new(&rope_ops, 1, &x, &n);
+    if (st == LT_OK) {
+      n->f[0] = base;
+      n->i[0] = start;
+      st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+    if (st != LT_OK) {
+      lt_tensor_release(r);
+      return st;
+    }
+  }
+  *res = r;
+  return LT_OK;
+}

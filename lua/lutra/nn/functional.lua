@@ -1,0 +1,183 @@
+--- lutra.nn.functional (lt.F): functions of neural networks that own no
+-- parameters, as torch.nn.functional. The fused ones (layer_norm, rms_norm,
+-- softmax, log_softmax, cross_entropy, rope, gelu, silu) are C kernels with
+-- their own backward (host/nn.c); the others compose tensor ops, whose
+-- gradients autograd already knows.
+local capi = require "lutra.capi"
+local tensor = require "lutra.tensor"
+local ffi, C, fail = capi.ffi, capi.C, capi.fail
+local box = capi.tensor_box
+local take, is_tensor = tensor.take, tensor.is_tensor
+
+local F = {}
+
+local function need(op, x, pos)
+  if not is_tensor(x) then
+    error(("bad argument #%d to '%s' (tensor expected, got %s)"):format(pos, op, type(x)), 3)
+  end
+end
+
+--- F.linear(x, weight, bias): x (..., in) @ weight(out, in)^T + bias(out).
+function F.linear(x, weight, bias)
+  need("linear", x, 1)
+  need("linear", weight, 2)
+  local y = tensor.matmul(x, weight:t())
+  if bias ~= nil then y = y + bias end
+  return y
+end
+
+--- F.embedding(ids, weight): rows of weight (V, C) for integer ids of any
+-- shape (0-based, i32 or i64) -> (..., C). Its backward is a deterministic
+-- scatter-add. An id outside [0, V) is an error naming it and its position.
+function F.embedding(ids, weight)
+  need("embedding", ids, 1)
+  need("embedding", weight, 2)
+  if weight:dim() ~= 2 then error("embedding: the weight must be (V, C), got " .. tostring(weight:shape()), 2) end
+  local flat = ids:dim() == 1 and ids or ids:reshape(-1)
+  if C.lt_index_select(weight, 0, flat, box) ~= 0 then
+    error((ffi.string(C.lt_last_error()):gsub("^index_select:", "embedding:"):gsub("element (%d+) of the index",
+      "position %1 of the ids")), 2)
+  end
+  local rows = take()
+  local shape = ids:shape()
+  shape[#shape + 1] = weight:size(2)
+  return rows:view(shape)
+end
+
+--- F.layer_norm(x, weight, bias, eps): LayerNorm over the last dim (eps default 1e-5).
+function F.layer_norm(x, weight, bias, eps)
+  need("layer_norm", x, 1)
+  if C.lt_layer_norm(x, weight, bias, eps or 1e-5, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- F.rms_norm(x, weight, eps): RMSNorm over the last dim (eps default 1e-6).
+function F.rms_norm(x, weight, eps)
+  need("rms_norm", x, 1)
+  if C.lt_rms_norm(x, weight, eps or 1e-6, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- F.gelu(x): GELU with the tanh approximation (GPT-2's).
+function F.gelu(x)
+  need("gelu", x, 1)
+  return x:gelu()
+end
+
+--- F.silu(x) = x * sigmoid(x).
+function F.silu(x)
+  need("silu", x, 1)
+  return x:silu()
+end
+
+--- F.swiglu(gate, up) = silu(gate) * up (Shazeer 2020; Llama's MLP).
+function F.swiglu(gate, up)
+  need("swiglu", gate, 1)
+  return gate:silu() * up
+end
+
+--- F.relu(x) = max(x, 0).
+function F.relu(x)
+  need("relu", x, 1)
+  return tensor.methods.maximum(x, 0)
+end
+
+local function softmax(op, x, dim, log)
+  need(op, x, 1)
+  local d = tensor.cdim(op, x, dim or -1, 3)
+  if C.lt_softmax(x, d, log, box) ~= 0 then fail(3) end
+  return take()
+end
+
+--- F.softmax(x, dim): along dim (default -1); an all -inf row gives zeros.
+function F.softmax(x, dim) return softmax("softmax", x, dim, 0) end
+--- F.log_softmax(x, dim)
+function F.log_softmax(x, dim) return softmax("log_softmax", x, dim, 1) end
+
+local REDUCTIONS = { mean = 0, sum = 1, none = 2 }
+local count_out = ffi.new("int64_t[1]")
+
+--- F.cross_entropy(logits, targets, {ignore_index = -100, reduction = "mean"})
+-- -> loss, count. logits (N, V) (or (B, T, V) with targets (B, T)); targets
+-- hold integer class ids. count is the number of targets that count (not
+-- ignored); the mean is over them, and 0 with zero gradients when none count.
+function F.cross_entropy(logits, targets, opts)
+  need("cross_entropy", logits, 1)
+  need("cross_entropy", targets, 2)
+  opts = opts or {}
+  local red = REDUCTIONS[opts.reduction or "mean"]
+  if not red then error("cross_entropy: reduction must be 'mean', 'sum' or 'none'", 2) end
+  local ignore = opts.ignore_index or -100
+  local shape = targets:shape()
+  if logits:dim() > 2 then
+    logits = logits:reshape(-1, logits:size(-1))
+    targets = targets:reshape(-1)
+  end
+  if C.lt_cross_entropy(logits, targets, ignore, red, box, count_out) ~= 0 then fail(2) end
+  local loss = take()
+  if red == 2 and #shape > 1 then loss = loss:view(shape) end
+  return loss, tonumber(count_out[0])
+end
+
+--- F.rope(x, {base = 10000, start = 0}): rotary embeddings on x (..., T, D).
+function F.rope(x, opts)
+  need("rope", x, 1)
+  opts = opts or {}
+  if C.lt_rope(x, opts.base or 10000, opts.start or 0, box) ~= 0 then fail(2) end
+  return take()
+end
+
+--- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS)})
+-- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
+-- query attention repeats each K/V head NH/NKV times). The causal mask lets
+-- query t see keys up to t + S - T (aligned at the end, so a query after a
+-- KV cache sees the whole prefix; the same as torch's when S == T). A row
+-- whose every score is masked gives zeros.
+function F.scaled_dot_product_attention(q, k, v, opts)
+  need("scaled_dot_product_attention", q, 1)
+  need("scaled_dot_product_attention", k, 2)
+  need("scaled_dot_product_attention", v, 3)
+  opts = opts or {}
+  if q:dim() ~= 4 or k:dim() ~= 4 or v:dim() ~= 4 then
+    error(("scaled_dot_product_attention: expects (B, NH, T, HS) tensors, got %s, %s, %s")
+      :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
+  end
+  local B, NH, T, HS = q:size(1), q:size(2), q:size(3), q:size(4)
+  local NKV, S = k:size(2), k:size(3)
+  if NH % NKV ~= 0 or v:size(2) ~= NKV or k:size(4) ~= HS or v:size(3) ~= S then
+    error(("scaled_dot_product_attention: heads do not fit: q %s, k %s, v %s (K/V heads must divide Q heads)")
+      :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
+  end
+  if NKV ~= NH then
+    local rep = NH / NKV
+    k = k:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
+    v = v:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
+  end
+  local scale = opts.scale or 1 / math.sqrt(HS)
+  local scores = tensor.matmul(q, k:transpose(3, 4)) * scale
+  if opts.causal then
+    local lt = require "lutra"
+    local i = lt.arange(T, { device = q.device }):view(T, 1)
+    local j = lt.arange(S, { device = q.device }):view(1, S)
+    local masked = j:gt(i + (S - T)) -- (T, S)
+    scores = scores:masked_fill(masked, -math.huge)
+  end
+  return tensor.matmul(F.softmax(scores, -1), v)
+end
+
+--- F.dropout(x, p, {training = true, generator = g}): zeroes each element
+-- with probability p and scales the rest by 1/(1-p); the mask is drawn from
+-- the Philox generator, so a seed and step reproduce it. Identity when not
+-- training or p == 0.
+function F.dropout(x, p, opts)
+  need("dropout", x, 1)
+  opts = opts or {}
+  if type(p) ~= "number" or p < 0 or p > 1 then error("dropout: p must be in [0, 1], got " .. tostring(p), 2) end
+  if opts.training == false or p == 0 then return x end
+  local lt = require "lutra"
+  if p == 1 then return x * 0 end
+  local keep = lt.rand(x:shape(), { device = x.device, generator = opts.generator }):ge(p)
+  return x * keep:to(x.dtype) * (1 / (1 - p))
+end
+
+return F
