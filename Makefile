@@ -133,6 +133,7 @@ demo: deps
 
 ref:
 	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json
+	/usr/bin/python3 tests/ref/gen_nn.py tests/ref/nn.json
 
 bench: lutra
 	./lutra bench/ops.lua

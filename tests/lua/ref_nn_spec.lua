@@ -1,0 +1,107 @@
+-- tests/lua/ref_nn_spec.lua: lt.F against PyTorch (tests/ref/nn.json, from
+-- tests/ref/gen_nn.py): outputs, and the gradients of sum(output * w) for
+-- every input that requires grad, in f32 and f64 (and bf16 forwards).
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+local fixture = H.load_json("tests/ref/nn.json")
+local F = lt.F
+
+local RUN = {
+  layer_norm = function(a, x, w, b) return F.layer_norm(x, w, b, a.eps) end,
+  rms_norm = function(a, x, w) return F.rms_norm(x, w, a.eps) end,
+  softmax = function(a, x) return F.softmax(x, a.dim) end,
+  log_softmax = function(a, x) return F.log_softmax(x, a.dim) end,
+  cross_entropy = function(a, x, t) return (F.cross_entropy(x, t, { reduction = a.reduction })) end,
+  gelu = function(_, x) return F.gelu(x) end,
+  silu = function(_, x) return F.silu(x) end,
+  swiglu = function(_, a, b) return F.swiglu(a, b) end,
+  linear = function(_, x, w, b) return F.linear(x, w, b) end,
+  embedding = function(_, i, e) return F.embedding(i, e) end,
+  rope = function(a, x) return F.rope(x, { base = a.base, start = a.start }) end,
+  sdpa = function(a, q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = a.causal }) end,
+}
+
+describe("lt.F against PyTorch (" .. fixture.torch .. ")", function()
+  for _, case in ipairs(fixture.cases) do
+    it(case.name, function()
+      local ins = {}
+      for i, spec in ipairs(case.inputs) do
+        ins[i] = H.from_flat(spec.values, spec.shape, spec.dtype)
+        if spec.grad then ins[i]:requires_grad_() end
+      end
+      local out = RUN[case.op](case.args, unpack(ins, 1, #case.inputs))
+      H.assert_matches(out, case.output, case.name .. " output", 4)
+      local any = false
+      for i, spec in ipairs(case.inputs) do any = any or spec.grad end
+      if any then
+        local w = H.from_flat(case.w.values, case.w.shape, case.w.dtype)
+        ;(out * w):sum():backward()
+        for i, spec in ipairs(case.inputs) do
+          if spec.grad then
+            assert(ins[i].grad, case.name .. ": no gradient for input " .. i)
+            H.assert_matches(ins[i].grad, case.grads[i], case.name .. " grad " .. i, 10)
+          end
+        end
+      end
+    end)
+  end
+end)
+
+describe("lt.F edge cases", function()
+  it("a fully masked softmax row gives zeros and zero gradients", function()
+    local x = lt.tensor({ { -math.huge, -math.huge }, { 0, 1 } }, "f64"):requires_grad_()
+    local y = F.softmax(x, -1)
+    assert.are.same({ 0, 0 }, y:select(1, 1):totable())
+    y:sum():backward()
+    assert.are.same({ 0, 0 }, x.grad:select(1, 1):totable())
+  end)
+  it("cross_entropy with every target ignored is 0 with zero gradients", function()
+    local x = lt.randn(3, 5):requires_grad_()
+    local loss, n = F.cross_entropy(x, lt.tensor({ -100, -100, -100 }, "i64"))
+    assert.are.equal(0, n)
+    assert.are.equal(0, loss:item())
+    loss:backward()
+    assert.are.equal(0, x.grad:abs():sum():item())
+  end)
+  it("cross_entropy counts targets and rejects bad ones by position", function()
+    local x = lt.randn(4, 5)
+    local _, n = F.cross_entropy(x, lt.tensor({ 1, 2, -1, 4 }, "i64"), { ignore_index = -1 })
+    assert.are.equal(3, n)
+    H.assert_error(function() F.cross_entropy(x, lt.tensor({ 1, 5, 0, 0 }, "i64")) end,
+      "cross_entropy", "target 5", "position 2")
+    H.assert_error(function() F.cross_entropy(x, lt.tensor { 1, 2, 3, 4 }) end, "integer class ids", "f32")
+    H.assert_error(function() F.cross_entropy(x, lt.tensor({ 1, 2 }, "i64")) end, "(N, V)")
+    local l3, n3 = F.cross_entropy(lt.randn(2, 3, 5), lt.tensor({ { 1, 2, 3 }, { 0, 0, 0 } }, "i64"))
+    assert.are.equal(6, n3)
+    assert.are.equal(0, l3:dim())
+  end)
+  it("embedding names the offending id and its position", function()
+    local w = lt.randn(10, 4)
+    H.assert_error(function() F.embedding(lt.tensor({ { 1, 2 }, { 3, 10 } }, "i64"), w) end,
+      "embedding", "index 10", "position 4")
+    assert.are.same({ 2, 2, 4 }, F.embedding(lt.tensor({ { 1, 2 }, { 3, 9 } }, "i32"), w):shape())
+  end)
+  it("dropout is reproducible, scaled, and the identity in eval mode", function()
+    local x = lt.ones(1000)
+    local a = F.dropout(x, 0.25, { generator = lt.Generator(7) })
+    local b = F.dropout(x, 0.25, { generator = lt.Generator(7) })
+    assert.are.same(a:totable(), b:totable())
+    local kept = a:gt(0):to("f32"):sum():item()
+    assert.is_true(kept > 700 and kept < 800)
+    assert.is_true(math.abs(a:max():item() - 1 / 0.75) < 1e-6)
+    assert.are.equal(x, F.dropout(x, 0.5, { training = false }))
+    local xg = lt.randn(20, { dtype = "f64" }):requires_grad_()
+    local g = lt.Generator(3)
+    local st = g:state()
+    assert(lt.autograd.gradcheck(function(v)
+      g:set_state(st) -- the same mask on every evaluation
+      return F.dropout(v, 0.3, { generator = g })
+    end, { xg }))
+  end)
+  it("attention refuses heads that do not fit", function()
+    H.assert_error(function()
+      F.scaled_dot_product_attention(lt.randn(1, 3, 2, 4), lt.randn(1, 2, 2, 4), lt.randn(1, 2, 2, 4))
+    end, "heads")
+  end)
+end)
