@@ -7,7 +7,8 @@
 #   make deps       install the Debian packages (sudo when not root)
 #   make ref        regenerate tests/ref fixtures with PyTorch (/usr/bin/python3)
 #   make bench      print the benchmark tables
-#   make asan       build the C tests with AddressSanitizer and run them
+#   make asan       the C tests and Lua specs under AddressSanitizer and UBSan
+#   make fuzz       libFuzzer on the safetensors reader (FUZZ_SECONDS=60)
 #
 # Options: CUDA=0 / MPI=0 build without them (default: used when found);
 # SYSROOT=<dir> takes LuaJIT, OpenBLAS, libedit and cJSON from Debian
@@ -82,7 +83,7 @@ CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
-.PHONY: all test test-c deps demo ref bench asan clean check-warnings
+.PHONY: all test test-c deps demo ref bench asan fuzz clean
 all: lutra
 
 LUTRA_OUT ?= lutra
@@ -150,7 +151,17 @@ asan:
 	  echo "Lua specs under ASan: $$(grep -c '^ok ' build-asan/specs.tap) passed, $$(grep -c '^not ok ' build-asan/specs.tap) failed"; \
 	  ! grep -A5 '^not ok ' build-asan/specs.tap
 
+# libFuzzer on the safetensors reader (clang, AddressSanitizer); FUZZ_SECONDS=60 by default.
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang SANITIZE="-fsanitize=address,fuzzer-no-link" OPT=-O1 KERNEL_OPT=-O1 \
+	  build-fuzz/liblutra.a
+	clang -O1 -g -fsanitize=address,fuzzer -Ihost -o build-fuzz/safetensors_fuzz tests/fuzz/safetensors_fuzz.c \
+	  build-fuzz/liblutra.a $(LDLIBS_ALL)
+	@mkdir -p build-fuzz/corpus
+	build-fuzz/safetensors_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus tests/fuzz/corpus
+
 clean:
-	rm -rf $(BUILD) build-asan lutra
+	rm -rf $(BUILD) build-asan build-fuzz lutra
 
 -include $(CORE_OBJ:.o=.d) $(BIND_OBJ:.o=.d)

@@ -276,6 +276,28 @@ lt_status lt_tensor_normal_(lt_tensor *t, lt_generator *g, double mean, double s
 /* The raw block function: 4 words of output for counter ctr and key key. */
 void lt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out);
 
+/* ---- safetensors files (host/safetensors.c) ----------------------------- */
+
+typedef struct lt_safetensors lt_safetensors;
+/* Maps and validates a file (header length, JSON, dtypes, shapes, offsets
+   that tile the data area); a bad file fails naming it and the tensor. */
+lt_status lt_safetensors_open(const char *path, lt_safetensors **out);
+/* The same over caller memory (kept by the caller while open); label names it in messages. */
+lt_status lt_safetensors_open_memory(const void *data, size_t len, const char *label, lt_safetensors **out);
+void lt_safetensors_close(lt_safetensors *f);
+int64_t lt_safetensors_count(const lt_safetensors *f);
+/* Name i (0-based, in header order), or NULL. */
+const char *lt_safetensors_name(const lt_safetensors *f, int64_t i);
+/* The __metadata__ object as JSON text ("{}" when absent). */
+const char *lt_safetensors_metadata(const lt_safetensors *f);
+/* A new CPU tensor holding a copy of the named tensor. */
+lt_status lt_safetensors_get(const lt_safetensors *f, const char *name, lt_tensor **out);
+/* Writes n named tensors (any device; copied to the host) and optional
+   metadata (a JSON object of strings, or NULL) to a temporary file, fsyncs
+   it and renames it to path. */
+lt_status lt_safetensors_save(const char *path, int64_t n, const char *const *names, lt_tensor *const *tensors,
+                              const char *metadata_json);
+
 /* ---- memory --------------------------------------------------------------- */
 
 /* Bytes in live CPU tensors, bytes held (live plus cached), peak of live. */

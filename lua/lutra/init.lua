@@ -36,6 +36,8 @@ lt.json = require "lutra.json"
 lt.autograd = autograd
 lt.no_grad = autograd.no_grad
 lt.F = require "lutra.nn.functional"
+lt.safetensors = require "lutra.safetensors"
+lt.save, lt.load = lt.safetensors.save, lt.safetensors.load
 
 --- lt.build_info(): the lines `lutra --version` prints.
 function lt.build_info() return ffi.string(C.lt_build_info()) end

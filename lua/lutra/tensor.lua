@@ -453,9 +453,10 @@ end
 -- dtype defaults to i64 when start, stop and step are whole numbers, else f32.
 function M.arange(a, b, c, d)
   local opts
-  if type(b) == "table" then opts, b = b, nil
-  elseif type(c) == "table" then opts, c = c, nil
-  elseif type(d) == "table" then opts = d end
+  local function is_opts(x) return type(x) == "table" or type(x) == "string" end
+  if is_opts(b) then opts, b = b, nil
+  elseif is_opts(c) then opts, c = c, nil
+  elseif is_opts(d) then opts = d end
   local start, stop, step = 0, a, 1
   if b == nil and c ~= nil then error("arange: stop is nil but a step was given", 2) end
   if b ~= nil then start, stop, step = a, b, c or 1 end

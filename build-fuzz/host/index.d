@@ -1,0 +1,14 @@
+build-fuzz/host/index.o: host/index.c host/autograd.h host/status.h \
+  host/lutra.h host/tensor-impl.h host/grad-ops.h host/iter.h
+
+host/autograd.h:
+
+host/status.h:
+
+host/lutra.h:
+
+host/tensor-impl.h:
+
+host/grad-ops.h:
+
+host/iter.h:
