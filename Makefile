@@ -135,6 +135,8 @@ demo: deps
 ref:
 	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json
 	/usr/bin/python3 tests/ref/gen_nn.py tests/ref/nn.json
+	/usr/bin/python3 tests/ref/gen_models.py tests/ref
+	/usr/bin/python3 tests/ref/gen_safetensors.py tests/ref
 
 bench: lutra
 	./lutra bench/ops.lua

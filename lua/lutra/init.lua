@@ -73,6 +73,11 @@ lt.cuda = {
   is_available = function() return C.lt_cuda_device_count(nil) > 0 end,
 }
 
+-- the layers above the tensor core need lt itself while they load
+package.loaded["lutra"] = lt
+lt.nn = require "lutra.nn"
+lt.models = require "lutra.models"
+
 --- dtype names as constants: lt.zeros(3, lt.i64) or {dtype = lt.bf16}.
 for _, dt in ipairs { "f32", "f64", "bf16", "f16", "i8", "u8", "u16", "i32", "i64", "bool" } do
   lt[dt] = dt

@@ -1,0 +1,173 @@
+--- lutra.models.gpt2: GPT-2 (Radford et al. 2019) as nanoGPT and llm.c build it:
+-- pre-LayerNorm blocks, learned positions, tanh-GELU MLP, the output head
+-- tied to the token embedding, and Hugging Face GPT2LMHeadModel parameter
+-- names (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...;
+-- Linear weights are (out, in), where Hugging Face's Conv1D stores (in, out):
+-- lt.ckpt's Hugging Face import and export transpose them). Init as GPT-2:
+-- N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer)), biases 0.
+--
+--   local model = lt.models.gpt2("gpt2", {dropout = 0.1})
+--   local logits = model(idx)              -- idx (B, T) ids -> (B, T, V)
+--   local loss, n = model:loss(idx, targets)
+local lt = require "lutra"
+local nn = require "lutra.nn"
+local F = lt.F
+
+local M = {}
+
+--- Named configurations; gpt2-tiny is for tests.
+M.configs = {
+  ["gpt2-tiny"] = { n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 512 },
+  ["gpt2"] = { n_layer = 12, n_head = 12, n_embd = 768, block_size = 1024, vocab_size = 50257 },
+  ["gpt2-medium"] = { n_layer = 24, n_head = 16, n_embd = 1024, block_size = 1024, vocab_size = 50257 },
+  ["gpt2-large"] = { n_layer = 36, n_head = 20, n_embd = 1280, block_size = 1024, vocab_size = 50257 },
+  ["gpt2-xl"] = { n_layer = 48, n_head = 25, n_embd = 1600, block_size = 1024, vocab_size = 50257 },
+}
+
+local Attention = nn.Module:extend("CausalSelfAttention")
+function Attention:init(cfg, o)
+  self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+  self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, o)
+  self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, o)
+  self.dropout = cfg.dropout or 0
+end
+function Attention:forward(x)
+  local B, T, C = x:size(1), x:size(2), x:size(3)
+  local hs = C / self.n_head
+  local qkv = self.c_attn(x) -- (B, T, 3C)
+  local function heads(i) -- (B, NH, T, hs)
+    return qkv:narrow(3, i * C + 1, C):view(B, T, self.n_head, hs):transpose(2, 3)
+  end
+  local y = F.scaled_dot_product_attention(heads(0), heads(1), heads(2), { causal = true })
+  y = y:transpose(2, 3):reshape(B, T, C)
+  y = self.c_proj(y)
+  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
+  return y
+end
+
+local MLP = nn.Module:extend("MLP")
+function MLP:init(cfg, o)
+  self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, o)
+  self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, o)
+  self.dropout = cfg.dropout or 0
+end
+function MLP:forward(x)
+  local y = self.c_proj(F.gelu(self.c_fc(x)))
+  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
+  return y
+end
+
+local Block = nn.Module:extend("Block")
+function Block:init(cfg, o)
+  self.ln_1 = nn.LayerNorm(cfg.n_embd, o)
+  self.attn = Attention(cfg, o)
+  self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
+  self.mlp = MLP(cfg, o)
+end
+function Block:forward(x)
+  x = x + self.attn(self.ln_1(x))
+  return x + self.mlp(self.ln_2(x))
+end
+
+local Transformer = nn.Module:extend("Transformer")
+function Transformer:init(cfg, o)
+  self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd, o)
+  self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd, o)
+  local blocks = {}
+  for i = 1, cfg.n_layer do blocks[i] = Block(cfg, o) end
+  self.h = nn.ModuleList(blocks)
+  self.ln_f = nn.LayerNorm(cfg.n_embd, o)
+end
+
+local GPT = nn.Module:extend("GPT")
+M.GPT = GPT
+
+function GPT:init(cfg, o)
+  self.config = cfg
+  self.transformer = Transformer(cfg, o)
+  self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, { bias = false, dtype = o.dtype, device = o.device })
+  self.lm_head.weight = self.transformer.wte.weight -- tied: one tensor, stored once
+  self:init_weights(o.generator)
+end
+
+--- GPT-2's initialisation (from the given generator, or the default one).
+function GPT:init_weights(generator)
+  local std = 0.02
+  local proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+  lt.no_grad(function()
+    for _, np in ipairs(self:named_parameters()) do
+      local name, p = np[1], np[2]
+      if name:match("%.bias$") then
+        p:zero_()
+      elseif name:match("ln_") then
+        p:fill_(1)
+      elseif name:match("c_proj%.weight$") then
+        p:normal_(0, proj_std, generator)
+      else
+        p:normal_(0, std, generator)
+      end
+    end
+  end)
+end
+
+--- model(idx) -> logits (B, T, V) for ids idx (B, T) (i32 or i64, 0-based).
+function GPT:forward(idx)
+  local cfg = self.config
+  local B, T = idx:size(1), idx:size(2)
+  if T > cfg.block_size then
+    error(("GPT: sequence length %d is longer than the block size %d"):format(T, cfg.block_size))
+  end
+  local tr = self.transformer
+  local pos = lt.arange(T, { device = idx.device })
+  local x = tr.wte(idx) + tr.wpe(pos)
+  if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
+  for _, block in ipairs(tr.h:list()) do x = block(x) end
+  local logits = self.lm_head(tr.ln_f(x))
+  if cfg.padded_vocab_size ~= cfg.vocab_size then logits = logits:narrow(3, 1, cfg.vocab_size) end
+  return logits
+end
+
+--- model:loss(idx, targets[, {ignore_index = -100}]) -> mean loss over counted tokens, their count.
+function GPT:loss(idx, targets, opts)
+  local logits = self(idx)
+  return F.cross_entropy(logits, targets, opts)
+end
+
+--- lt.models.gpt2(name or config[, overrides]): a GPT-2. Overrides and
+-- configs take n_layer, n_head, n_embd, block_size, vocab_size, dropout,
+-- pad_vocab (round the embedding rows up to a multiple, e.g. 64 or 128, as
+-- llm.c does for speed; logits keep vocab_size columns), dtype, device,
+-- generator (for the initialisation).
+function M.gpt2(name, overrides)
+  local cfg = {}
+  if type(name) == "table" then
+    overrides, name = name, nil
+  end
+  if name then
+    local base = M.configs[name]
+    if not base then
+      local known = {}
+      for k in pairs(M.configs) do known[#known + 1] = k end
+      table.sort(known)
+      error(("gpt2: unknown config '%s' (known: %s)"):format(tostring(name), table.concat(known, ", ")), 2)
+    end
+    for k, v in pairs(base) do cfg[k] = v end
+  end
+  local o = {}
+  for k, v in pairs(overrides or {}) do
+    if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
+  end
+  for _, k in ipairs { "n_layer", "n_head", "n_embd", "block_size", "vocab_size" } do
+    if type(cfg[k]) ~= "number" or cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then
+      error(("gpt2: config %s must be a whole number >= 1, got %s"):format(k, tostring(cfg[k])), 2)
+    end
+  end
+  if cfg.n_embd % cfg.n_head ~= 0 then
+    error(("gpt2: n_embd %d is not a multiple of n_head %d"):format(cfg.n_embd, cfg.n_head), 2)
+  end
+  local pad = cfg.pad_vocab or 1
+  cfg.padded_vocab_size = math.ceil(cfg.vocab_size / pad) * pad
+  return GPT(cfg, o)
+end
+
+return M

@@ -1,0 +1,130 @@
+--- lutra.models.llama: Llama (Touvron et al. 2023; Llama 3 shapes) with
+-- RMSNorm, rotary position embeddings, a SwiGLU MLP, grouped-query attention
+-- and an untied output head, under Hugging Face LlamaForCausalLM parameter
+-- names (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight,
+-- ..., lm_head.weight). Init N(0, 0.02).
+--
+--   local model = lt.models.llama("llama-tiny")
+--   local loss, n = model:loss(idx, targets)
+local lt = require "lutra"
+local nn = require "lutra.nn"
+local F = lt.F
+
+local M = {}
+
+M.configs = {
+  ["llama-tiny"] = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 512, ffn_dim = 176,
+    rope_theta = 10000, norm_eps = 1e-5, max_seq_len = 128 },
+  ["llama3-8b"] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8, vocab_size = 128256, ffn_dim = 14336,
+    rope_theta = 500000, norm_eps = 1e-5, max_seq_len = 8192 },
+}
+
+local Attention = nn.Module:extend("LlamaAttention")
+function Attention:init(cfg, o)
+  local hd = cfg.dim / cfg.n_heads
+  self.n_heads, self.n_kv, self.hd, self.theta = cfg.n_heads, cfg.n_kv_heads, hd, cfg.rope_theta
+  local nb = { bias = false, dtype = o.dtype, device = o.device }
+  self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * hd, nb)
+  self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
+  self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
+  self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.dim, nb)
+end
+function Attention:forward(x, start)
+  local B, T = x:size(1), x:size(2)
+  local q = self.q_proj(x):view(B, T, self.n_heads, self.hd):transpose(2, 3)
+  local k = self.k_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
+  local v = self.v_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
+  q = F.rope(q, { base = self.theta, start = start or 0 })
+  k = F.rope(k, { base = self.theta, start = start or 0 })
+  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  return self.o_proj(y:transpose(2, 3):reshape(B, T, self.n_heads * self.hd))
+end
+
+local MLP = nn.Module:extend("LlamaMLP")
+function MLP:init(cfg, o)
+  local nb = { bias = false, dtype = o.dtype, device = o.device }
+  self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, nb)
+  self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, nb)
+  self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, nb)
+end
+function MLP:forward(x) return self.down_proj(F.swiglu(self.gate_proj(x), self.up_proj(x))) end
+
+local Layer = nn.Module:extend("LlamaDecoderLayer")
+function Layer:init(cfg, o)
+  self.input_layernorm = nn.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = o.dtype, device = o.device })
+  self.self_attn = Attention(cfg, o)
+  self.post_attention_layernorm = nn.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = o.dtype, device = o.device })
+  self.mlp = MLP(cfg, o)
+end
+function Layer:forward(x)
+  x = x + self.self_attn(self.input_layernorm(x))
+  return x + self.mlp(self.post_attention_layernorm(x))
+end
+
+local Body = nn.Module:extend("LlamaModel")
+function Body:init(cfg, o)
+  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim, o)
+  local layers = {}
+  for i = 1, cfg.n_layers do layers[i] = Layer(cfg, o) end
+  self.layers = nn.ModuleList(layers)
+  self.norm = nn.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = o.dtype, device = o.device })
+end
+
+local Llama = nn.Module:extend("Llama")
+M.Llama = Llama
+
+function Llama:init(cfg, o)
+  self.config = cfg
+  self.model = Body(cfg, o)
+  self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device })
+  lt.no_grad(function()
+    for _, np in ipairs(self:named_parameters()) do
+      if not np[1]:match("norm") then np[2]:normal_(0, 0.02, o.generator) end
+    end
+  end)
+end
+
+--- model(idx) -> logits (B, T, V).
+function Llama:forward(idx)
+  if idx:size(2) > self.config.max_seq_len then
+    error(("Llama: sequence length %d is longer than max_seq_len %d"):format(idx:size(2), self.config.max_seq_len))
+  end
+  local x = self.model.embed_tokens(idx)
+  for _, layer in ipairs(self.model.layers:list()) do x = layer(x) end
+  return self.lm_head(self.model.norm(x))
+end
+
+--- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count.
+function Llama:loss(idx, targets, opts) return F.cross_entropy(self(idx), targets, opts) end
+
+--- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
+-- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,
+-- device, generator.
+function M.llama(name, overrides)
+  if type(name) == "table" then overrides, name = name, nil end
+  local cfg = {}
+  if name then
+    local base = M.configs[name]
+    if not base then error(("llama: unknown config '%s' (known: llama-tiny, llama3-8b)"):format(tostring(name)), 2) end
+    for k, v in pairs(base) do cfg[k] = v end
+  end
+  local o = {}
+  for k, v in pairs(overrides or {}) do
+    if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
+  end
+  for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do
+    if type(cfg[k]) ~= "number" or cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then
+      error(("llama: config %s must be a whole number >= 1, got %s"):format(k, tostring(cfg[k])), 2)
+    end
+  end
+  if cfg.dim % cfg.n_heads ~= 0 or cfg.n_heads % cfg.n_kv_heads ~= 0 or (cfg.dim / cfg.n_heads) % 2 ~= 0 then
+    error(("llama: dim %d, n_heads %d and n_kv_heads %d do not fit (even head size, kv heads dividing heads)")
+      :format(cfg.dim, cfg.n_heads, cfg.n_kv_heads), 2)
+  end
+  cfg.rope_theta = cfg.rope_theta or 10000
+  cfg.norm_eps = cfg.norm_eps or 1e-5
+  cfg.max_seq_len = cfg.max_seq_len or 2048
+  return Llama(cfg, o)
+end
+
+return M

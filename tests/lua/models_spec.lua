@@ -1,0 +1,140 @@
+-- tests/lua/models_spec.lua: GPT-2 and Llama against PyTorch. The same tiny
+-- models, built in PyTorch from fixed weights (tests/ref/gen_models.py),
+-- give logits, a loss and every parameter's gradient; lutra loads the
+-- weights by their Hugging Face names and must match: loss to 1e-5 relative,
+-- logits and each gradient to 1e-4 relative (f32). Also the nn.Module API.
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+--- max |a - b| / max |b| over all elements.
+local function rel_err(a, b)
+  local diff = (a:to("f64") - b:to("f64")):abs():max():item()
+  local scale = b:to("f64"):abs():max():item()
+  return diff / math.max(scale, 1e-30)
+end
+
+local function check_against(file, build)
+  local ref, meta = lt.load(file)
+  local cfg = lt.json.decode(meta.config)
+  local model = build(cfg)
+  local sd = {}
+  for k, v in pairs(ref) do
+    local name = k:match("^param%.(.*)$")
+    if name then sd[name] = v end
+  end
+  model:load_state_dict(sd)
+  local logits = model(ref["input.idx"])
+  assert.is_true(rel_err(logits, ref.logits) < 1e-4, "logits " .. rel_err(logits, ref.logits))
+  local loss, n = lt.F.cross_entropy(logits, ref["input.targets"])
+  assert.are.equal(ref["input.targets"]:numel() - 1, n) -- one ignored target
+  local want = ref.loss:item()
+  assert.is_true(math.abs(loss:item() - want) / want < 1e-5, ("loss %.9g vs %.9g"):format(loss:item(), want))
+  loss:backward()
+  local checked = 0
+  for _, np in ipairs(model:named_parameters()) do
+    local g = ref["grad." .. np[1]]
+    assert.truthy(g, "no reference gradient for " .. np[1])
+    assert.truthy(np[2].grad, "no gradient for " .. np[1])
+    local e = rel_err(np[2].grad, g)
+    assert.is_true(e < 1e-4, ("gradient of %s: relative error %.3g"):format(np[1], e))
+    checked = checked + 1
+  end
+  return checked
+end
+
+describe("models against PyTorch", function()
+  it("GPT-2 (tied embedding, tanh GELU) matches logits, loss and every gradient", function()
+    local n = check_against("tests/ref/gpt2_tiny.safetensors", function(cfg) return lt.models.gpt2(cfg) end)
+    assert.are.equal(2 + 2 + 12 * 2, n) -- wte, wpe, ln_f (2), 12 per block; lm_head is wte
+  end)
+  it("Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention) matches too", function()
+    local n = check_against("tests/ref/llama_tiny.safetensors", function(cfg) return lt.models.llama(cfg) end)
+    assert.are.equal(3 + 9 * 2, n)
+  end)
+end)
+
+describe("GPT-2 and Llama shapes", function()
+  it("gpt2 has exactly 124,439,808 parameters; names and init follow GPT-2", function()
+    assert.are.equal(124439808, lt.models.gpt2("gpt2"):num_parameters())
+    local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(1) })
+    assert.are.equal(m.transformer.wte.weight, m.lm_head.weight)
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[np[1]] = np[2] end
+    assert.truthy(names["transformer.h.1.mlp.c_proj.weight"])
+    assert.is_nil(names["lm_head.weight"]) -- tied: stored once, under wte
+    local std = names["transformer.h.0.attn.c_proj.weight"]:std():item()
+    assert.is_true(math.abs(std - 0.02 / math.sqrt(4)) < 0.003)
+    assert.are.equal(0, names["transformer.h.0.attn.c_attn.bias"]:abs():sum():item())
+    local padded = lt.models.gpt2("gpt2-tiny", { vocab_size = 500, pad_vocab = 64 })
+    assert.are.same({ 512, 64 }, padded.transformer.wte.weight:shape())
+    assert.are.same({ 1, 3, 500 }, padded(lt.tensor({ { 1, 2, 3 } }, "i64")):shape())
+  end)
+  it("llama3-8b has Llama 3 8B's shapes", function()
+    local c = require("lutra.models.llama").configs["llama3-8b"]
+    assert.are.same({ 4096, 32, 32, 8, 128256, 14336 }, { c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.ffn_dim })
+  end)
+  it("reports bad configs and inputs", function()
+    H.assert_error(function() lt.models.gpt2("gpt3") end, "unknown config", "gpt2-tiny")
+    H.assert_error(function() lt.models.gpt2("gpt2-tiny", { n_head = 5 }) end, "multiple of n_head")
+    H.assert_error(function() lt.models.llama("llama-tiny", { n_kv_heads = 3 }) end, "do not fit")
+    local m = lt.models.gpt2("gpt2-tiny")
+    H.assert_error(function() m(lt.randint(0, 512, { 1, 65 })) end, "block size")
+    H.assert_error(function() m(lt.tensor({ { 1, 600 } }, "i64")) end, "model.transformer.wte", "embedding", "index 600")
+  end)
+end)
+
+describe("nn.Module", function()
+  local nn = lt.nn
+  it("registers parameters and children in order and names them", function()
+    local Net = nn.Module:extend("Net")
+    function Net:init()
+      self.fc1 = nn.Linear(4, 8)
+      self.act_scale = 2
+      self.blocks = nn.ModuleList { nn.Linear(8, 8), nn.LayerNorm(8) }
+      self.fc2 = nn.Linear(8, 2, { bias = false })
+    end
+    function Net:forward(x)
+      x = self.fc1(x) * self.act_scale
+      for _, b in ipairs(self.blocks:list()) do x = b(x) end
+      return self.fc2(x)
+    end
+    local net = Net()
+    local names = {}
+    for _, np in ipairs(net:named_parameters()) do names[#names + 1] = np[1] end
+    assert.are.same({ "fc1.weight", "fc1.bias", "blocks.0.weight", "blocks.0.bias", "blocks.1.weight",
+      "blocks.1.bias", "fc2.weight" }, names)
+    assert.are.equal(4 * 8 + 8 + 64 + 8 + 8 + 8 + 16, net:num_parameters())
+    assert.are.equal(2, net.blocks:len())
+    assert.are.equal("model.blocks.1", net.blocks[2]:path())
+    assert.are.same({ 3, 2 }, net(lt.randn(3, 4)):shape())
+    net:eval()
+    assert.is_false(net.blocks[1].training)
+    net:train()
+    assert.is_true(net.blocks[1].training)
+    local sd = net:state_dict()
+    assert.are.same({ 8 }, sd["blocks.1.bias"]:shape())
+    local err = H.assert_error(function() net(lt.randn(3, 5)) end, "model.fc1", "matmul", "[3, 5]")
+    assert.is_nil(err:find("model: model", 1, true)) -- the path is added once
+  end)
+  it("loads state dicts strictly, reporting every problem at once", function()
+    local a, b = nn.Linear(3, 2), nn.Linear(3, 2)
+    b:load_state_dict(a:state_dict())
+    assert.are.same(a.weight:totable(), b.weight:totable())
+    local bad = { weight = lt.zeros(2, 4), extra = lt.zeros(1) }
+    H.assert_error(function() b:load_state_dict(bad) end, "missing: bias", "unexpected: extra",
+      "wrong shape: weight (checkpoint [2, 4], model [2, 3])")
+    b:load_state_dict({ weight = lt.zeros(2, 3) }, { strict = false })
+    assert.are.equal(0, b.weight:abs():sum():item())
+  end)
+  it("moves to a dtype keeping tied weights tied", function()
+    local m = lt.models.gpt2("gpt2-tiny")
+    m:to("bf16")
+    assert.are.equal("bf16", m.transformer.wte.weight.dtype)
+    assert.are.equal(m.transformer.wte.weight, m.lm_head.weight)
+    assert.is_true(m.transformer.wte.weight.requires_grad)
+    local loss = m:loss(lt.randint(0, 512, { 1, 8 }), lt.randint(0, 512, { 1, 8 }))
+    assert.are.equal("f32", loss.dtype) -- the loss stays in f32
+    loss:backward()
+    assert.are.equal("bf16", m.transformer.wte.weight.grad.dtype)
+  end)
+end)
