@@ -140,6 +140,7 @@ ref:
 
 bench: lutra
 	./lutra bench/ops.lua
+	./lutra bench/model_cpu.lua
 
 # The C tests and the Lua specs on a lutra built with AddressSanitizer and
 # UBSan; the caching allocator is off so every use after free is caught.

@@ -561,8 +561,21 @@ static lt_status matmul_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
     G = unsq(s, G, b1 ? 0 : -2);
   if (b1)
     G = unsq(s, G, -1);
-  lt_tensor *ga = n->next[0].node ? fit_matmul(s, n, 0, mm(s, G, tr(s, B))) : NULL;
-  lt_tensor *gb = n->next[1].node ? fit_matmul(s, n, 1, mm(s, tr(s, A), G)) : NULL;
+  lt_tensor *ga = NULL, *gb = NULL;
+  if (n->next[0].node)
+    ga = fit_matmul(s, n, 0, mm(s, G, tr(s, B)));
+  if (n->next[1].node) {
+    if (OK2(A, G) && A->ndim > 2 && B->ndim == 2) {
+      /* a matrix shared by a batch (a Linear layer): one (k, M) x (M, n)
+         product over the flattened batch instead of a batch of products and
+         a sum over it */
+      int64_t k = A->sizes[A->ndim - 1], nn = G->sizes[G->ndim - 1];
+      gb = mm(s, tr(s, reshape(s, A, 2, (int64_t[]){-1, k})), reshape(s, G, 2, (int64_t[]){-1, nn}));
+      gb = fit_matmul(s, n, 1, gb);
+    } else {
+      gb = fit_matmul(s, n, 1, mm(s, tr(s, A), G));
+    }
+  }
   give(&gi[0], ga);
   give(&gi[1], gb);
   return finish(s, gi, 2);

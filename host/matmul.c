@@ -26,6 +26,29 @@ static int blas_ok(const lt_tensor *t) {
   return 0;
 }
 
+/*
+ * A matrix shared by every batch (b's batch strides all 0, as for a Linear
+ * layer's weight) against rows that are evenly spaced through a's batch dims
+ * is one product with more rows: fold the batches into m, so BLAS gets one
+ * (B*T, k) x (k, n) call instead of B calls of T rows.
+ */
+static void fold_batches(lt_matmul_desc *d) {
+  if (d->nbatch_dims == 0 || d->a_cs != 1)
+    return;
+  int64_t rows = d->m, stride = d->a_rs;
+  for (int i = d->nbatch_dims - 1; i >= 0; i--) {
+    if (d->b_batch_strides[i] != 0 && d->batch_shape[i] != 1)
+      return;
+    if (d->batch_shape[i] != 1 && d->a_batch_strides[i] != rows * stride)
+      return;
+    rows *= d->batch_shape[i];
+  }
+  if (rows > INT_MAX)
+    return;
+  d->m = rows;
+  d->nbatch_dims = 0;
+}
+
 static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
   char b1[200], b2[200];
   const lt_backend_i *be = a->storage->backend;
@@ -135,6 +158,7 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
   d.b = lt_tensor_ptr(bv);
   d.c = lt_tensor_ptr(r);
   d.dtype = a->dtype;
+  fold_batches(&d);
   st = be->matmul(&d);
 done:
   lt_tensor_release(av);

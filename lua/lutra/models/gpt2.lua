@@ -85,7 +85,8 @@ M.GPT = GPT
 function GPT:init(cfg, o)
   self.config = cfg
   self.transformer = Transformer(cfg, o)
-  self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, { bias = false, dtype = o.dtype, device = o.device })
+  self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size,
+    { bias = false, dtype = o.dtype, device = o.device, init = false })
   self.lm_head.weight = self.transformer.wte.weight -- tied: one tensor, stored once
   self:init_weights(o.generator)
 end
@@ -153,7 +154,7 @@ function M.gpt2(name, overrides)
     end
     for k, v in pairs(base) do cfg[k] = v end
   end
-  local o = {}
+  local o = { init = false } -- init_weights sets every weight
   for k, v in pairs(overrides or {}) do
     if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
   end

@@ -23,7 +23,7 @@ local Attention = nn.Module:extend("LlamaAttention")
 function Attention:init(cfg, o)
   local hd = cfg.dim / cfg.n_heads
   self.n_heads, self.n_kv, self.hd, self.theta = cfg.n_heads, cfg.n_kv_heads, hd, cfg.rope_theta
-  local nb = { bias = false, dtype = o.dtype, device = o.device }
+  local nb = { bias = false, dtype = o.dtype, device = o.device, init = false }
   self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * hd, nb)
   self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
   self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
@@ -42,7 +42,7 @@ end
 
 local MLP = nn.Module:extend("LlamaMLP")
 function MLP:init(cfg, o)
-  local nb = { bias = false, dtype = o.dtype, device = o.device }
+  local nb = { bias = false, dtype = o.dtype, device = o.device, init = false }
   self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, nb)
   self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, nb)
   self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, nb)
@@ -76,7 +76,7 @@ M.Llama = Llama
 function Llama:init(cfg, o)
   self.config = cfg
   self.model = Body(cfg, o)
-  self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device })
+  self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device, init = false })
   lt.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
       if not np[1]:match("norm") then np[2]:normal_(0, 0.02, o.generator) end
@@ -108,7 +108,7 @@ function M.llama(name, overrides)
     if not base then error(("llama: unknown config '%s' (known: llama-tiny, llama3-8b)"):format(tostring(name)), 2) end
     for k, v in pairs(base) do cfg[k] = v end
   end
-  local o = {}
+  local o = { init = false } -- the constructor sets every weight
   for k, v in pairs(overrides or {}) do
     if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
   end

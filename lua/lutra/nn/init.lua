@@ -308,14 +308,19 @@ local function opts_of(o)
   return { dtype = o.dtype or "f32", device = o.device or "cpu" }
 end
 
+-- o.init == false leaves the memory uninitialised for a model that sets
+-- every weight itself (GPT-2 and Llama do: it saves a pass over them)
 local function uniform(shape, bound, o)
-  return nn.Parameter(lt.empty(shape, opts_of(o)):uniform_(-bound, bound, o and o.generator))
+  local t = lt.empty(shape, opts_of(o))
+  if not (o and o.init == false) then t:uniform_(-bound, bound, o and o.generator) end
+  return nn.Parameter(t)
 end
 
 -- ---- layers ---------------------------------------------------------------------------------
 
---- nn.Linear(in, out[, {bias = true, dtype =, device =}]): y = x W^T + b, W (out, in);
--- initialised as torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)).
+--- nn.Linear(in, out[, {bias = true, dtype =, device =, generator =, init = true}]):
+-- y = x W^T + b, W (out, in); initialised as torch.nn.Linear:
+-- U(-1/sqrt(in), 1/sqrt(in)), or not at all with init = false.
 nn.Linear = Module:extend("Linear")
 function nn.Linear:init(inf, outf, o)
   self.in_features, self.out_features = inf, outf
@@ -332,7 +337,9 @@ end
 nn.Embedding = Module:extend("Embedding")
 function nn.Embedding:init(num, dim, o)
   self.num_embeddings, self.embedding_dim = num, dim
-  self.weight = nn.Parameter(lt.empty({ num, dim }, opts_of(o)):normal_(0, 1, o and o.generator))
+  local w = lt.empty({ num, dim }, opts_of(o))
+  if not (o and o.init == false) then w:normal_(0, 1, o and o.generator) end
+  self.weight = nn.Parameter(w)
 end
 function nn.Embedding:forward(ids) return F.embedding(ids, self.weight) end
 function nn.Embedding:extra_repr() return ("%d, %d"):format(self.num_embeddings, self.embedding_dim) end
