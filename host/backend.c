@@ -7,6 +7,7 @@
 #include "tensor-impl.h"
 
 #include <omp.h>
+#include <time.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,6 +59,12 @@ int lt_cuda_device_count(const char **why) {
     *why = "CUDA not compiled in (built with CUDA=0)";
   return 0;
 #endif
+}
+
+double lt_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int lt_num_threads(void) { return omp_get_max_threads(); }

@@ -101,6 +101,8 @@ int lt_has_mpi(void);
 /* Several lines describing this build and what was found at run time: lutra's
    version, BLAS, CUDA (compiled in, runtime and driver, devices), MPI. */
 const char *lt_build_info(void);
+/* Seconds on a monotonic clock (for timing; the origin is arbitrary). */
+double lt_clock(void);
 /* OpenMP threads used by CPU kernels; set_num_threads clamps n to 1..1024. */
 int lt_num_threads(void);
 void lt_set_num_threads(int n);
@@ -297,6 +299,70 @@ lt_status lt_safetensors_get(const lt_safetensors *f, const char *name, lt_tenso
    it and renames it to path. */
 lt_status lt_safetensors_save(const char *path, int64_t n, const char *const *names, lt_tensor *const *tensors,
                               const char *metadata_json);
+
+/* ---- GPT-2 byte-level BPE (host/tokenizer.c) ---------------------------- */
+
+typedef struct lt_tokenizer lt_tokenizer;
+/* Loads a tiktoken vocabulary ("base64 rank" lines, e.g. gpt2.tiktoken). */
+lt_status lt_tokenizer_load_tiktoken(const char *path, lt_tokenizer **out);
+/* Loads GPT-2's encoder.json (and checks vocab.bpe's merges when given). */
+lt_status lt_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe, lt_tokenizer **out);
+/* The same from memory (label names the source in messages): fuzz targets. */
+lt_status lt_tokenizer_parse_tiktoken(const char *data, size_t len, const char *label, lt_tokenizer **out);
+lt_status lt_tokenizer_parse_gpt2(const char *json, size_t json_len, const char *bpe, size_t bpe_len,
+                                  const char *label, lt_tokenizer **out);
+void lt_tokenizer_free(lt_tokenizer *t);
+/* Ranks plus <|endoftext|> (50257 for GPT-2). */
+int64_t lt_tokenizer_vocab_size(const lt_tokenizer *t);
+/* The id of <|endoftext|> (the first id after the ranks: 50256 for GPT-2). */
+int32_t lt_tokenizer_eot(const lt_tokenizer *t);
+/* Encodes len bytes of UTF-8 into *ids (n of them; free with lt_free).
+   <|endoftext|> in the text is the special id when allow_special, else plain
+   text. Invalid UTF-8 is replaced by U+FFFD per maximal subpart when
+   replace_invalid, else an error giving its byte offset. */
+lt_status lt_tokenizer_encode(const lt_tokenizer *t, const char *text, size_t len, int allow_special,
+                              int replace_invalid, int32_t **ids, int64_t *n);
+/* Encodes ndocs texts on all threads into one array (each followed by
+   <|endoftext|> when append_eot); doc_ends[d] (if given) receives the end of
+   document d in it. A failure names the document (1-based). */
+lt_status lt_tokenizer_encode_many(const lt_tokenizer *t, int64_t ndocs, const char *const *texts,
+                                   const size_t *lens, int allow_special, int replace_invalid, int append_eot,
+                                   int32_t **ids, int64_t *n, int64_t *doc_ends);
+/* The bytes of the ids (not necessarily valid UTF-8 when cut mid-character);
+   free with lt_free. An id outside the vocabulary is an error with its position. */
+lt_status lt_tokenizer_decode(const lt_tokenizer *t, const int32_t *ids, int64_t n, char **bytes, size_t *len);
+/* Frees memory the tokenizer returned. */
+void lt_free(void *p);
+
+/* ---- token shards and the batch loader (host/loader.c) --------------------- */
+
+/* Checks a shard image: llm.c's 256-int32 header (magic 20240520 version 1
+   with uint16 tokens, or 20240801 version 7 with uint32) and a token count
+   that matches len exactly. label names the file in messages. */
+lt_status lt_shard_parse_header(const void *data, size_t len, const char *label, int64_t *ntokens, int *token_bytes);
+/* Writes n token ids (each in [0, vocab_size)) as a shard, uint16 when the
+   vocabulary fits, atomically (temporary file, fsync, rename). */
+lt_status lt_shard_write(const char *path, const int32_t *ids, int64_t n, int64_t vocab_size);
+
+typedef struct lt_loader lt_loader;
+/* Opens shards as batches of B windows of T+1 tokens (x, y (B, T) i32).
+   shuffle: order windows by (seed, epoch), else in file order. rank of
+   world takes every world-th window. max_epochs 0 runs forever, else the
+   loader ends (x = y = NULL) after that many epochs (a last short batch is
+   dropped). prefetch batches are prepared ahead on a background thread. */
+lt_status lt_loader_open(int npaths, const char *const *paths, int64_t B, int64_t T, int shuffle, uint64_t seed,
+                         int rank, int world, int64_t max_epochs, int prefetch, lt_loader **out);
+/* The next batch (new references), or x = y = NULL at the end. */
+lt_status lt_loader_next(lt_loader *l, lt_tensor **x, lt_tensor **y);
+/* The position after the batches handed out: epoch and index in the rank's stream. */
+void lt_loader_get_state(const lt_loader *l, int64_t *epoch, int64_t *index);
+/* Continues from a position got from lt_loader_get_state. */
+lt_status lt_loader_set_state(lt_loader *l, int64_t epoch, int64_t index);
+int64_t lt_loader_num_windows(const lt_loader *l);
+int64_t lt_loader_num_tokens(const lt_loader *l);
+/* Full batches in one epoch of this rank's stream. */
+int64_t lt_loader_batches_per_epoch(const lt_loader *l);
+void lt_loader_close(lt_loader *l);
 
 /* ---- memory --------------------------------------------------------------- */
 

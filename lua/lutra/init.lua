@@ -38,9 +38,15 @@ lt.no_grad = autograd.no_grad
 lt.F = require "lutra.nn.functional"
 lt.safetensors = require "lutra.safetensors"
 lt.save, lt.load = lt.safetensors.save, lt.safetensors.load
+lt.tokenizer = require "lutra.tokenizer"
+lt.data = require "lutra.data"
+lt.config = require "lutra.config"
 
 --- lt.build_info(): the lines `lutra --version` prints.
 function lt.build_info() return ffi.string(C.lt_build_info()) end
+
+--- lt.clock() -> seconds on a monotonic clock, for timing.
+function lt.clock() return C.lt_clock() end
 
 --- lt.num_threads() / lt.set_num_threads(n): CPU threads for kernels and BLAS.
 function lt.num_threads() return C.lt_num_threads() end

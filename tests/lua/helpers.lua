@@ -119,4 +119,26 @@ function H.lcg(seed)
   end
 end
 
+--- Decodes standard base64.
+function H.b64decode(s)
+  local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  local val = {}
+  for i = 1, 64 do val[alphabet:byte(i)] = i - 1 end
+  local out, bits, nbits = {}, 0, 0
+  for i = 1, #s do
+    local v = val[s:byte(i)]
+    if v then
+      bits = bits * 64 + v
+      nbits = nbits + 6
+      if nbits >= 8 then
+        nbits = nbits - 8
+        local byte = math.floor(bits / 2 ^ nbits)
+        out[#out + 1] = string.char(byte)
+        bits = bits - byte * 2 ^ nbits
+      end
+    end
+  end
+  return table.concat(out)
+end
+
 return H

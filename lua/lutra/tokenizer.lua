@@ -1,0 +1,171 @@
+--- lutra.tokenizer (lt.tokenizer): GPT-2's byte-level BPE (host/tokenizer.c),
+-- giving the ids tiktoken gives.
+--
+--   local tok = lt.tokenizer.load("data/gpt2.tiktoken")     -- or load{encoder=, bpe=}
+--   local ids = tok:encode("Hello world")                   -- {15496, 995}
+--   local t = tok:encode_tensor(text)                       -- i32 tensor
+--   print(tok:decode(ids))
+--   local dec = tok:decoder()   dec:push(id) -> text ready so far (whole characters)
+local capi = require "lutra.capi"
+local tensor = require "lutra.tensor"
+local ffi, C, fail = capi.ffi, capi.C, capi.fail
+
+local M = {}
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+
+local tok_box = ffi.new("lt_tokenizer*[1]")
+local ids_box = ffi.new("int32_t*[1]")
+local n_box = ffi.new("int64_t[1]")
+local bytes_box = ffi.new("char*[1]")
+local len_box = ffi.new("size_t[1]")
+
+M.DEFAULT = "data/gpt2.tiktoken"
+
+--- lt.tokenizer.load(path) for a tiktoken file, or load{encoder = "encoder.json",
+-- bpe = "vocab.bpe"} for GPT-2's original files. Raises naming the file and
+-- the problem (missing file, bad line, missing rank ...).
+function M.load(src)
+  src = src or M.DEFAULT
+  local st
+  if type(src) == "table" then
+    if type(src.encoder) ~= "string" then error("tokenizer.load: {encoder = path[, bpe = path]}", 2) end
+    st = C.lt_tokenizer_load_gpt2(src.encoder, src.bpe, tok_box)
+  elseif type(src) == "string" then
+    st = C.lt_tokenizer_load_tiktoken(src, tok_box)
+  else
+    error("tokenizer.load: expected a path or {encoder =, bpe =}", 2)
+  end
+  if st ~= 0 then fail(2) end
+  local t = ffi.gc(tok_box[0], C.lt_tokenizer_free)
+  return setmetatable({ t = t, n_vocab = tonumber(C.lt_tokenizer_vocab_size(t)),
+    eot = tonumber(C.lt_tokenizer_eot(t)) }, Tokenizer)
+end
+
+local function allows(opts)
+  local a = opts and opts.allowed_special
+  if a == nil then return 0 end
+  if a == "all" then return 1 end
+  if type(a) == "table" then
+    for k, v in pairs(a) do
+      if v == "<|endoftext|>" or k == "<|endoftext|>" then return 1 end
+    end
+    return 0
+  end
+  error("encode: allowed_special must be 'all' or a table of special tokens", 3)
+end
+
+local function raw_encode(self, text, opts, level)
+  if type(text) ~= "string" then error("encode: expected a string, got " .. type(text), level + 1) end
+  local replace = not (opts and opts.on_invalid_utf8 == "error") and 1 or 0
+  if C.lt_tokenizer_encode(self.t, text, #text, allows(opts), replace, ids_box, n_box) ~= 0 then fail(level + 1) end
+  return ids_box[0], tonumber(n_box[0])
+end
+
+--- tok:encode(text[, {allowed_special = "all" | {"<|endoftext|>"}, on_invalid_utf8 = "replace" | "error"}])
+-- -> a Lua table of 0-based ids. <|endoftext|> is the special id only when allowed.
+function Tokenizer:encode(text, opts)
+  local p, n = raw_encode(self, text, opts, 2)
+  local out = {}
+  for i = 0, n - 1 do out[i + 1] = p[i] end
+  C.lt_free(p)
+  return out
+end
+
+--- tok:encode_tensor(text[, opts]) -> a 1-D i32 tensor of ids.
+function Tokenizer:encode_tensor(text, opts)
+  local p, n = raw_encode(self, text, opts, 2)
+  local t = tensor.empty({ n }, { dtype = "i32" })
+  if n > 0 then ffi.copy(t:data_ptr(), p, n * 4) end
+  C.lt_free(p)
+  return t
+end
+
+--- tok:encode_many({text, ...}[, {append_eot = true, ...}]) -> i32 tensor of all
+-- ids, and a table of each document's end; documents are encoded on all threads.
+function Tokenizer:encode_many(texts, opts)
+  local n = #texts
+  local ptrs = ffi.new("const char*[?]", math.max(n, 1))
+  local lens = ffi.new("size_t[?]", math.max(n, 1))
+  for i = 1, n do
+    ptrs[i - 1] = texts[i]
+    lens[i - 1] = #texts[i]
+  end
+  local ends = ffi.new("int64_t[?]", math.max(n, 1))
+  local replace = not (opts and opts.on_invalid_utf8 == "error") and 1 or 0
+  local eot = not (opts and opts.append_eot == false) and 1 or 0
+  if C.lt_tokenizer_encode_many(self.t, n, ptrs, lens, allows(opts), replace, eot, ids_box, n_box, ends) ~= 0 then
+    fail(2)
+  end
+  local total = tonumber(n_box[0])
+  local t = tensor.empty({ total }, { dtype = "i32" })
+  if total > 0 then ffi.copy(t:data_ptr(), ids_box[0], total * 4) end
+  C.lt_free(ids_box[0])
+  local doc_ends = {}
+  for i = 1, n do doc_ends[i] = tonumber(ends[i - 1]) end
+  return t, doc_ends
+end
+
+--- tok:decode(ids) -> the text (bytes; a cut mid-character stays cut). ids is
+-- a table of ids or an integer tensor.
+function Tokenizer:decode(ids)
+  local n, buf
+  if tensor.is_tensor(ids) then
+    local t = ids:to("i32"):contiguous()
+    n = t:numel()
+    buf = t:data_ptr()
+  elseif type(ids) == "table" then
+    n = #ids
+    buf = ffi.new("int32_t[?]", math.max(n, 1))
+    for i = 1, n do
+      local v = ids[i]
+      if type(v) ~= "number" or v ~= math.floor(v) then
+        error(("decode: id %d is %s, expected a whole number"):format(i, tostring(v)), 2)
+      end
+      buf[i - 1] = v
+    end
+  else
+    error("decode: expected a table of ids or a tensor", 2)
+  end
+  if C.lt_tokenizer_decode(self.t, buf, n, bytes_box, len_box) ~= 0 then fail(2) end
+  local s = ffi.string(bytes_box[0], len_box[0])
+  C.lt_free(bytes_box[0])
+  return s
+end
+
+--- Bytes at the end of s that start a UTF-8 character not yet complete.
+local function incomplete_tail(s)
+  local n = #s
+  for back = 1, math.min(3, n) do
+    local c = s:byte(n - back + 1)
+    if c >= 0xC0 then -- a lead byte: does the character need more than we have?
+      local need = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
+      return need > back and back or 0
+    elseif c < 0x80 then
+      return 0
+    end
+  end
+  return 0
+end
+
+--- tok:decoder() -> a streaming decoder: d:push(id) returns the text that is
+-- complete so far (an incomplete UTF-8 character waits for the next ids);
+-- d:flush() returns what is left.
+function Tokenizer:decoder()
+  local tok, pending = self, ""
+  local d = {}
+  function d:push(id)
+    local s = pending .. tok:decode { id }
+    local hold = incomplete_tail(s)
+    pending = s:sub(#s - hold + 1)
+    return s:sub(1, #s - hold)
+  end
+  function d:flush()
+    local s = pending
+    pending = ""
+    return s
+  end
+  return d
+end
+
+return M

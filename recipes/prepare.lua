@@ -1,0 +1,144 @@
+--- recipes/prepare.lua: text -> token shards (llm.c's format) for training.
+-- The input is a text file, a directory of .txt files (each file one
+-- document, in sorted order) or a .jsonl file (one document per line, the
+-- text in --field). Each document is encoded with GPT-2's BPE on all
+-- threads and followed by <|endoftext|>; documents go to the validation
+-- split deterministically (one in every 1/val_frac), the rest to training;
+-- each split is cut into shards of --shard_size tokens named
+-- <out>/train_000000.bin, <out>/val_000000.bin, ... The output depends only
+-- on the input and the settings.
+--
+--   ./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
+local lt = require "lutra"
+
+local cfg = lt.config {
+  input = "/usr/share/doc/python3.11/html/_sources",
+  out = "data/pydocs",
+  vocab = "data/gpt2.tiktoken",
+  shard_size = 10000000, -- tokens per shard
+  val_frac = 0.02,
+  field = "text", -- for .jsonl input
+  batch_mb = 8, -- text encoded per parallel batch
+  on_invalid_utf8 = "error", -- or "replace" (with U+FFFD)
+  quiet = false,
+}
+
+local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+--- The documents as a list of {name =, read = function() -> text}.
+local function documents(input)
+  local docs = {}
+  local probe = io.open(input, "rb")
+  local rc = os.execute("test -d " .. shell_quote(input))
+  local is_dir = rc == 0 or rc == true
+  if is_dir then
+    local p = io.popen("LC_ALL=C find " .. shell_quote(input) .. " -type f -name '*.txt' | LC_ALL=C sort")
+    for path in p:lines() do
+      docs[#docs + 1] = { name = path, read = function()
+        local f = assert(io.open(path, "rb"))
+        local t = f:read("*a")
+        f:close()
+        return t
+      end }
+    end
+    p:close()
+    if #docs == 0 then error(("prepare: no .txt files under %s"):format(input)) end
+  elseif not probe then
+    error(("prepare: cannot open %s"):format(input))
+  elseif input:match("%.jsonl$") then
+    local n = 0
+    for line in probe:lines() do
+      n = n + 1
+      if line:match("%S") then
+        local ok, obj = pcall(lt.json.decode, line)
+        if not ok or type(obj) ~= "table" or type(obj[cfg.field]) ~= "string" then
+          error(("prepare: %s line %d: not a JSON object with a string field '%s'"):format(input, n, cfg.field))
+        end
+        local text = obj[cfg.field]
+        docs[#docs + 1] = { name = ("%s:%d"):format(input, n), read = function() return text end }
+      end
+    end
+  else
+    local text = probe:read("*a")
+    docs[1] = { name = input, read = function() return text end }
+  end
+  if probe then probe:close() end
+  return docs
+end
+
+local tok = lt.tokenizer.load(cfg.vocab)
+local docs = documents(cfg.input)
+os.execute("mkdir -p " .. shell_quote(cfg.out))
+
+local every = math.max(2, math.floor(1 / cfg.val_frac + 0.5))
+local splits = {
+  train = { buf = {}, n = 0, shard = 0, total = 0 },
+  val = { buf = {}, n = 0, shard = 0, total = 0 },
+}
+
+local function flush(name, final)
+  local s = splits[name]
+  while s.n >= cfg.shard_size or (final and s.n > 0) do
+    local all = lt.cat(s.buf, 1)
+    local take = math.min(s.n, cfg.shard_size)
+    local path = ("%s/%s_%06d.bin"):format(cfg.out, name, s.shard)
+    lt.data.write_shard(path, all:narrow(1, 1, take), tok.n_vocab)
+    s.shard = s.shard + 1
+    s.total = s.total + take
+    s.buf = take < s.n and { all:narrow(1, take + 1, s.n - take):clone() } or {}
+    s.n = s.n - take
+  end
+end
+
+local start = lt.clock()
+local bytes_done, tokens_done = 0, 0
+
+local function progress(i, final)
+  if cfg.quiet then return end
+  local secs = math.max(lt.clock() - start, 1e-9)
+  local frac = i / #docs
+  local bar = string.rep("#", math.floor(frac * 30)) .. string.rep(".", 30 - math.floor(frac * 30))
+  io.stderr:write(("\r[%s] %d/%d documents, %.1f MB, %d tokens, %.0f tokens/s"):format(bar, i, #docs,
+    bytes_done / 1e6, tokens_done, tokens_done / secs))
+  if final then io.stderr:write("\n") end
+end
+
+local i = 1
+while i <= #docs do
+  -- a batch of documents of about batch_mb, all in the same split or not
+  local texts, names, which = {}, {}, {}
+  local size = 0
+  while i <= #docs and (size < cfg.batch_mb * 1e6 or #texts == 0) do
+    local text = docs[i].read()
+    texts[#texts + 1] = text
+    names[#names + 1] = docs[i].name
+    which[#which + 1] = ((i - 1) % every == 0) and "val" or "train"
+    size = size + #text
+    i = i + 1
+  end
+  local ok, ids, ends = pcall(tok.encode_many, tok, texts, { on_invalid_utf8 = cfg.on_invalid_utf8 })
+  if not ok then
+    local d = tonumber(tostring(ids):match("document (%d+)"))
+    error(("prepare: %s: %s"):format(d and names[d] or "a document", tostring(ids):gsub("^.-document %d+: ", "")), 0)
+  end
+  local from = 0
+  for k = 1, #texts do
+    local part = ids:narrow(1, from + 1, ends[k] - from)
+    local s = splits[which[k]]
+    s.buf[#s.buf + 1] = part
+    s.n = s.n + part:numel()
+    from = ends[k]
+  end
+  bytes_done = bytes_done + size
+  tokens_done = tokens_done + ids:numel()
+  flush("train")
+  flush("val")
+  progress(i - 1)
+end
+flush("train", true)
+flush("val", true)
+progress(#docs, true)
+if not cfg.quiet then
+  print(("prepare: %d documents -> %d train tokens in %d shard(s), %d val tokens in %d shard(s) under %s")
+    :format(#docs, splits.train.total, splits.train.shard, splits.val.total, splits.val.shard, cfg.out))
+end

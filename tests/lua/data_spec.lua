@@ -1,0 +1,204 @@
+-- tests/lua/data_spec.lua: token shards and the loader: windows and their
+-- (x, y) shift, each window exactly once per epoch, shuffling by (seed,
+-- epoch), disjoint rank streams that cover an epoch, exact resume mid-epoch
+-- and in a later epoch, the unshuffled validation order, and bad shards
+-- rejected naming the file and the problem. Also recipes/prepare.lua and lt.config.
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+--- Shards of consecutive ids, so a window's first token tells which it is.
+local function make_shards(dir, sizes)
+  local at = 0
+  for i, n in ipairs(sizes) do
+    lt.data.write_shard(("%s/train_%03d.bin"):format(dir, i), lt.arange(at, at + n, "i32"), 50257)
+    at = at + n
+  end
+end
+
+local function window_ids(x, T)
+  local ids = {}
+  for _, row in ipairs(x:totable()) do ids[#ids + 1] = row[1] end
+  return ids
+end
+
+describe("shards and the loader", function()
+  local dir = tmpdir()
+  make_shards(dir, { 101, 121, 30 }) -- T = 10: 10 + 12 + 2 windows
+  local T = 10
+
+  it("cuts windows of T+1 tokens with y shifted by one", function()
+    local L = lt.data.shards { path = dir, batch = 2, seq = T, shuffle = false }
+    assert.are.equal(24, L:num_windows())
+    assert.are.equal(252, L:num_tokens())
+    assert.are.equal(12, L:batches_per_epoch())
+    local x, y = L:next()
+    assert.are.same({ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 }, x:totable()[1])
+    assert.are.same({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }, y:totable()[1])
+    assert.are.same({ 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 }, x:totable()[2])
+    assert.are.equal("i32", x.dtype)
+  end)
+  it("visits every window exactly once per epoch, reshuffled each epoch", function()
+    local L = lt.data.shards { path = dir, batch = 4, seq = T, seed = 3 }
+    local orders = {}
+    for epoch = 1, 2 do
+      local seen, order = {}, {}
+      for _ = 1, 6 do
+        for _, w in ipairs(window_ids(L:next(), T)) do
+          assert.is_nil(seen[w], "window seen twice in an epoch")
+          seen[w] = true
+          order[#order + 1] = w
+        end
+      end
+      local n = 0
+      for _ in pairs(seen) do n = n + 1 end
+      assert.are.equal(24, n)
+      orders[epoch] = order
+    end
+    assert.are_not.same(orders[1], orders[2])
+    local again = lt.data.shards { path = dir, batch = 4, seq = T, seed = 3 }
+    local first = {}
+    for _ = 1, 6 do
+      for _, w in ipairs(window_ids(again:next(), T)) do first[#first + 1] = w end
+    end
+    assert.are.same(orders[1], first) -- the same seed gives the same order
+  end)
+  it("gives ranks disjoint streams that together cover the epoch", function()
+    local seen = {}
+    for rank = 0, 2 do
+      local L = lt.data.shards { path = dir, batch = 2, seq = T, seed = 5, rank = rank, world = 3 }
+      assert.are.equal(4, L:batches_per_epoch())
+      for _ = 1, 4 do
+        for _, w in ipairs(window_ids(L:next(), T)) do
+          assert.is_nil(seen[w], "two ranks share window " .. w)
+          seen[w] = true
+        end
+      end
+    end
+    local n = 0
+    for _ in pairs(seen) do n = n + 1 end
+    assert.are.equal(24, n)
+  end)
+  it("resumes exactly, mid-epoch and in a later epoch", function()
+    local full = lt.data.shards { path = dir, batch = 5, seq = T, seed = 9 }
+    local reference = {}
+    for k = 1, 14 do reference[k] = full:next():totable() end -- about three epochs
+    for _, cut in ipairs { 1, 3, 5, 9, 13 } do
+      local a = lt.data.shards { path = dir, batch = 5, seq = T, seed = 9 }
+      for _ = 1, cut do a:next() end
+      local state = lt.json.decode(lt.json.encode(a:state())) -- as a checkpoint keeps it
+      a:close()
+      local b = lt.data.shards { path = dir, batch = 5, seq = T, seed = 9 }
+      b:load_state(state)
+      for k = cut + 1, 14 do assert.are.same(reference[k], b:next():totable(), "batch " .. k .. " after " .. cut) end
+    end
+    local c = lt.data.shards { path = dir, batch = 5, seq = T, seed = 10 }
+    H.assert_error(function() c:load_state(full:state()) end, "seed")
+    H.assert_error(function() full:load_state { epoch = 0, index = 1e9 } end, "outside")
+  end)
+  it("reads validation data in order and ends", function()
+    local V = lt.data.shards { path = dir, batch = 4, seq = T, shuffle = false, epochs = 1 }
+    local all = {}
+    for x in V:batches() do
+      for _, w in ipairs(window_ids(x, T)) do all[#all + 1] = w end
+    end
+    assert.are.equal(24, #all)
+    for k = 2, #all do assert.is_true(all[k] > all[k - 1]) end
+    assert.is_nil(V:next())
+  end)
+  it("rejects bad shards naming the file and the problem", function()
+    local d = tmpdir()
+    local function put(name, bytes)
+      local f = assert(io.open(d .. "/" .. name, "wb"))
+      f:write(bytes)
+      f:close()
+      return d .. "/" .. name
+    end
+    local function header(magic, version, count)
+      local function i32(v)
+        v = v % 2 ^ 32
+        return string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256)
+      end
+      return i32(magic) .. i32(version) .. i32(count) .. string.rep("\0", 1012)
+    end
+    local cases = {
+      { "short.bin", "abc", "shorter than" },
+      { "magic.bin", header(123, 1, 0), "magic 123" },
+      { "version.bin", header(20240520, 7, 0), "version 7" },
+      { "count.bin", header(20240520, 1, 10) .. string.rep("\0", 8), "counts 10 tokens", "truncated" },
+      { "long.bin", header(20240520, 1, 1) .. string.rep("\0", 8), "counts 1 tokens" },
+      { "negative.bin", header(20240520, 1, -5), "negative" },
+      { "tiny.bin", header(20240520, 1, 3) .. "\1\0\2\0\3\0", "fewer than" },
+    }
+    for _, c in ipairs(cases) do
+      local p = put(c[1], c[2])
+      H.assert_error(function() lt.data.shards { path = p, batch = 1, seq = T } end, unpack(c, 3))
+    end
+    H.assert_error(function() lt.data.shards { path = d .. "/nothing", batch = 1, seq = 4 } end, "no shard files")
+    H.assert_error(function() lt.data.shards { path = dir, batch = 0, seq = 4 } end, "batch 0")
+    H.assert_error(function() lt.data.write_shard(d .. "/x.bin", { 1, 70000 }, 50257) end, "token 70000", "position 2")
+    os.execute("rm -rf " .. d)
+  end)
+  it("writes u32 shards for large vocabularies", function()
+    local d = tmpdir()
+    lt.data.write_shard(d .. "/big.bin", lt.tensor({ 1, 100000, 128255 }, "i32"), 128256)
+    local f = assert(io.open(d .. "/big.bin", "rb"))
+    local bytes = f:read("*a")
+    f:close()
+    assert.are.equal(1024 + 12, #bytes)
+    local L = lt.data.shards { path = d .. "/big.bin", batch = 1, seq = 2, shuffle = false }
+    assert.are.same({ { 1, 100000 } }, (L:next()):totable())
+    os.execute("rm -rf " .. d)
+  end)
+end)
+
+describe("recipes/prepare.lua", function()
+  it("turns documents into train and val shards, deterministically", function()
+    local d = tmpdir()
+    local jl = assert(io.open(d .. "/docs.jsonl", "w"))
+    for i = 1, 20 do jl:write(lt.json.encode { body = ("document %d says hello"):format(i) }, "\n") end
+    jl:close()
+    local cmd = ("./lutra recipes/prepare.lua --input=%s/docs.jsonl --field=body --out=%s/%s --val_frac=0.25 --quiet")
+    assert.is_true(os.execute(cmd:format(d, d, "a")) == 0)
+    assert.is_true(os.execute(cmd:format(d, d, "b")) == 0)
+    assert.is_true(os.execute(("cmp -s %s/a/train_000000.bin %s/b/train_000000.bin"):format(d, d)) == 0)
+    local tok = lt.tokenizer.load()
+    local val = lt.data.shards { path = d .. "/a/val", batch = 1, seq = 1, shuffle = false, epochs = 1 }
+    local ids = {}
+    for x, y in val:batches() do ids[#ids + 1] = x:item() end
+    local text = tok:decode(ids)
+    assert.truthy(text:find("document 1 says hello<|endoftext|>document 5 says hello", 1, true), text)
+    local bad = assert(io.open(d .. "/bad.txt", "wb"))
+    bad:write("fine\n\255 not utf8\n")
+    bad:close()
+    local p = io.popen(("./lutra recipes/prepare.lua --input=%s/bad.txt --out=%s/c --quiet 2>&1"):format(d, d))
+    local out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("bad.txt", 1, true) and out:find("invalid UTF-8 at byte 6", 1, true), out)
+    os.execute("rm -rf " .. d)
+  end)
+end)
+
+describe("lt.config", function()
+  it("overrides defaults from --key=value with their types", function()
+    local c = lt.config({ steps = 10, lr = 0.1, name = "x", resume = true },
+      { "--steps=20", "--lr=3e-4", "--name=run 1", "--no-resume", "extra" })
+    assert.are.same({ steps = 20, lr = 3e-4, name = "run 1", resume = false, args = { "extra" } }, c)
+    assert.is_true(lt.config({ flag = false }, { "--flag" }).flag)
+    H.assert_error(function() lt.config({ steps = 10 }, { "--step=3" }) end, "unknown setting --step", "steps")
+    H.assert_error(function() lt.config({ steps = 10 }, { "--steps=many" }) end, "not a number")
+    H.assert_error(function() lt.config({ steps = 10 }, { "--steps" }) end, "needs a value")
+  end)
+  it("prints keys, defaults and types for --help", function()
+    local p = io.popen("./lutra recipes/prepare.lua --help")
+    local out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("--shard_size", 1, true) and out:find("number", 1, true), out)
+  end)
+end)

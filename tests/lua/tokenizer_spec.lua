@@ -1,0 +1,124 @@
+-- tests/lua/tokenizer_spec.lua: GPT-2's BPE against tiktoken's ids for hard
+-- strings (tests/ref/tokenizer_golden.json, from tests/ref/gen_tokenizer.py:
+-- emoji, CJK, combining marks, \r\n, tabs, space runs, digits, contractions,
+-- invalid UTF-8), the special token, decoding, streaming, the encoder.json +
+-- vocab.bpe format, and malformed vocabularies. Needs data/gpt2.tiktoken
+-- (make fetches it: tools/fetch-vocab).
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+local tok = lt.tokenizer.load("data/gpt2.tiktoken")
+local golden = H.load_json("tests/ref/tokenizer_golden.json")
+
+local function tmpfile(text)
+  local p = os.tmpname()
+  local f = assert(io.open(p, "wb"))
+  f:write(text)
+  f:close()
+  return p
+end
+
+describe("GPT-2 tokenizer against tiktoken " .. golden.tiktoken, function()
+  for i, c in ipairs(golden.cases) do
+    local text = H.b64decode(c.bytes)
+    it(("case %d: %s"):format(i, (("%q"):format(text:sub(1, 40)):gsub("[%c]", "?"))), function()
+      assert.are.same(c.ids, tok:encode(text))
+      assert.are.same(c.special_ids, tok:encode(text, { allowed_special = "all" }))
+      if not c.invalid then
+        assert.are.equal(text, tok:decode(c.ids))
+      else
+        H.assert_error(function() tok:encode(text, { on_invalid_utf8 = "error" }) end, "invalid UTF-8", "byte")
+      end
+    end)
+  end
+end)
+
+describe("tokenizer", function()
+  it("knows GPT-2's vocabulary size and <|endoftext|>", function()
+    assert.are.equal(50257, tok.n_vocab)
+    assert.are.equal(50256, tok.eot)
+    assert.are.same({ 50256 }, tok:encode("<|endoftext|>", { allowed_special = { "<|endoftext|>" } }))
+    assert.are_not.same({ 50256 }, tok:encode("<|endoftext|>"))
+    assert.are.equal("<|endoftext|>", tok:decode { 50256 })
+  end)
+  it("encodes to tensors and in parallel", function()
+    local t = tok:encode_tensor("Hello world")
+    assert.are.equal("i32", t.dtype)
+    assert.are.same({ 15496, 995 }, t:totable())
+    local all, ends = tok:encode_many { "Hello world", "", "again" }
+    assert.are.same({ 15496, 995, 50256, 50256, 17776, 50256 }, all:totable())
+    assert.are.same({ 3, 4, 6 }, ends)
+    assert.are.equal("Hello world", tok:decode(t))
+  end)
+  it("streams decoded text without splitting characters", function()
+    local ids = tok:encode("né 😀 漢")
+    local d = tok:decoder()
+    local pieces = {}
+    for _, id in ipairs(ids) do
+      local s = d:push(id)
+      pieces[#pieces + 1] = s
+      -- every piece handed out is whole UTF-8
+      assert.is_nil(s:find("[\xC0-\xFF]$"), "an incomplete character escaped: " .. s)
+    end
+    pieces[#pieces + 1] = d:flush()
+    assert.are.equal("né 😀 漢", table.concat(pieces))
+  end)
+  it("rejects ids outside the vocabulary", function()
+    H.assert_error(function() tok:decode { 1, 50257 } end, "decode", "50257", "position 2")
+    H.assert_error(function() tok:decode { -1 } end, "decode", "-1")
+    H.assert_error(function() tok:decode { 1.5 } end, "whole number")
+  end)
+  it("reads GPT-2's encoder.json and vocab.bpe the same", function()
+    -- build them from the tiktoken file: byte-level unicode strings
+    local cp = {}
+    local n = 0
+    for b = 0, 255 do
+      local printable = (b >= 33 and b <= 126) or (b >= 0xA1 and b <= 0xAC) or (b >= 0xAE and b <= 0xFF)
+      if printable then cp[b] = b else cp[b] = 256 + n; n = n + 1 end
+    end
+    local function u8(c)
+      if c < 0x80 then return string.char(c) end
+      return string.char(0xC0 + math.floor(c / 64), 0x80 + c % 64)
+    end
+    local function bl(bytes)
+      local o = {}
+      for i = 1, #bytes do o[i] = u8(cp[bytes:byte(i)]) end
+      return table.concat(o)
+    end
+    local enc = {}
+    for line in io.lines("data/gpt2.tiktoken") do
+      local b64, rank = line:match("^(%S+) (%d+)$")
+      enc[bl(H.b64decode(b64))] = tonumber(rank)
+    end
+    enc["<|endoftext|>"] = 50256
+    local ej = tmpfile(lt.json.encode(enc))
+    local bpe = tmpfile("#version: 0.2\nĠ t\nĠ a\n")
+    local tok2 = lt.tokenizer.load { encoder = ej, bpe = bpe }
+    assert.are.equal(50257, tok2.n_vocab)
+    for i = 1, 30 do
+      local text = H.b64decode(golden.cases[i].bytes)
+      assert.are.same(tok:encode(text), tok2:encode(text))
+    end
+    local badbpe = tmpfile("#version: 0.2\nĠ zzzzzqqq\n")
+    H.assert_error(function() lt.tokenizer.load { encoder = ej, bpe = badbpe } end, "vocab.bpe line 2")
+    os.remove(ej)
+    os.remove(bpe)
+    os.remove(badbpe)
+  end)
+  it("rejects malformed vocabularies naming the file and the line", function()
+    local p = tmpfile("IQ== 0\nIg== x\n")
+    H.assert_error(function() lt.tokenizer.load(p) end, p, "line 2", "rank")
+    local p2 = tmpfile("IQ== 0\n!!!! 1\n")
+    H.assert_error(function() lt.tokenizer.load(p2) end, "line 2", "base64")
+    local p3 = tmpfile("IQ== 0\nIQ== 1\n")
+    H.assert_error(function() lt.tokenizer.load(p3) end, "line 2", "repeats")
+    local p4 = tmpfile("IQ== 0\n")
+    H.assert_error(function() lt.tokenizer.load(p4) end, "byte", "no token")
+    local p5 = tmpfile("IQ== 5\n")
+    H.assert_error(function() lt.tokenizer.load(p5) end, "rank 5")
+    H.assert_error(function() lt.tokenizer.load("/nonexistent/vocab") end, "cannot open")
+    local p6 = tmpfile("not json")
+    H.assert_error(function() lt.tokenizer.load { encoder = p6 } end, "encoder.json", "JSON")
+    for _, q in ipairs { p, p2, p3, p4, p5, p6 } do os.remove(q) end
+  end)
+end)
