@@ -36,12 +36,12 @@ static lt_status call_handler(lua_State *L, int nargs, int nres) {
   return LT_OK;
 }
 
-static lt_status leaf_ready(void *ctx, lt_tensor *leaf, lt_tensor *grad) {
+static lt_status leaf_ready(void *ctx, int64_t hook_id, lt_tensor *grad) {
   lua_State *L = ((hook_ctx *)ctx)->L;
   lua_getfield(L, LUA_REGISTRYINDEX, HANDLERS);
   lua_rawgeti(L, -1, 1);
   lua_remove(L, -2);
-  lua_pushnumber(L, (double)(uintptr_t)leaf);
+  lua_pushnumber(L, (double)hook_id);
   lua_pushnumber(L, (double)(uintptr_t)grad);
   return call_handler(L, 2, 0);
 }
@@ -78,7 +78,7 @@ static int l_backward(lua_State *L) {
   return 0;
 }
 
-/* core.set_autograd_handlers(leaf_ready(leaf, grad), custom(id, nin, grads...)) */
+/* core.set_autograd_handlers(leaf_ready(hook_id, grad), custom(id, nin, grads...)) */
 static int l_set_handlers(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);

@@ -38,6 +38,8 @@ static lt_autograd_meta *meta_get(lt_tensor *t) {
 
 void lt_ag_meta_free(lt_tensor *t) {
   lt_autograd_meta *m = lt_meta(t);
+  if (m->hook_id)
+    lt_ag_hook_dead(m->hook_id);
   if (m->grad_fn) {
     for (int k = 0; k < LT_NODE_MAX_OUTPUTS; k++)
       if (m->grad_fn->retain[k] == t)
@@ -99,7 +101,13 @@ lt_status lt_tensor_set_grad(lt_tensor *t, lt_tensor *grad) {
   lt_autograd_meta *m = meta_get(t);
   if (!m)
     return lt_fail(LT_ERR_OOM, "set_grad: out of host memory");
-  lt_tensor_retain(grad);
+  if (grad && !lt_tensor_is_contiguous(grad)) { /* later gradients accumulate into it in place */
+    lt_status st;
+    LT_NO_GRAD(st = lt_tensor_clone(grad, &grad));
+    LT_TRY(st);
+  } else {
+    lt_tensor_retain(grad);
+  }
   lt_tensor_release(m->grad);
   m->grad = grad;
   return LT_OK;
@@ -131,13 +139,15 @@ lt_status lt_tensor_retain_grad(lt_tensor *t) {
   return LT_OK;
 }
 
-lt_status lt_tensor_set_hook_flag(lt_tensor *t, int on) {
+lt_status lt_tensor_set_hook_id(lt_tensor *t, int64_t id) {
   LT_TRY(lt_check_tensor("register_hook", t, 1));
   if (!lt_requires_grad(t) || !lt_tensor_is_leaf(t))
     return lt_fail(LT_ERR_ARG, "register_hook: gradient-ready hooks go on leaf tensors that require grad");
-  lt_meta(t)->has_hook = on != 0;
+  lt_meta(t)->hook_id = id;
   return LT_OK;
 }
+
+int64_t lt_tensor_hook_id(const lt_tensor *t) { return t && t->autograd ? lt_meta(t)->hook_id : 0; }
 
 /* ---- nodes --------------------------------------------------------------------- */
 
@@ -346,8 +356,8 @@ static lt_status accumulate_backward(lt_node *n, lt_tensor *const *gout, lt_tens
     LT_TRY(lt_binary(LT_BINARY_ADD, m->grad, g, m->grad, &r));
     lt_tensor_release(r);
   }
-  if (m->has_hook && current_hooks && current_hooks->leaf_ready)
-    return current_hooks->leaf_ready(current_hooks->ctx, leaf, m->grad);
+  if (m->hook_id && current_hooks && current_hooks->leaf_ready)
+    return current_hooks->leaf_ready(current_hooks->ctx, m->hook_id, m->grad);
   return LT_OK;
 }
 
@@ -478,7 +488,7 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
 
   /* 1. the nodes reachable from the root, with how many edges feed each */
   uint64_t stamp = next_stamp++;
-  node_vec all = {0}, work = {0}, ready = {0};
+  node_vec all = {0}, work = {0}, ready = {0}, ran = {0};
   lt_status st = LT_OK;
   start->stamp = stamp;
   start->deps = 0;
@@ -563,9 +573,14 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
           heap_push(&ready, e.node);
       }
     }
-    if (!retain_graph && x->ops != &accumulate_ops)
-      drop_saved(x);
+    if (!retain_graph && x->ops != &accumulate_ops && !vec_push(&ran, x) && st == LT_OK)
+      st = lt_fail(LT_ERR_OOM, "backward: out of host memory");
   }
+  /* saved tensors go only once the whole backward succeeded: after a failure
+     the graph can run again */
+  for (int64_t k = 0; st == LT_OK && k < ran.n; k++)
+    drop_saved(ran.items[k]);
+  free(ran.items);
   lt_grad_mode = mode;
   current_hooks = saved_hooks;
   /* on failure, drop what is still buffered */

@@ -65,7 +65,7 @@ struct lt_node {
 typedef struct lt_autograd_meta {
   int requires_grad;
   int retains_grad;
-  int has_hook;
+  int64_t hook_id; /* gradient-ready hooks: the Lua side's id, 0 for none */
   int output_nr;
   lt_tensor *grad;
   lt_node *grad_fn; /* strong; NULL for leaves */
@@ -107,6 +107,9 @@ static inline void lt_bump_version(lt_tensor *t) {
   if (t && t->storage)
     t->storage->version++;
 }
+
+/* Queues the hook id of a freed leaf for the Lua side to forget. */
+void lt_ag_hook_dead(int64_t id);
 
 /* The hooks of the backward running on this thread (NULL outside one). */
 const lt_backward_hooks *lt_ag_current_hooks(void);

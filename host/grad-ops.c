@@ -9,6 +9,7 @@
 #include "grad-ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- scratch: temporaries of one backward, released together ------------------ */
@@ -223,8 +224,9 @@ static lt_status binary_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
   }
   case LT_BINARY_POW: {
     lt_tensor *a = saved(s, n, 0), *b = saved(s, n, 1), *y = saved(s, n, 2);
-    if (need_a) /* g b a^(b-1) */
-      ga = bin(s, LT_BINARY_MUL, bin(s, LT_BINARY_MUL, g, b), bin(s, LT_BINARY_POW, a, sc(s, LT_BINARY_SUB, b, 1.0)));
+    if (need_a) /* g b a^(b-1), and 0 where b == 0 (a^0 is constant; 0 * 0^-1 would be NaN) */
+      ga = where(s, sc(s, LT_BINARY_EQ, b, 0), zero_like(s, g),
+                 bin(s, LT_BINARY_MUL, bin(s, LT_BINARY_MUL, g, b), bin(s, LT_BINARY_POW, a, sc(s, LT_BINARY_SUB, b, 1.0))));
     if (need_b) { /* g y log(a), 0 where a == 0 and b >= 0 */
       lt_tensor *t = bin(s, LT_BINARY_MUL, bin(s, LT_BINARY_MUL, g, y), un(s, LT_UNARY_LOG, a));
       lt_tensor *mask = bin(s, LT_BINARY_MUL, sc(s, LT_BINARY_EQ, a, 0), sc(s, LT_BINARY_GE, b, 0));
@@ -295,7 +297,9 @@ static lt_status scalar_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
     }
     break;
   case LT_BINARY_POW:
-    if (!rev) { /* v a^(v-1) */
+    if (!rev && v == 0) { /* a^0 is constant */
+      r = expand(s, zero_like(s, g), &n->in[0]);
+    } else if (!rev) { /* v a^(v-1) */
       lt_tensor *a = saved(s, n, 0);
       r = sc(s, LT_BINARY_MUL, bin(s, LT_BINARY_MUL, g, sc(s, LT_BINARY_POW, a, v - 1)), v);
     } else { /* v^a log v */
@@ -415,10 +419,26 @@ static lt_status reduce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
   case LT_REDUCE_SUM: r = ge; break;
   case LT_REDUCE_MEAN: r = sc(s, LT_BINARY_DIV, ge, count); break;
   case LT_REDUCE_MAX:
-  case LT_REDUCE_MIN: { /* shared evenly among the elements equal to the result */
+  case LT_REDUCE_MIN: {
+    if (n->nsaved == 1) { /* one dim: all of it to the position max/min returned, as torch.max(x, dim) */
+      lt_tensor *idx = saved(s, n, 0), *z = zeros_of(s, in, go[0]);
+      if (OK2(idx, z)) {
+        lt_tensor *gk2 = gk;
+        if (OK1(gk2) && gk2->dtype != z->dtype) {
+          lt_tensor *c = NULL;
+          gk2 = KEEP(s, lt_tensor_to(gk2, z->dtype, gk2->storage->device, &c), c);
+        }
+        if (OK1(gk2))
+          s->st = lt_scatter_add_(z, (int)n->i[3], idx, gk2);
+      }
+      r = z;
+      break;
+    }
+    /* several dims: shared evenly among the elements equal to the result (NaN included) */
     lt_tensor *x = saved(s, n, 0), *y = saved(s, n, 1);
     lt_tensor *ye = expand(s, reshape(s, y, in->ndim, ks), in);
-    lt_tensor *mask = bin(s, LT_BINARY_EQ, x, ye);
+    lt_tensor *nan_both = bin(s, LT_BINARY_MUL, bin(s, LT_BINARY_NE, x, x), bin(s, LT_BINARY_NE, ye, ye));
+    lt_tensor *mask = bin(s, LT_BINARY_MAXIMUM, bin(s, LT_BINARY_EQ, x, ye), nan_both);
     lt_tensor *cnt = NULL;
     if (OK1(mask)) {
       int64_t dims[LT_MAX_DIMS];
@@ -448,6 +468,7 @@ static lt_status reduce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
       lt_tensor *y = saved(s, n, 2);
       lt_tensor *ye = expand(s, reshape(s, y, in->ndim, ks), in);
       r = bin(s, LT_BINARY_DIV, bin(s, LT_BINARY_MUL, ge, sc(s, LT_BINARY_DIV, dev, denom)), ye);
+      r = where(s, sc(s, LT_BINARY_EQ, ye, 0), zero_like(s, go[0]), r); /* a constant row: 0, as torch */
     }
     break;
   }
@@ -485,7 +506,14 @@ lt_status lt_ag_record_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, co
   n->i[2] = correction;
   n->f[0] = count;
   lt_status st = LT_OK;
-  if (op == LT_REDUCE_MAX || op == LT_REDUCE_MIN) {
+  if ((op == LT_REDUCE_MAX || op == LT_REDUCE_MIN) && ndims == 1) {
+    lt_tensor *idx = NULL; /* the positions max/min(x, dim) reports */
+    LT_NO_GRAD(st = lt_reduce(op == LT_REDUCE_MAX ? LT_REDUCE_ARGMAX : LT_REDUCE_ARGMIN, a, 1, dims, 1, 0, &idx));
+    if (st == LT_OK)
+      st = lt_ag_save(n, idx);
+    lt_tensor_release(idx);
+    n->i[3] = dims[0];
+  } else if (op == LT_REDUCE_MAX || op == LT_REDUCE_MIN) {
     st = lt_ag_save(n, a);
     if (st == LT_OK)
       st = lt_ag_save(n, r);
@@ -703,9 +731,35 @@ lt_status lt_ag_record_index(int gather, const lt_tensor *t, int dim, const lt_t
 
 /* ---- custom functions ------------------------------------------------------------------- */
 
-enum { DEAD_MAX = 4096 };
-static int64_t dead_ids[DEAD_MAX];
-static int ndead;
+/* Ids of freed custom nodes and hooked leaves, until the Lua side collects them. */
+typedef struct {
+  int64_t *ids;
+  int n, cap;
+} id_queue;
+static id_queue dead_custom, dead_hooks;
+
+static void queue_push(id_queue *q, int64_t id) {
+  if (q->n == q->cap) {
+    int cap = q->cap ? 2 * q->cap : 256;
+    int64_t *grown = realloc(q->ids, sizeof(int64_t) * (size_t)cap);
+    if (!grown)
+      return; /* the Lua side then keeps a little state longer */
+    q->ids = grown;
+    q->cap = cap;
+  }
+  q->ids[q->n++] = id;
+}
+
+static int queue_take(id_queue *q, int64_t *ids, int max) {
+  int n = q->n < max ? q->n : max;
+  if (n > 0)
+    memcpy(ids, q->ids + (q->n - n), sizeof(int64_t) * (size_t)n);
+  q->n -= n;
+  return n;
+}
+
+void lt_ag_hook_dead(int64_t id) { queue_push(&dead_hooks, id); }
+int lt_autograd_take_dead_hooks(int64_t *ids, int max) { return queue_take(&dead_hooks, ids, max); }
 
 static lt_status custom_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   const lt_backward_hooks *h = lt_ag_current_hooks();
@@ -714,10 +768,7 @@ static lt_status custom_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
   return h->custom(h->ctx, (int64_t)(intptr_t)n->user, n->noutputs, go, n->ninputs, gi);
 }
 
-static void custom_release(lt_node *n) {
-  if (ndead < DEAD_MAX)
-    dead_ids[ndead++] = (int64_t)(intptr_t)n->user;
-}
+static void custom_release(lt_node *n) { queue_push(&dead_custom, (int64_t)(intptr_t)n->user); }
 
 static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward, custom_release};
 
@@ -743,9 +794,4 @@ lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int n
   return st;
 }
 
-int lt_autograd_take_dead_custom(int64_t *ids, int max) {
-  int n = ndead < max ? ndead : max;
-  memcpy(ids, dead_ids + (ndead - n), sizeof(int64_t) * (size_t)n);
-  ndead -= n;
-  return n;
-}
+int lt_autograd_take_dead_custom(int64_t *ids, int max) { return queue_take(&dead_custom, ids, max); }

@@ -135,7 +135,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
   if (!be->index_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "index_add_: not implemented on the %s backend", be->name);
   LT_TRY(lt_ag_check_inplace("index_add_", t, 1, &src));
-  for (int d = 0; d < t->ndim; d++)
+  for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "index_add_: cannot write into an expanded tensor; clone() it first");
   lt_tensor *s = NULL, *dst = NULL, *idx = NULL;
@@ -245,7 +245,7 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   if (!be->scatter_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "scatter_add_: not implemented on the %s backend", be->name);
   LT_TRY(lt_ag_check_inplace("scatter_add_", t, 1, &src));
-  for (int d = 0; d < t->ndim; d++)
+  for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "scatter_add_: cannot write into an expanded tensor; clone() it first");
   lt_tensor *s, *idx = NULL;

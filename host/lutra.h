@@ -389,8 +389,12 @@ lt_status lt_tensor_detach(lt_tensor *t, lt_tensor **out);
 const char *lt_tensor_grad_fn(const lt_tensor *t);
 /* Keeps the gradient of a non-leaf in its .grad after backward. */
 lt_status lt_tensor_retain_grad(lt_tensor *t);
-/* Whether backward should report t's completed gradient to the hooks. */
-lt_status lt_tensor_set_hook_flag(lt_tensor *t, int on);
+/* Gives a leaf a hook id (0: none): backward reports its completed gradient
+   to the hooks with it. Ids of leaves freed since come back from
+   lt_autograd_take_dead_hooks. */
+lt_status lt_tensor_set_hook_id(lt_tensor *t, int64_t id);
+int64_t lt_tensor_hook_id(const lt_tensor *t);
+int lt_autograd_take_dead_hooks(int64_t *ids, int max);
 /* Records a custom function (at most 4 inputs and 4 outputs): the outputs
    get a node whose backward calls the backward hooks' custom(id, ...).
    Ids of such nodes freed since the last call come back from
@@ -414,8 +418,8 @@ int64_t lt_take_alloc_pressure(void);
  * (bindings/autograd.c), never from a function called through the FFI.
  */
 typedef struct lt_backward_hooks {
-  /* a leaf's gradient is complete (grad is its .grad) */
-  lt_status (*leaf_ready)(void *ctx, lt_tensor *leaf, lt_tensor *grad);
+  /* a hooked leaf's gradient is complete (grad is its .grad) */
+  lt_status (*leaf_ready)(void *ctx, int64_t hook_id, lt_tensor *grad);
   /* a custom function's backward: grad_inputs[i] receive new references or NULL */
   lt_status (*custom)(void *ctx, int64_t id, int noutputs, lt_tensor *const *grad_outputs, int ninputs,
                       lt_tensor **grad_inputs);

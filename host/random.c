@@ -48,7 +48,7 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
     return lt_fail(LT_ERR_ARG, "%s: needs lo <= hi, got %g and %g", op, p1, p2);
   if (kind == NORMAL && !(p2 >= 0))
     return lt_fail(LT_ERR_ARG, "%s: needs std >= 0, got %g", op, p2);
-  for (int d = 0; d < t->ndim; d++)
+  for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "%s: cannot write into an expanded tensor; clone() it first", op);
   LT_TRY(lt_ag_check_inplace(op, t, 0, NULL));

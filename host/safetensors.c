@@ -41,6 +41,8 @@ struct lt_safetensors {
   const unsigned char *map; /* the whole file (or caller's memory) */
   size_t len;
   int mapped;
+  int fd;            /* kept open while mapped, to notice a file that shrinks */
+  int64_t *by_name;  /* entry indices sorted by name, for lookups */
   const unsigned char *data; /* the data area */
   uint64_t data_len;
   entry *entries;
@@ -73,6 +75,9 @@ void lt_safetensors_close(lt_safetensors *f) {
   free(f->metadata);
   if (f->mapped && f->map)
     munmap((void *)f->map, f->len);
+  if (f->fd >= 0)
+    close(f->fd);
+  free(f->by_name);
   free(f->path);
   free(f);
 }
@@ -83,6 +88,12 @@ static int cmp_begin(const void *a, const void *b) {
 }
 
 #define BAD(...) (lt_fail(LT_ERR_IO, __VA_ARGS__))
+
+static const entry *sort_entries; /* for cmp_name: qsort has no context argument */
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(sort_entries[*(const int64_t *)a].name, sort_entries[*(const int64_t *)b].name);
+}
 
 /* Validates and indexes the header of a file image; fills f. */
 static lt_status parse(lt_safetensors *f) {
@@ -99,11 +110,25 @@ static lt_status parse(lt_safetensors *f) {
     return BAD("safetensors %s: the header does not start with a JSON object", p);
   f->data = f->map + 8 + hlen;
   f->data_len = f->len - 8 - hlen;
-  cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
+  const char *htext = (const char *)f->map + 8;
+  for (uint64_t i = 0; i + 6 <= hlen; i++) { /* cJSON's C strings would cut a \u0000 short */
+    if (htext[i] != '\\')
+      continue;
+    if (memcmp(htext + i + 1, "u0000", 5) == 0)
+      return BAD("safetensors %s: the header holds \\u0000 (a NUL in a name or value)", p);
+    i++;
+  }
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(htext, (size_t)hlen, &end, 0);
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
     return BAD("safetensors %s: the %llu-byte header is not valid JSON", p, (unsigned long long)hlen);
   }
+  for (const char *q = end; q && q < htext + hlen; q++)
+    if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
+      cJSON_Delete(root);
+      return BAD("safetensors %s: text after the header's JSON object (at header byte %ld)", p, (long)(q - htext) + 1);
+    }
   int64_t count = cJSON_GetArraySize(root);
   f->entries = calloc((size_t)(count > 0 ? count : 1), sizeof(entry));
   if (!f->entries) {
@@ -158,8 +183,8 @@ static lt_status parse(lt_safetensors *f) {
     int64_t numel = 1;
     int d = 0;
     for (cJSON *s = sh->child; s; s = s->next, d++) {
-      if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble != (double)(int64_t)s->valuedouble ||
-          s->valuedouble > 9e15) {
+      if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble > 4611686018427387904.0 ||
+          s->valuedouble != (double)(int64_t)s->valuedouble) {
         st = BAD("safetensors %s: tensor '%s' has a shape entry that is not a whole number >= 0", p, name);
         break;
       }
@@ -202,6 +227,17 @@ static lt_status parse(lt_safetensors *f) {
     return st;
   if (!f->metadata && !(f->metadata = strdup("{}")))
     return lt_fail(LT_ERR_OOM, "safetensors %s: out of host memory", p);
+  /* names: sorted for lookups, each once */
+  f->by_name = malloc(sizeof(int64_t) * (size_t)(f->n > 0 ? f->n : 1));
+  if (!f->by_name)
+    return lt_fail(LT_ERR_OOM, "safetensors %s: out of host memory", p);
+  for (int64_t i = 0; i < f->n; i++)
+    f->by_name[i] = i;
+  sort_entries = f->entries;
+  qsort(f->by_name, (size_t)f->n, sizeof(int64_t), cmp_name);
+  for (int64_t i = 1; i < f->n; i++)
+    if (strcmp(f->entries[f->by_name[i]].name, f->entries[f->by_name[i - 1]].name) == 0)
+      return BAD("safetensors %s: tensor '%s' appears twice in the header", p, f->entries[f->by_name[i]].name);
   /* spans: sorted, they must tile the data area exactly */
   entry *sorted = malloc(sizeof(entry) * (size_t)(f->n > 0 ? f->n : 1));
   if (!sorted)
@@ -230,6 +266,7 @@ lt_status lt_safetensors_open_memory(const void *data, size_t len, const char *l
     free(f);
     return lt_fail(LT_ERR_OOM, "safetensors: out of host memory");
   }
+  f->fd = -1;
   f->map = data;
   f->len = len;
   lt_status st = parse(f);
@@ -259,14 +296,15 @@ lt_status lt_safetensors_open(const char *path, lt_safetensors **out) {
       return lt_fail(LT_ERR_IO, "safetensors %s: cannot map %zu bytes: %s", path, len, strerror(errno));
     }
   }
-  close(fd);
   lt_safetensors *f = calloc(1, sizeof *f);
   if (!f || !(f->path = strdup(path))) {
     free(f);
     if (map)
       munmap(map, len);
+    close(fd);
     return lt_fail(LT_ERR_OOM, "safetensors: out of host memory");
   }
+  f->fd = fd;
   f->map = map ? map : (const unsigned char *)"";
   f->len = len;
   f->mapped = map != NULL;
@@ -290,17 +328,40 @@ const char *lt_safetensors_metadata(const lt_safetensors *f) { return f ? f->met
 lt_status lt_safetensors_get(const lt_safetensors *f, const char *name, lt_tensor **out) {
   if (!f || !name)
     return lt_fail(LT_ERR_ARG, "safetensors: get needs an open file and a name");
-  for (int64_t i = 0; i < f->n; i++) {
-    const entry *e = &f->entries[i];
-    if (strcmp(e->name, name) != 0)
-      continue;
-    lt_tensor *t;
-    LT_TRY(lt_tensor_empty(e->ndim, e->sizes, e->dtype, LT_DEVICE_CPU, &t));
-    memcpy(lt_tensor_ptr(t), f->data + e->begin, (size_t)(e->end - e->begin));
-    *out = t;
-    return LT_OK;
+  int64_t lo = 0, hi = f->n - 1, found = -1;
+  while (lo <= hi) {
+    int64_t mid = (lo + hi) / 2;
+    int c = strcmp(f->entries[f->by_name[mid]].name, name);
+    if (c == 0) {
+      found = f->by_name[mid];
+      break;
+    }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
   }
-  return lt_fail(LT_ERR_ARG, "safetensors %s: no tensor named '%s'", f->path, name);
+  if (found < 0)
+    return lt_fail(LT_ERR_ARG, "safetensors %s: no tensor named '%s'", f->path, name);
+  if (f->fd >= 0) { /* reading a map of a file that shrank since would fault (SIGBUS) */
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0 || (size_t)sb.st_size != f->len)
+      return lt_fail(LT_ERR_IO, "safetensors %s: the file changed size since it was opened; open it again", f->path);
+  }
+  const entry *e = &f->entries[found];
+  lt_tensor *t;
+  LT_TRY(lt_tensor_empty(e->ndim, e->sizes, e->dtype, LT_DEVICE_CPU, &t));
+  const unsigned char *src = f->data + e->begin;
+  if (e->dtype == LT_DTYPE_BOOL)
+    for (uint64_t k = 0; k < e->end - e->begin; k++)
+      if (src[k] > 1) {
+        lt_tensor_release(t);
+        return lt_fail(LT_ERR_IO, "safetensors %s: tensor '%s' (BOOL) holds byte 0x%02x at element %llu", f->path,
+                       name, src[k], (unsigned long long)k + 1);
+      }
+  memcpy(lt_tensor_ptr(t), src, (size_t)(e->end - e->begin));
+  *out = t;
+  return LT_OK;
 }
 
 /* ---- writing ------------------------------------------------------------------- */

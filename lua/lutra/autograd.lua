@@ -72,18 +72,33 @@ function T.backward(t, grad, opts)
   if not ok then error(err, 2) end
 end
 
--- hooks: leaf address -> list of functions
+-- hooks: hook id (kept by the leaf in C) -> list of functions; the ids of
+-- freed leaves come back from C and their entries are dropped
 capi.state.grad_hooks = capi.state.grad_hooks or {}
+capi.state.next_hook = capi.state.next_hook or 1
 local hooks = capi.state.grad_hooks
+local dead_hooks = ffi.new("int64_t[256]")
+
+local function collect_dead_hooks()
+  repeat
+    local n = C.lt_autograd_take_dead_hooks(dead_hooks, 256)
+    for i = 0, n - 1 do hooks[tonumber(dead_hooks[i])] = nil end
+  until n < 256
+end
 
 --- t:register_hook(fn): fn(grad) runs each time backward completes t's
 -- gradient (leaves that require grad). Returns t.
 function T.register_hook(t, fn)
   if type(fn) ~= "function" then error("register_hook: expected a function", 2) end
-  if C.lt_tensor_set_hook_flag(t, 1) ~= 0 then fail(2) end
-  local a = addr(t)
-  hooks[a] = hooks[a] or {}
-  table.insert(hooks[a], fn)
+  collect_dead_hooks()
+  local id = tonumber(C.lt_tensor_hook_id(t))
+  if id == 0 then
+    id = capi.state.next_hook
+    capi.state.next_hook = id + 1
+    if C.lt_tensor_set_hook_id(t, id) ~= 0 then fail(2) end
+  end
+  hooks[id] = hooks[id] or {}
+  table.insert(hooks[id], fn)
   return t
 end
 
@@ -123,8 +138,11 @@ function Ctx:save_for_backward(...) self.saved = { ... } end
 
 --- lt.autograd.Function{forward = f, backward = b}: a differentiable Lua
 -- function. f(ctx, ...) computes outputs (up to 4 tensors) with recording
--- off; b(ctx, grad_1, ...) returns one gradient (or nil) per tensor argument
--- of f, in order. Call it as fn:apply(...) or fn(...).
+-- off; b(ctx, grad_1, ...) returns one value per argument of f, as torch's
+-- autograd.Function: the gradient for a tensor argument (or nil), nil for
+-- others. Outputs are new tensors in the graph (an output that is an input
+-- or a tensor already in a graph is handed out as a detached alias, sharing
+-- data). At most 4 tensor arguments. Call it as fn:apply(...) or fn(...).
 function M.Function(def)
   if type(def) ~= "table" or type(def.forward) ~= "function" or type(def.backward) ~= "function" then
     error("autograd.Function: expected {forward = function, backward = function}", 2)
@@ -134,14 +152,28 @@ function M.Function(def)
     local args = { ... }
     if args[1] == F then table.remove(args, 1) end -- called as F:apply(...)
     collect_dead()
-    local inputs = {}
-    for i = 1, table.maxn(args) do
-      if tensor.is_tensor(args[i]) then inputs[#inputs + 1] = args[i] end
+    local nargs = math.max(table.maxn(args), select("#", ...) - ((...) == F and 1 or 0))
+    local inputs, positions = {}, {}
+    for i = 1, nargs do
+      if tensor.is_tensor(args[i]) then
+        inputs[#inputs + 1] = args[i]
+        positions[#inputs] = i
+      end
     end
     if #inputs > 4 then error("autograd.Function: at most 4 tensor arguments", 2) end
     local ctx = setmetatable({ needs_input_grad = {} }, Ctx)
     for i, t in ipairs(inputs) do ctx.needs_input_grad[i] = t.requires_grad end
-    local outs = { M.no_grad(def.forward, ctx, unpack(args, 1, table.maxn(args))) }
+    local outs = { M.no_grad(def.forward, ctx, unpack(args, 1, nargs)) }
+    local seen = {}
+    for i, o in ipairs(outs) do
+      if tensor.is_tensor(o) and (o.requires_grad or seen[addr(o)]) then outs[i] = o:detach() end
+      seen[addr(outs[i])] = true
+    end
+    for _, t in ipairs(inputs) do
+      for i, o in ipairs(outs) do
+        if o == t then outs[i] = o:detach() end
+      end
+    end
     local id = capi.state.custom_next
     capi.state.custom_next = id + 1
     local ins_c = ffi.new("lt_tensor*[4]", inputs)
@@ -152,7 +184,7 @@ function M.Function(def)
     end
     if C.lt_autograd_record_custom(#inputs, ins_c, #outs, outs_c, id) ~= 0 then fail(2) end
     ctx.ninputs = #inputs
-    contexts[id] = { ctx = ctx, backward = def.backward }
+    contexts[id] = { ctx = ctx, backward = def.backward, positions = positions, nargs = nargs }
     return unpack(outs)
   end
   return setmetatable(F, { __call = function(_, ...) return F.apply(...) end })
@@ -160,8 +192,8 @@ end
 
 -- ---- the handlers backward calls (bindings/autograd.c) --------------------------------
 
-local function on_leaf_ready(leaf_addr, grad_addr)
-  local fns = hooks[leaf_addr]
+local function on_leaf_ready(hook_id, grad_addr)
+  local fns = hooks[hook_id]
   if not fns then return end
   local g = own(grad_addr)
   for _, fn in ipairs(fns) do fn(g) end
@@ -173,12 +205,21 @@ local function on_custom(id, nin, ...)
   local grads = {}
   for i = 1, select("#", ...) do grads[i] = own(select(i, ...)) end
   local res = { entry.backward(entry.ctx, unpack(grads, 1, select("#", ...))) }
+  if table.maxn(res) > entry.nargs then
+    error(("autograd.Function: backward returned %d values for a forward of %d arguments"):format(table.maxn(res),
+      entry.nargs))
+  end
+  -- check every value before taking any reference, so an error leaks nothing
+  for i = 1, nin do
+    local g = res[entry.positions[i]]
+    if g ~= nil and not tensor.is_tensor(g) then
+      error(("autograd.Function: backward returned a %s for argument %d, expected a tensor or nil")
+        :format(type(g), entry.positions[i]))
+    end
+  end
   local out = {}
   for i = 1, nin do
-    local g = res[i]
-    if g ~= nil and not tensor.is_tensor(g) then
-      error(("autograd.Function: backward returned a %s for input %d, expected a tensor or nil"):format(type(g), i))
-    end
+    local g = res[entry.positions[i]]
     if g ~= nil then C.lt_tensor_retain(g) end -- the engine takes this reference
     out[i] = g ~= nil and addr(g) or 0
   end
@@ -199,11 +240,22 @@ function M.gradcheck(fn, inputs, opts)
   opts = opts or {}
   local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-5, opts.rtol or 1e-3
   local lt = require "lutra"
+  local any = false
   for i, x in ipairs(inputs) do
-    if tensor.is_tensor(x) and x.requires_grad and x.dtype ~= "f64" then
-      error(("gradcheck: input %d is %s; use f64 tensors"):format(i, x.dtype), 2)
+    if tensor.is_tensor(x) and x.requires_grad then
+      any = true
+      if x.dtype ~= "f64" then error(("gradcheck: input %d is %s; use f64 tensors"):format(i, x.dtype), 2) end
+      if not x.is_leaf then
+        error(("gradcheck: input %d is not a leaf (made by %s); pass x:detach():requires_grad_()"):format(i, x.grad_fn), 2)
+      end
+      for d = 1, x:dim() do
+        if x:stride(d) == 0 and x:size(d) > 1 then
+          error(("gradcheck: input %d is expanded (dim %d has stride 0); expand inside fn instead"):format(i, d), 2)
+        end
+      end
     end
   end
+  if not any then error("gradcheck: no input requires grad", 2) end
   local out = fn(unpack(inputs))
   if not tensor.is_tensor(out) then error("gradcheck: fn must return a tensor", 2) end
   local w = lt.randn(out:shape(), { dtype = out.dtype, generator = lt.Generator(12345) })

@@ -14,9 +14,10 @@ Reader.__index = Reader
 local file_box = ffi.new("lt_safetensors*[1]")
 
 --- lt.safetensors.open(path) -> reader with :names(), :get(name), :metadata(), :close().
-function M.open(path)
-  if type(path) ~= "string" then error("safetensors.open: path must be a string", 2) end
-  if C.lt_safetensors_open(path, file_box) ~= 0 then fail(2) end
+function M.open(path, level)
+  level = level or 2
+  if type(path) ~= "string" then error("safetensors.open: path must be a string", level) end
+  if C.lt_safetensors_open(path, file_box) ~= 0 then fail(level) end
   return setmetatable({ f = ffi.gc(file_box[0], C.lt_safetensors_close), path = path }, Reader)
 end
 
@@ -26,8 +27,10 @@ function Reader:names()
   return out
 end
 
-function Reader:get(name)
-  if C.lt_safetensors_get(self.f, name, capi.tensor_box) ~= 0 then fail(2) end
+function Reader:get(name, level)
+  if type(name) ~= "string" then error("safetensors get: the name must be a string, got " .. type(name), (level or 2)) end
+  if self.f == nil then error("safetensors get: the reader is closed", (level or 2)) end
+  if C.lt_safetensors_get(self.f, name, capi.tensor_box) ~= 0 then fail(level or 2) end
   return tensor.take()
 end
 
@@ -42,9 +45,9 @@ end
 
 --- lt.load(path) -> {name = tensor}, metadata (CPU tensors, copies of the file's data).
 function M.load(path)
-  local r = M.open(path)
+  local r = M.open(path, 3)
   local out = {}
-  for _, name in ipairs(r:names()) do out[name] = r:get(name) end
+  for _, name in ipairs(r:names()) do out[name] = r:get(name, 3) end
   local meta = r:metadata()
   r:close()
   return out, meta
@@ -57,6 +60,7 @@ function M.save(path, tensors, metadata)
   local names = {}
   for k, v in pairs(tensors) do
     if type(k) ~= "string" then error("save: tensor names must be strings, got " .. type(k), 2) end
+    if k:find("\0", 1, true) then error(("save: the tensor name %q holds a NUL byte"):format(k), 2) end
     if not tensor.is_tensor(v) then error(("save: '%s' is a %s, not a tensor"):format(k, type(v)), 2) end
     names[#names + 1] = k
   end

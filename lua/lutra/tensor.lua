@@ -817,8 +817,35 @@ end
 
 -- ---- joining --------------------------------------------------------------------
 
+local cat_plain
+
+--- cat with gradients: a custom autograd function per group of up to 4
+-- tensors (its limit), groups joined the same way.
+local function cat_grad(list, d)
+  if #list > 4 then
+    local parts = {}
+    for i = 1, #list, 4 do parts[#parts + 1] = cat_grad({ unpack(list, i, math.min(i + 3, #list)) }, d) end
+    return cat_grad(parts, d)
+  end
+  local sizes = {}
+  for i, t in ipairs(list) do sizes[i] = T.size(t, d) end
+  local Cat = require("lutra.autograd").Function {
+    forward = function(_, ...) return cat_plain({ ... }, d, 4) end,
+    backward = function(_, g)
+      local outs, at = {}, 1
+      for i = 1, #sizes do
+        outs[i] = T.narrow(g, d, at, sizes[i])
+        at = at + sizes[i]
+      end
+      return unpack(outs, 1, #sizes)
+    end,
+  }
+  return Cat(unpack(list))
+end
+
 --- lt.cat({a, b, ...}, dim): joins tensors along an existing dim (default 1);
 -- other dims must match; dtypes promote as in arithmetic (torch.cat).
+-- Gradients flow to inputs that require them.
 function M.cat(list, dim)
   if type(list) ~= "table" or #list == 0 then error("cat: expected a non-empty table of tensors", 2) end
   for i = 1, #list do check_tensor("cat", list[i], i, 2) end
@@ -839,7 +866,25 @@ function M.cat(list, dim)
     total = total + s[d]
     dt = tonumber(C.lt_dtype_promote(dt, C.lt_tensor_dtype(list[i])))
   end
+  if C.lt_grad_enabled() ~= 0 then
+    for i = 1, #list do
+      if C.lt_tensor_requires_grad(list[i]) ~= 0 then return cat_grad(list, d) end
+    end
+  end
+  return cat_plain(list, d, 2, shape, total, dt)
+end
+
+--- The copy that cat does (without gradients); shape/total/dt are worked out when not given.
+cat_plain = function(list, d, level, shape, total, dt)
+  if not shape then
+    shape, total, dt = T.shape(list[1]), 0, tonumber(C.lt_tensor_dtype(list[1]))
+    for i = 1, #list do
+      total = total + T.size(list[i], d)
+      dt = tonumber(C.lt_dtype_promote(dt, C.lt_tensor_dtype(list[i])))
+    end
+  end
   shape[d] = total
+  local first = list[1]
   local out = M.empty(shape, { dtype = dtype_name(dt), device = first.device })
   local at = 1
   for i = 1, #list do

@@ -113,7 +113,7 @@ describe("nn.Module", function()
     assert.is_true(net.blocks[1].training)
     local sd = net:state_dict()
     assert.are.same({ 8 }, sd["blocks.1.bias"]:shape())
-    local err = H.assert_error(function() net(lt.randn(3, 5)) end, "model.fc1", "matmul", "[3, 5]")
+    local err = H.assert_error(function() net(lt.randn(3, 5)) end, "model.fc1", "linear", "[3, 5]")
     assert.is_nil(err:find("model: model", 1, true)) -- the path is added once
   end)
   it("loads state dicts strictly, reporting every problem at once", function()

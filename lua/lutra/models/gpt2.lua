@@ -158,10 +158,24 @@ function M.gpt2(name, overrides)
   for k, v in pairs(overrides or {}) do
     if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
   end
-  for _, k in ipairs { "n_layer", "n_head", "n_embd", "block_size", "vocab_size" } do
-    if type(cfg[k]) ~= "number" or cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then
-      error(("gpt2: config %s must be a whole number >= 1, got %s"):format(k, tostring(cfg[k])), 2)
+  local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2 }
+  for k, v in pairs(cfg) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("gpt2: unknown setting '%s' (valid: %s, dtype, device, generator)"):format(tostring(k),
+        table.concat(names, ", ")), 2)
     end
+    if known[k] == 1 and (type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v > 2 ^ 31) then
+      error(("gpt2: config %s must be a whole number in 1..2^31, got %s"):format(k, tostring(v)), 2)
+    end
+  end
+  if cfg.dropout ~= nil and (type(cfg.dropout) ~= "number" or not (cfg.dropout >= 0 and cfg.dropout < 1)) then
+    error(("gpt2: dropout must be in [0, 1), got %s"):format(tostring(cfg.dropout)), 2)
+  end
+  for _, k in ipairs { "n_layer", "n_head", "n_embd", "block_size", "vocab_size" } do
+    if cfg[k] == nil then error(("gpt2: config %s is missing"):format(k), 2) end
   end
   if cfg.n_embd % cfg.n_head ~= 0 then
     error(("gpt2: n_embd %d is not a multiple of n_head %d"):format(cfg.n_embd, cfg.n_head), 2)

@@ -112,10 +112,25 @@ function M.llama(name, overrides)
   for k, v in pairs(overrides or {}) do
     if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
   end
-  for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do
-    if type(cfg[k]) ~= "number" or cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then
-      error(("llama: config %s must be a whole number >= 1, got %s"):format(k, tostring(cfg[k])), 2)
+  local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
+    rope_theta = 2, norm_eps = 2 }
+  for k, v in pairs(cfg) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("llama: unknown setting '%s' (valid: %s, dtype, device, generator)"):format(tostring(k),
+        table.concat(names, ", ")), 2)
     end
+    if known[k] == 1 and (type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v > 2 ^ 31) then
+      error(("llama: config %s must be a whole number in 1..2^31, got %s"):format(k, tostring(v)), 2)
+    end
+    if known[k] == 2 and (type(v) ~= "number" or not (v > 0) or v == math.huge) then
+      error(("llama: config %s must be a positive number, got %s"):format(k, tostring(v)), 2)
+    end
+  end
+  for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do
+    if cfg[k] == nil then error(("llama: config %s is missing"):format(k), 2) end
   end
   if cfg.dim % cfg.n_heads ~= 0 or cfg.n_heads % cfg.n_kv_heads ~= 0 or (cfg.dim / cfg.n_heads) % 2 ~= 0 then
     error(("llama: dim %d, n_heads %d and n_kv_heads %d do not fit (even head size, kv heads dividing heads)")

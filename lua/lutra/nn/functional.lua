@@ -21,6 +21,14 @@ end
 function F.linear(x, weight, bias)
   need("linear", x, 1)
   need("linear", weight, 2)
+  if weight:dim() ~= 2 or x:dim() < 1 or x:size(-1) ~= weight:size(2) then
+    error(("linear: input %s does not fit weight %s (out, in): the input's last dim must be in")
+      :format(tostring(x:shape()), tostring(weight:shape())), 2)
+  end
+  if bias ~= nil and (not is_tensor(bias) or bias:dim() ~= 1 or bias:size(1) ~= weight:size(1)) then
+    error(("linear: bias must be a (%d) tensor, got %s"):format(weight:size(1),
+      is_tensor(bias) and tostring(bias:shape()) or type(bias)), 2)
+  end
   local y = tensor.matmul(x, weight:t())
   if bias ~= nil then y = y + bias end
   return y
@@ -44,9 +52,30 @@ function F.embedding(ids, weight)
   return rows:view(shape)
 end
 
+local function optional_tensor(op, v, pos)
+  if v ~= nil and not is_tensor(v) then
+    error(("bad argument #%d to '%s' (tensor or nil expected, got %s)"):format(pos, op, type(v)), 4)
+  end
+end
+
+local function number_arg(op, name, v)
+  if v ~= nil and (type(v) ~= "number" or v ~= v) then
+    error(("%s: %s must be a number, got %s"):format(op, name, tostring(v)), 4)
+  end
+end
+
+local function whole_arg(op, name, v)
+  if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or math.abs(v) > 2 ^ 53) then
+    error(("%s: %s must be a whole number, got %s"):format(op, name, tostring(v)), 4)
+  end
+end
+
 --- F.layer_norm(x, weight, bias, eps): LayerNorm over the last dim (eps default 1e-5).
 function F.layer_norm(x, weight, bias, eps)
   need("layer_norm", x, 1)
+  optional_tensor("layer_norm", weight, 2)
+  optional_tensor("layer_norm", bias, 3)
+  number_arg("layer_norm", "eps", eps)
   if C.lt_layer_norm(x, weight, bias, eps or 1e-5, box) ~= 0 then fail(2) end
   return take()
 end
@@ -54,6 +83,8 @@ end
 --- F.rms_norm(x, weight, eps): RMSNorm over the last dim (eps default 1e-6).
 function F.rms_norm(x, weight, eps)
   need("rms_norm", x, 1)
+  optional_tensor("rms_norm", weight, 2)
+  number_arg("rms_norm", "eps", eps)
   if C.lt_rms_norm(x, weight, eps or 1e-6, box) ~= 0 then fail(2) end
   return take()
 end
@@ -76,10 +107,10 @@ function F.swiglu(gate, up)
   return gate:silu() * up
 end
 
---- F.relu(x) = max(x, 0).
+--- F.relu(x) = max(x, 0), with gradient 0 at 0 (as torch).
 function F.relu(x)
   need("relu", x, 1)
-  return tensor.methods.maximum(x, 0)
+  return tensor.where(x:gt(0), x, 0)
 end
 
 local function softmax(op, x, dim, log)
@@ -108,6 +139,7 @@ function F.cross_entropy(logits, targets, opts)
   local red = REDUCTIONS[opts.reduction or "mean"]
   if not red then error("cross_entropy: reduction must be 'mean', 'sum' or 'none'", 2) end
   local ignore = opts.ignore_index or -100
+  whole_arg("cross_entropy", "ignore_index", ignore)
   local shape = targets:shape()
   if logits:dim() > 2 then
     logits = logits:reshape(-1, logits:size(-1))
@@ -123,6 +155,8 @@ end
 function F.rope(x, opts)
   need("rope", x, 1)
   opts = opts or {}
+  number_arg("rope", "base", opts.base)
+  whole_arg("rope", "start", opts.start)
   if C.lt_rope(x, opts.base or 10000, opts.start or 0, box) ~= 0 then fail(2) end
   return take()
 end
@@ -172,7 +206,7 @@ end
 function F.dropout(x, p, opts)
   need("dropout", x, 1)
   opts = opts or {}
-  if type(p) ~= "number" or p < 0 or p > 1 then error("dropout: p must be in [0, 1], got " .. tostring(p), 2) end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then error("dropout: p must be in [0, 1], got " .. tostring(p), 2) end
   if opts.training == false or p == 0 then return x end
   local lt = require "lutra"
   if p == 1 then return x * 0 end

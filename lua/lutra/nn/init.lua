@@ -19,8 +19,6 @@ local nn = {}
 local Module = { __name = "Module" }
 nn.Module = Module
 
--- errors already carrying a module path (strings are interned: a set works)
-local tagged = setmetatable({}, { __mode = "k" })
 
 local function instance_index(self, k)
   local params = rawget(self, "_params")
@@ -114,9 +112,9 @@ function Module:_call(...)
   local res = { pcall(forward, self, ...) }
   if not res[1] then
     local msg = res[2]
-    if type(msg) == "string" and not tagged[msg] then
+    -- the innermost module adds its path; outer ones (whose paths begin it) pass it on
+    if type(msg) == "string" and msg:sub(1, #self:path()) ~= self:path() then
       msg = self:path() .. ": " .. msg
-      tagged[msg] = true
     end
     error(msg, 0)
   end
@@ -205,10 +203,21 @@ end
 --- self:to(device, dtype) (either may be nil, in any order): converts
 -- parameters and buffers in place, keeping tied weights tied; returns self.
 function Module:to(a, b)
+  local dtype, device
+  for _, x in ipairs { a, b } do
+    if x ~= nil then
+      if type(x) ~= "string" then error("to: expected a device or dtype name", 2) end
+      if pcall(tensor.dtype_code, x) then dtype = x else device = x end
+    end
+  end
+  if dtype and not lt.zeros(1, dtype):is_floating_point() then
+    error(("to: modules move to float dtypes only, got %s"):format(dtype), 2)
+  end
   local moved = {}
   local function convert(t)
     if moved[t] then return moved[t] end
-    local c = lt.no_grad(function() return t:to(a, b) end)
+    local want = t:is_floating_point() and dtype or nil -- integer and bool buffers keep their dtype
+    local c = lt.no_grad(function() return t:to { dtype = want, device = device } end)
     if c ~= t then
       c = c:detach()
       if t.requires_grad then c:requires_grad_() end
@@ -227,8 +236,18 @@ function Module:to(a, b)
 end
 
 --- self:state_dict() -> {name = tensor} of parameters (tied ones once) and
--- persistent buffers, plus the ordered names as the second result.
+-- persistent buffers (self:state_dict_names() gives them in order).
 function Module:state_dict()
+  return (self:_state_dict())
+end
+
+--- self:state_dict_names() -> the state dict's names in a fixed order.
+function Module:state_dict_names()
+  local _, order = self:_state_dict()
+  return order
+end
+
+function Module:_state_dict()
   local sd, order = {}, {}
   for _, np in ipairs(self:named_parameters()) do
     sd[np[1]] = np[2]
@@ -252,6 +271,7 @@ end
 -- module's tensors (converting dtype). Missing, unexpected and mis-shaped
 -- entries are reported together by name (strict); returns self.
 function Module:load_state_dict(sd, opts)
+  if type(sd) ~= "table" then error("load_state_dict: expected a table of name = tensor, got " .. type(sd), 2) end
   local strict = not (opts and opts.strict == false)
   local own = self:state_dict()
   local missing, unexpected, shaped = {}, {}, {}
@@ -372,7 +392,13 @@ function nn.Dropout:forward(x) return F.dropout(x, self.p, { training = self.tra
 --- nn.Sequential(m1, m2, ...): calls each in turn; children named 0, 1, ...
 nn.Sequential = Module:extend("Sequential")
 function nn.Sequential:init(...)
-  for i, m in ipairs { ... } do self[i - 1] = m end
+  for i = 1, select("#", ...) do
+    local m = select(i, ...)
+    if not is_module(m) then
+      error(("Sequential: argument %d is a %s, not a module"):format(i, type(m)), 3)
+    end
+    self[i - 1] = m
+  end
 end
 function nn.Sequential:forward(x)
   for _, name in ipairs(self._children.names) do x = self._children.by_name[name](x) end
@@ -387,6 +413,7 @@ function nn.ModuleList:init(mods)
   for i, m in ipairs(mods or {}) do self:append(m) end
 end
 function nn.ModuleList:append(m)
+  if not is_module(m) then error("ModuleList: only modules can be stored, got " .. type(m), 2) end
   local n = #self._children.names
   instance_newindex(self, n, m)
   return self
@@ -396,6 +423,16 @@ function nn.ModuleList:len() return #self._children.names end
 nn.ModuleList._meta.__index = function(self, k)
   if type(k) == "number" then return self._children.by_name[k - 1] end
   return instance_index(self, k)
+end
+nn.ModuleList._meta.__newindex = function(self, k, v)
+  if type(k) == "number" then
+    if k ~= math.floor(k) or k < 1 or k > #self._children.names + 1 then
+      error(("ModuleList: index %s is outside 1..%d"):format(tostring(k), #self._children.names + 1), 2)
+    end
+    if not is_module(v) then error("ModuleList: only modules can be stored, got " .. type(v), 2) end
+    return instance_newindex(self, k - 1, v)
+  end
+  return instance_newindex(self, k, v)
 end
 
 return nn
