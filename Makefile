@@ -145,7 +145,7 @@ deps:
 	@tools/install-deps
 
 demo: deps
-	$(MAKE) lutra
+	$(MAKE) lutra data
 	./lutra recipes/demo.lua
 
 ref:
@@ -154,9 +154,11 @@ ref:
 	/usr/bin/python3 tests/ref/gen_models.py tests/ref
 	/usr/bin/python3 tests/ref/gen_safetensors.py tests/ref
 
-bench: lutra
+bench: lutra data/gpt2.tiktoken
 	./lutra bench/ops.lua
 	./lutra bench/model_cpu.lua
+	./lutra bench/tokenizer.lua
+	./lutra bench/loader.lua
 
 # The C tests and the Lua specs on a lutra built with AddressSanitizer and
 # UBSan; the caching allocator is off so every use after free is caught.
@@ -171,15 +173,20 @@ asan:
 	  ! grep -A5 '^not ok ' build-asan/specs.tap && grep -q '^1\.\.[0-9]' build-asan/specs.tap || \
 	  { tail -30 build-asan/specs.tap; exit 1; }
 
-# libFuzzer on the safetensors reader (clang, AddressSanitizer); FUZZ_SECONDS=60 by default.
+# libFuzzer (clang, AddressSanitizer) on the file parsers: safetensors, shard
+# headers, vocabularies; FUZZ_SECONDS per harness (60 by default).
 FUZZ_SECONDS ?= 60
+FUZZERS := safetensors shard vocab
 fuzz:
 	$(MAKE) BUILD=build-fuzz CC=clang SANITIZE="-fsanitize=address,fuzzer-no-link" OPT=-O1 KERNEL_OPT=-O1 \
 	  build-fuzz/liblutra.a
-	clang -O1 -g -fsanitize=address,fuzzer -Ihost -o build-fuzz/safetensors_fuzz tests/fuzz/safetensors_fuzz.c \
-	  build-fuzz/liblutra.a $(LDLIBS_ALL)
-	@mkdir -p build-fuzz/corpus
-	build-fuzz/safetensors_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus tests/fuzz/corpus
+	@for f in $(FUZZERS); do \
+	  clang -O1 -g -fsanitize=address,fuzzer -Ihost -o build-fuzz/$${f}_fuzz tests/fuzz/$${f}_fuzz.c \
+	    build-fuzz/liblutra.a $(LDLIBS_ALL) || exit 1; \
+	  mkdir -p build-fuzz/corpus-$$f; \
+	  seeds=tests/fuzz/corpus-$$f; [ $$f = safetensors ] && seeds=tests/fuzz/corpus; \
+	  build-fuzz/$${f}_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-$$f $$seeds || exit 1; \
+	done
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz lutra

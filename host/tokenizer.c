@@ -257,10 +257,17 @@ lt_status lt_tokenizer_parse_tiktoken(const char *data, size_t len, const char *
       st = lt_fail(LT_ERR_IO, "vocabulary %s: line %lld: the token is not valid base64", path, (long long)line);
       break;
     }
-    char *endp;
-    errno = 0;
-    long long rank = strtoll(data + sp + 1, &endp, 10);
-    if (endp == data + sp + 1 || errno || (endp != data + e && !(endp + 1 == data + e && *endp == '\r'))) {
+    /* the rank: decimal digits up to the line's end (and a '\r'), read within
+       the line only: the data need not end with a NUL */
+    size_t q = sp + 1, qe = e > q && data[e - 1] == '\r' ? e - 1 : e;
+    long long rank = 0;
+    int digits = 0;
+    while (q < qe && data[q] >= '0' && data[q] <= '9' && digits < 12) {
+      rank = rank * 10 + (data[q] - '0');
+      q++;
+      digits++;
+    }
+    if (digits == 0 || q != qe) {
       st = lt_fail(LT_ERR_IO, "vocabulary %s: line %lld: the rank is not a whole number", path, (long long)line);
       break;
     }

@@ -35,3 +35,15 @@ local side = lt.zeros(4, 2)
 side:select(2, 1):copy_(w:narrow(1, 1, 4):squeeze(2))
 side:select(2, 2):copy_(w_true:narrow(1, 1, 4):squeeze(2))
 print(side)
+
+-- the data path: the Python docs as GPT-2 tokens (make data), one batch of it
+local ok, train = pcall(lt.data.shards, { path = "data/pydocs/train", batch = 2, seq = 32, seed = 1 })
+if ok then
+  local tok = lt.tokenizer.load("data/gpt2.tiktoken")
+  local x = train:next()
+  print(("\ndata/pydocs: %d tokens in %d windows of 33; a batch of it, decoded:"):format(train:num_tokens(),
+    train:num_windows()))
+  print((tok:decode(x:select(1, 1)):gsub("\n", " ")))
+else
+  print("\n(no data/pydocs yet: `make data` prepares the Python docs as token shards)")
+end

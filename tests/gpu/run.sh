@@ -37,6 +37,9 @@ step "build"
 make -j"$(nproc)" "${make_args[@]}" lutra || { echo "BUILD FAILED"; exit 1; }
 ./lutra --version
 
+step "vocabulary and data"
+tools/fetch-vocab 2>&1 | tail -2 || echo "(no vocabulary: tokenizer specs will fail)"
+
 step "tests"
 make "${make_args[@]}" test
 test_status=$?
