@@ -47,8 +47,13 @@ ifeq ($(CUDA),)
   CUDA := $(if $(wildcard $(CUDA_HOME)/bin/nvcc),1,0)
 endif
 ifeq ($(CUDA),1)
-  CUDA_CFLAGS := -DLT_WITH_CUDA -I$(CUDA_HOME)/include
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -ldl -lpthread
+  CUDA_CFLAGS := -DLT_WITH_CUDA -I$(CUDA_HOME)/include -DLT_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -lrt -ldl -lpthread
+  CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+  NVCC := $(CUDA_HOME)/bin/nvcc
+  # sm_90 (Hopper) machine code and compute_90 PTX for newer GPUs
+  NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+  NVCC_FLAGS := -O3 -std=c++17 $(NVCC_ARCH) -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter,-funwind-tables
   CUDA_FOUND := $(CUDA_HOME) ($(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*'))
 else
   CUDA_FOUND := no (CUDA=0)
@@ -81,7 +86,7 @@ CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcar
 LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
 
-CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
@@ -102,6 +107,10 @@ $(BUILD)/liblutra.a: $(CORE_OBJ)
 $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/common.cuh kernels/cuda/cuda.h host/tensor-impl.h host/lutra.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -21,7 +21,11 @@ void openblas_set_num_threads(int num_threads);
 const lt_backend_i *lt_backend_for(lt_device device) {
   if (device == LT_DEVICE_CPU)
     return &lt_backend_cpu;
-  return NULL; /* the CUDA backend registers here (CUDA issue) */
+#ifdef LT_WITH_CUDA
+  if (device >= LT_DEVICE_CUDA && device < LT_DEVICE_CUDA + 16)
+    return &lt_backend_cuda; /* whether the device exists is checked at its first allocation */
+#endif
+  return NULL;
 }
 
 int lt_has_cuda(void) {
@@ -110,8 +114,6 @@ const char *lt_build_info(void) {
       n += snprintf(buf + n, sizeof buf - (size_t)n, "  cuda:%d %s, sm_%d%d, %.1f GiB\n", i, prop.name,
                     prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
   }
-  n += snprintf(buf + n, sizeof buf - (size_t)n,
-                "  (tensors on cuda await the CUDA backend: see the CUDA issue)\n");
 #else
   n += snprintf(buf + n, sizeof buf - (size_t)n, "cuda: not compiled in (CUDA=0)\n");
 #endif

@@ -95,6 +95,18 @@ const char *lt_version(void);
 /* Number of CUDA devices usable now (0 when CUDA is not compiled in or no
    driver/device is present); *why receives the reason when 0 (static text). */
 int lt_cuda_device_count(const char **why);
+/* The CUDA caching allocator of device N (host/backend-cuda.c), in bytes:
+   bytes in live tensors (rounded to the allocator's size classes), bytes
+   held from the driver (live plus cached), and the peak of live since the
+   start or the last lt_cuda_reset_peak. Zeros without CUDA. */
+void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak);
+void lt_cuda_reset_peak(int device_index);
+/* Returns device N's cached blocks to the driver (waits for its stream). */
+void lt_cuda_empty_cache(int device_index);
+/* Waits for device N's queued work; errors of kernels that failed since. */
+lt_status lt_cuda_synchronize(int device_index);
+/* Whether f32 matrix products on CUDA may use TF32 (default off). */
+void lt_cuda_set_allow_tf32(int on);
 /* Whether the build includes CUDA / MPI (1) or not (0). */
 int lt_has_cuda(void);
 int lt_has_mpi(void);

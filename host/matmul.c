@@ -1,7 +1,8 @@
 /*
  * matmul.c: the matrix-product dispatcher with torch.matmul's shape rules
  * (1-D operands promoted and the added dim removed, batch dims broadcast).
- * bf16/f16 operands are converted to f32, multiplied with f32 accumulation
+ * bf16/f16 operands go to backends with native_half_matmul as they are
+ * (f32 accumulation there); elsewhere they are converted to f32, multiplied
  * and rounded once into the operands' dtype.
  */
 #include "autograd.h"
@@ -199,6 +200,8 @@ static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **
     return matmul_blas(a, b, res);
   case LT_DTYPE_BF16:
   case LT_DTYPE_F16: {
+    if (be->native_half_matmul)
+      return matmul_blas(a, b, res);
     lt_tensor *af = NULL, *bf = NULL, *rf = NULL;
     lt_status st = lt_tensor_to((lt_tensor *)a, LT_DTYPE_F32, a->storage->device, &af);
     if (st == LT_OK)

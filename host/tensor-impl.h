@@ -90,7 +90,7 @@ typedef struct lt_matmul_desc {
   int64_t a_rs, a_cs, b_rs, b_cs, c_rs; /* c is row-major: c_cs = 1 */
   const char *a, *b;
   char *c;
-  lt_dtype dtype; /* f32 or f64 */
+  lt_dtype dtype; /* f32 or f64; bf16 or f16 where the backend has native_half_matmul */
 } lt_matmul_desc;
 
 /*
@@ -125,6 +125,7 @@ typedef struct lt_backend_i {
   lt_status (*clamp)(lt_compute ck, const lt_iter *it, double lo, int has_lo, double hi, int has_hi);
   lt_status (*reduce)(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
   lt_status (*matmul)(const lt_matmul_desc *d);
+  int native_half_matmul; /* matmul takes bf16/f16 itself (f32 accumulation); else the host converts */
   /* index kernels return LT_OK, or LT_ERR_ARG with *bad set to the position
      of the first out-of-range index */
   lt_status (*index_select)(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad);
@@ -154,6 +155,9 @@ typedef struct lt_backend_i {
 } lt_backend_i;
 
 extern const lt_backend_i lt_backend_cpu;
+#ifdef LT_WITH_CUDA
+extern const lt_backend_i lt_backend_cuda;
+#endif
 
 /* The backend serving a device, or NULL when it is absent in this build. */
 const lt_backend_i *lt_backend_for(lt_device device);

@@ -193,7 +193,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
   if (!be) {
     char b[16];
     return lt_fail(LT_ERR_DEVICE, "empty: device %s is not available (%s)", lt_device_name(device, b),
-                   device >= LT_DEVICE_CUDA ? "no CUDA backend in this build yet" : "unknown device");
+                   device >= LT_DEVICE_CUDA ? "lutra was built without CUDA (CUDA=0)" : "unknown device");
   }
   lt_storage *s = malloc(sizeof *s);
   if (!s)

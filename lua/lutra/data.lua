@@ -125,7 +125,7 @@ end
 -- (or a table of ids); vocab_size decides uint16 or uint32 tokens.
 function M.write_shard(path, ids, vocab_size)
   if not tensor.is_tensor(ids) then ids = tensor.tensor(ids, { dtype = "i32" }) end
-  local t = ids:to("i32"):contiguous()
+  local t = ids:to("cpu", "i32"):contiguous()
   if C.lt_shard_write(path, t:numel() > 0 and t:data_ptr() or nil, t:numel(), vocab_size or 50257) ~= 0 then fail(2) end
 end
 

@@ -79,6 +79,40 @@ lt.cuda = {
   is_available = function() return C.lt_cuda_device_count(nil) > 0 end,
 }
 
+local function cuda_index(device)
+  if device == nil then return 0 end
+  if type(device) == "number" then return device end
+  local code = tensor.device_code(device, 3)
+  if code < 256 then error(("expected a cuda device, got '%s'"):format(device), 3) end
+  return code - 256
+end
+
+--- lt.cuda.memory_stats([device]) -> {allocated=, reserved=, peak=} in bytes
+-- for the CUDA caching allocator of a device (index or "cuda:N", default 0):
+-- bytes in live tensors, bytes held from the driver (live plus cached), and
+-- the peak of live since the start or lt.cuda.reset_peak_memory_stats().
+function lt.cuda.memory_stats(device)
+  local a, r, p = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  C.lt_cuda_memory_stats(cuda_index(device), a, r, p)
+  return { allocated = tonumber(a[0]), reserved = tonumber(r[0]), peak = tonumber(p[0]) }
+end
+
+--- lt.cuda.reset_peak_memory_stats([device]): the peak starts again from what is live now.
+function lt.cuda.reset_peak_memory_stats(device) C.lt_cuda_reset_peak(cuda_index(device)) end
+
+--- lt.cuda.empty_cache([device]): gives the allocator's cached blocks back to the driver.
+function lt.cuda.empty_cache(device) C.lt_cuda_empty_cache(cuda_index(device)) end
+
+--- lt.cuda.synchronize([device]): waits for the device's queued work; raises
+-- the error of a kernel that failed since the last wait.
+function lt.cuda.synchronize(device)
+  if C.lt_cuda_synchronize(cuda_index(device)) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end
+end
+
+--- lt.cuda.allow_tf32(on): lets f32 matrix products on CUDA round their inputs
+-- to TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default.
+function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end
+
 -- the layers above the tensor core need lt itself while they load
 package.loaded["lutra"] = lt
 lt.nn = require "lutra.nn"

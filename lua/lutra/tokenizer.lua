@@ -111,7 +111,7 @@ end
 function Tokenizer:decode(ids)
   local n, buf
   if tensor.is_tensor(ids) then
-    local t = ids:to("i32"):contiguous()
+    local t = ids:to("cpu", "i32"):contiguous()
     n = t:numel()
     buf = t:data_ptr()
   elseif type(ids) == "table" then

@@ -1,31 +1,412 @@
--- tests/gpu/checks.lua: device-only checks, printed as TAP. Where no CUDA
--- device is usable it prints "skipped: no CUDA device (<reason>)" and
--- succeeds. The CUDA backend issue adds the op-by-op comparisons here.
+-- tests/gpu/checks.lua: the CUDA backend against PyTorch and against the CPU
+-- backend, printed as TAP. Where no CUDA device is usable it prints
+-- "skipped: no CUDA device (<reason>)" and succeeds.
+--
+--   1. every case of the PyTorch fixtures (tests/ref/ops.json, nn.json) run
+--      on CUDA tensors built with the same strides, gradients included;
+--   2. ops on fresh random inputs at training sizes, CUDA against CPU (f32
+--      within 1e-5 relative to the largest value, bf16/f16 within 1e-2, no
+--      NaN), forward and backward;
+--   3. the generator draws the CPU's numbers; errors (bad indices, mixed
+--      devices, out of memory) are clear and leave the process working;
+--   4. 50 SGD steps of a tiny GPT-2 on each device from the same weights and
+--      batches give the same losses.
 local lt = require "lutra"
+local H = require "tests.lua.helpers"
+local runners = require "tests.lua.runners"
+local F = lt.F
 
-local n, why = lt.cuda.device_count()
-if n == 0 then
+-- LUTRA_CHECK_DEVICE=cpu runs the harness against the CPU itself (to debug
+-- it without a GPU); the CUDA-only checks are skipped then.
+local CUDA = os.getenv("LUTRA_CHECK_DEVICE") or "cuda"
+local on_cuda = CUDA:sub(1, 4) == "cuda"
+local ndev, why = lt.cuda.device_count()
+if on_cuda and ndev == 0 then
   print(("skipped: no CUDA device (%s)"):format(why or "unknown"))
   os.exit(0)
 end
 
+local only = arg and arg[1] -- a name fragment runs only the matching checks
 local tests, failed = 0, 0
-local function check(name, ok, detail)
+local function check(name, fn, cuda_only)
+  if only and not name:find(only, 1, true) then return end
+  if cuda_only and not on_cuda then return end
   tests = tests + 1
+  local ok, err = pcall(fn)
   if ok then
     print(("ok %d - %s"):format(tests, name))
   else
     failed = failed + 1
-    print(("not ok %d - %s%s"):format(tests, name, detail and (": " .. detail) or ""))
+    print(("not ok %d - %s: %s"):format(tests, name, tostring(err):gsub("\n", " | ")))
   end
 end
 
-check("lt.cuda.is_available() agrees with device_count()", lt.cuda.is_available())
-local info = lt.build_info()
-check("build info lists cuda:0", info:find("cuda:0", 1, true) ~= nil, info)
--- until the CUDA backend lands, a cuda tensor is refused with a message naming the device
-local ok, err = pcall(lt.zeros, { 2 }, { device = "cuda" })
-check("a cuda tensor is refused with a clear message while the backend is missing",
-  not ok and tostring(err):find("cuda:0", 1, true) ~= nil, tostring(err))
+local TOL = { f32 = 1e-5, f64 = 1e-12, bf16 = 1e-2, f16 = 1e-2 }
+
+--- Asserts that g (any device) matches c (cpu): same shape and dtype, NaN
+-- where c has NaN, and max |g - c| <= tol * max(|c|) (1 for an all-zero c).
+local function close(g, c, what, tol)
+  assert(g.device ~= "cpu" or c.device == "cpu", what .. ": compare a device result to a cpu one")
+  local gs, cs = table.concat(g:shape(), "x"), table.concat(c:shape(), "x")
+  assert(gs == cs, ("%s: shape %s, cpu %s"):format(what, gs, cs))
+  assert(g.dtype == c.dtype, ("%s: dtype %s, cpu %s"):format(what, g.dtype, c.dtype))
+  if g:numel() == 0 then return end
+  local gc = g:to("cpu")
+  if not c:is_floating_point() then
+    local diff = (gc:to("f64") - c:to("f64")):abs():max():item()
+    assert(diff == 0, ("%s: integer results differ by up to %g"):format(what, diff))
+    return
+  end
+  local g64, c64 = gc:to("f64"), c:to("f64")
+  local gnan, cnan = g64:ne(g64), c64:ne(c64)
+  assert(gnan:eq(cnan):to("i64"):sum():item() == g:numel(), what .. ": NaN positions differ")
+  g64 = g64:masked_fill(gnan, 0)
+  c64 = c64:masked_fill(cnan, 0)
+  local scale = c64:abs():max():item()
+  if scale == 0 or scale ~= scale then scale = 1 end
+  local err = (g64 - c64):abs():max():item() / scale
+  tol = tol or TOL[c.dtype] or 0
+  assert(err <= tol, ("%s: max error %.3g relative to max |cpu| %.3g exceeds %g"):format(what, err, scale, tol))
+end
+
+--- The same random tensor on the cpu and on the device.
+local function pair(shape, dtype, opts)
+  opts = opts or {}
+  local c = lt.randn(shape)
+  if opts.positive then c = c:abs() + 0.1 end
+  c = c:to(dtype or "f32")
+  return c, c:to(CUDA)
+end
+
+-- ---- device basics --------------------------------------------------------------
+
+check("build info lists cuda:0 and a tensor lives there", function()
+  assert(lt.build_info():find("cuda:0", 1, true))
+  local t = lt.zeros({ 2, 3 }, { device = CUDA })
+  assert(t.device == "cuda:0", t.device)
+  assert(t:sum():item() == 0)
+  assert(tostring(t):find("device=cuda:0", 1, true), tostring(t))
+end, true)
+
+check("copies between cpu and cuda keep values, strides and dtypes", function()
+  local c = lt.arange(24):reshape(2, 3, 4):to("f32")
+  local g = c:to(CUDA)
+  close(g, c, "round trip")
+  close(c:transpose(1, 3):to(CUDA), c:transpose(1, 3), "transposed to cuda")
+  close(g:transpose(1, 3):contiguous(), c:transpose(1, 3):contiguous(), "transposed on cuda")
+  local gd = lt.zeros({ 4, 3, 2 }, { device = CUDA })
+  gd:copy_(c:transpose(1, 3))
+  close(gd, c:transpose(1, 3):contiguous(), "copy_ from cpu into cuda")
+  for _, dt in ipairs { "f64", "bf16", "f16", "i8", "u8", "i32", "i64", "bool" } do
+    close(g:to(dt), c:to(dt), "f32 -> " .. dt)
+    close(g:to(dt):to("f32"), c:to(dt):to("f32"), dt .. " -> f32")
+  end
+end)
+
+check("memory_stats count live, reserved and peak bytes", function()
+  collectgarbage()
+  local before = lt.cuda.memory_stats()
+  local t = lt.empty({ 1024, 1024 }, { device = CUDA })
+  local mid = lt.cuda.memory_stats()
+  assert(mid.allocated - before.allocated >= 4 * 1024 * 1024, "allocated did not grow by 4 MiB")
+  assert(mid.reserved >= mid.allocated and mid.peak >= mid.allocated)
+  t:free()
+  local after = lt.cuda.memory_stats()
+  assert(after.allocated == before.allocated, ("allocated %d after free, %d before"):format(after.allocated, before.allocated))
+  assert(after.reserved >= mid.allocated - before.allocated, "a freed block should stay cached")
+  lt.cuda.empty_cache()
+  assert(lt.cuda.memory_stats().reserved == lt.cuda.memory_stats().allocated)
+end, true)
+
+check("out of memory is an error naming the bytes, and the device keeps working", function()
+  local ok, err = pcall(lt.empty, { 1024, 1024, 1024, 1024 }, { device = CUDA }) -- 4 PiB
+  assert(not ok, "4 PiB should not fit")
+  err = tostring(err)
+  assert(err:find("out of memory", 1, true) and err:find("4503599627370496 bytes", 1, true), err)
+  assert(err:find("reserved", 1, true), err)
+  local t = lt.ones({ 1000 }, { device = CUDA })
+  assert(t:sum():item() == 1000)
+end, true)
+
+check("mixing devices in one op names both", function()
+  local a, b = lt.ones(3), lt.ones({ 3 }, { device = CUDA })
+  H.assert_error(function() return a + b end, "cpu", "cuda:0", "different devices")
+  H.assert_error(function() return lt.matmul(a:view(1, 3), b:view(3, 1)) end, "different devices")
+end, true)
+
+check("a device that does not exist is named with what was found", function()
+  H.assert_error(function() return lt.zeros({ 2 }, { device = "cuda:" .. ndev }) end, "cuda:" .. ndev, "no such device")
+end, true)
+
+check("bad indices on cuda are errors naming the index, and nothing is written", function()
+  local t = lt.arange(12):reshape(4, 3):to("f32"):to(CUDA)
+  H.assert_error(function() return t:index_select(1, lt.tensor({ 0, 4 }, { dtype = "i64", device = CUDA })) end,
+    "index_select", "4")
+  local before = t:clone()
+  H.assert_error(function()
+    t:index_add_(1, lt.tensor({ 1, -1 }, { dtype = "i64", device = CUDA }), lt.ones({ 2, 3 }, { device = CUDA }))
+  end, "index_add_")
+  close(t, before:to("cpu"), "index_add_ left the target alone")
+  H.assert_error(function() return F.embedding(lt.tensor({ 0, 9 }, { dtype = "i64", device = CUDA }), t) end, "9")
+  H.assert_error(function()
+    return F.cross_entropy(lt.randn(2, 5):to(CUDA), lt.tensor({ 1, 5 }, { dtype = "i64", device = CUDA }))
+  end, "target 5", "position 2")
+end)
+
+check("the generator draws the same numbers on cuda as on the cpu", function()
+  for _, dt in ipairs { "f32", "f64", "bf16" } do
+    lt.manual_seed(1234)
+    local c = lt.randn({ 1001 }, { dtype = dt })
+    local cu = lt.rand({ 77 }, { dtype = dt })
+    lt.manual_seed(1234)
+    local g = lt.randn({ 1001 }, { dtype = dt, device = CUDA })
+    local gu = lt.rand({ 77 }, { dtype = dt, device = CUDA })
+    close(g, c, "randn " .. dt, dt == "f64" and 1e-14 or 1e-7)
+    close(gu, cu, "rand " .. dt, 0)
+  end
+end)
+
+-- ---- the PyTorch fixtures on cuda ------------------------------------------------
+
+local ops_fixture = H.load_json("tests/ref/ops.json")
+local op_failures, op_count = {}, 0
+check("every ops.json case on cuda matches PyTorch", function()
+  for _, case in ipairs(ops_fixture.cases) do
+    op_count = op_count + 1
+    local ok, err = pcall(function()
+      local ins = {}
+      for i, spec in ipairs(case.inputs) do ins[i] = H.build(spec, CUDA) end
+      local n = #ins
+      ins[n + 1] = case.args
+      local out = runners.ops[case.op](unpack(ins, 1, n + 1))
+      assert(out.device == lt.zeros(1, { device = CUDA }).device, "result on " .. out.device)
+      H.assert_matches(out, case.expect, case.name)
+    end)
+    if not ok then op_failures[#op_failures + 1] = case.name .. ": " .. tostring(err) end
+  end
+  assert(#op_failures == 0, ("%d of %d cases failed; first: %s"):format(#op_failures, op_count,
+    table.concat(op_failures, " || ", 1, math.min(5, #op_failures))))
+end)
+
+local nn_fixture = H.load_json("tests/ref/nn.json")
+check("every nn.json case on cuda matches PyTorch, gradients included", function()
+  local failures = {}
+  for _, case in ipairs(nn_fixture.cases) do
+    local ok, err = pcall(function()
+      local ins = {}
+      for i, spec in ipairs(case.inputs) do
+        ins[i] = H.from_flat(spec.values, spec.shape, spec.dtype, CUDA)
+        if spec.grad then ins[i]:requires_grad_() end
+      end
+      local out = runners.nn[case.op](case.args, unpack(ins, 1, #case.inputs))
+      H.assert_matches(out, case.output, case.name .. " output", 4)
+      local any = false
+      for _, spec in ipairs(case.inputs) do any = any or spec.grad end
+      if any then
+        local w = H.from_flat(case.w.values, case.w.shape, case.w.dtype, CUDA)
+        ;(out * w):sum():backward()
+        for i, spec in ipairs(case.inputs) do
+          if spec.grad then
+            assert(ins[i].grad, case.name .. ": no gradient for input " .. i)
+            assert(ins[i].grad.device == ins[i].device, "gradient on " .. ins[i].grad.device)
+            H.assert_matches(ins[i].grad, case.grads[i], case.name .. " grad " .. i, 10)
+          end
+        end
+      end
+    end)
+    if not ok then failures[#failures + 1] = case.name .. ": " .. tostring(err) end
+  end
+  assert(#failures == 0, ("%d of %d cases failed; first: %s"):format(#failures, #nn_fixture.cases,
+    table.concat(failures, " || ", 1, math.min(5, #failures))))
+end)
+
+-- ---- fresh random inputs at training sizes, cuda against cpu -----------------------
+
+lt.manual_seed(7)
+for _, dt in ipairs { "f32", "bf16", "f16" } do
+  check("unary ops on (1000, 1003) " .. dt, function()
+    local c, g = pair({ 1000, 1003 }, dt)
+    local cp, gp = pair({ 1000, 1003 }, dt, { positive = true })
+    for _, op in ipairs { "neg", "abs", "exp", "tanh", "sigmoid", "sign" } do close(g[op](g), c[op](c), op) end
+    for _, op in ipairs { "log", "sqrt", "rsqrt" } do close(gp[op](gp), cp[op](cp), op) end
+    close(F.gelu(g), F.gelu(c), "gelu")
+    close(F.silu(g), F.silu(c), "silu")
+    close(F.relu(g), F.relu(c), "relu")
+  end)
+  check("binary ops with broadcasting and strides " .. dt, function()
+    local ca, ga = pair({ 257, 1, 300 }, dt)
+    local cb, gb = pair({ 1, 64, 300 }, dt)
+    for _, op in ipairs { "add", "sub", "mul", "maximum", "minimum", "gt", "le", "eq" } do
+      close(ga[op](ga, gb), ca[op](ca, cb), op)
+    end
+    local cp, gp = pair({ 300, 64 }, dt, { positive = true })
+    close(ga / gp:t(), ca / cp:t(), "div by a transposed operand")
+    close(gp ^ 1.7, cp ^ 1.7, "pow by a number")
+    close(2 - ga, 2 - ca, "reversed scalar")
+    close(ga:clamp(-0.5, 0.25), ca:clamp(-0.5, 0.25), "clamp")
+    close(lt.where(ga:gt(0), ga, gb), lt.where(ca:gt(0), ca, cb), "where")
+    close(ga:to("f32") + gb, ca:to("f32") + cb, "mixed dtypes promote")
+  end)
+end
+
+check("reductions over rows, columns, several dims and everything (f32, bf16, i64)", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    local c, g = pair({ 300, 5000 }, dt)
+    for _, d in ipairs { 1, 2 } do
+      for _, op in ipairs { "sum", "mean", "max", "min", "argmax", "argmin" } do
+        local cr, gr = c[op](c, d), g[op](g, d)
+        close(gr, cr, ("%s %s dim %d"):format(dt, op, d), dt == "bf16" and 1e-2 or 1e-6)
+      end
+      close(g:var(d), c:var(d), dt .. " var dim " .. d, dt == "bf16" and 1e-2 or 1e-6)
+      close(g:std(d, false, 0), c:std(d, false, 0), dt .. " std dim " .. d, dt == "bf16" and 1e-2 or 1e-6)
+    end
+    close(g:sum(), c:sum(), dt .. " sum of all", dt == "bf16" and 1e-2 or 1e-6)
+    close(g:max(), c:max(), dt .. " max of all")
+  end
+  local c, g = pair({ 2, 1048576 }, "f32")
+  close(g:sum(2), c:sum(2), "wide rows sum", 1e-6)
+  close(g:argmax(2), c:argmax(2), "wide rows argmax")
+  local c3, g3 = pair({ 16, 33, 129 }, "f32")
+  close(g3:sum({ 1, 3 }), c3:sum({ 1, 3 }), "sum over dims 1 and 3", 1e-6)
+  close(g3:transpose(1, 3):mean(2), c3:transpose(1, 3):mean(2), "mean of a transposed view", 1e-6)
+  local ci = lt.randint(-1000, 1000, { 1000, 77 })
+  close(ci:to(CUDA):sum(1), ci:sum(1), "i64 sum")
+  close(ci:to(CUDA):max(2), ci:max(2), "i64 max")
+end)
+
+for _, dt in ipairs { "f32", "bf16", "f16" } do
+  check("matmul shapes of GPT-2 training " .. dt, function()
+    local tol = dt == "f32" and 1e-5 or 1e-2
+    local ca, ga = pair({ 1024, 768 }, dt)
+    local cw, gw = pair({ 3072, 768 }, dt)
+    close(lt.matmul(ga, gw:t()), lt.matmul(ca, cw:t()), "x @ W^T", tol)
+    close(lt.matmul(ga:t(), lt.matmul(ga, gw:t())), lt.matmul(ca:t(), lt.matmul(ca, cw:t())), "x^T @ dy", tol)
+    local cq, gq = pair({ 4, 12, 256, 64 }, dt)
+    local ck, gk = pair({ 4, 12, 256, 64 }, dt)
+    close(lt.matmul(gq, gk:transpose(3, 4)), lt.matmul(cq, ck:transpose(3, 4)), "batched q @ k^T", tol)
+    local cm, gm = pair({ 64, 64 }, dt)
+    close(lt.matmul(gq, gm), lt.matmul(cq, cm), "batched @ shared matrix", tol)
+    local cb, gb = pair({ 12, 64, 48 }, dt)
+    close(lt.matmul(gq, cb:to(CUDA)), lt.matmul(cq, cb), "batch broadcast along the outer dim", tol)
+    local cv, gv = pair({ 768 }, dt)
+    close(lt.matmul(ga, gv), lt.matmul(ca, cv), "matrix @ vector", tol)
+    close(lt.matmul(gv, gw:t()), lt.matmul(cv, cw:t()), "vector @ matrix", tol)
+    local co, go = pair({ 7, 13 }, dt)
+    local cn, gn = pair({ 13, 5 }, dt)
+    close(lt.matmul(go:narrow(2, 2, 11), gn:narrow(1, 3, 11)), lt.matmul(co:narrow(2, 2, 11), cn:narrow(1, 3, 11)),
+      "odd sizes and offsets", tol)
+  end)
+end
+
+check("f64 matmul, and TF32 only when asked", function()
+  local ca, ga = pair({ 300, 200 }, "f64")
+  local cb, gb = pair({ 200, 100 }, "f64")
+  close(lt.matmul(ga, gb), lt.matmul(ca, cb), "f64", 1e-12)
+  local c32, g32 = pair({ 512, 512 }, "f32")
+  local exact = lt.matmul(g32, g32)
+  lt.cuda.allow_tf32(true)
+  local fast = lt.matmul(g32, g32)
+  lt.cuda.allow_tf32(false)
+  close(exact, lt.matmul(c32, c32), "f32 without TF32", 1e-5)
+  close(fast, lt.matmul(c32, c32), "f32 with TF32", 5e-3)
+end)
+
+--- Forward and the gradients of sum(f(inputs) * w) on both devices.
+local function grad_check(name, shapes, f, opts)
+  opts = opts or {}
+  check(name, function()
+    local cins, gins = {}, {}
+    for i, s in ipairs(shapes) do
+      local c
+      if s.ids then c = lt.randint(0, s.ids, s.shape) else c = lt.randn(s.shape):to(s.dtype or "f32") end
+      cins[i] = c
+      gins[i] = c:to(CUDA)
+      if not s.ids and s.grad ~= false then
+        cins[i]:requires_grad_()
+        gins[i]:requires_grad_()
+      end
+    end
+    local co, go = f(unpack(cins)), f(unpack(gins))
+    close(go, co, name .. " output", opts.tol)
+    local w = lt.randn(co:shape()):to(co.dtype)
+    ;(co * w):sum():backward()
+    ;(go * w:to(CUDA)):sum():backward()
+    for i, s in ipairs(shapes) do
+      if not s.ids and s.grad ~= false then
+        close(gins[i].grad, cins[i].grad, ("%s grad %d"):format(name, i), opts.gtol or opts.tol)
+      end
+    end
+  end)
+end
+
+grad_check("layer_norm (4096, 768) with weight and bias", { { shape = { 4096, 768 } }, { shape = { 768 } },
+  { shape = { 768 } } }, function(x, w, b) return F.layer_norm(x, w, b) end, { gtol = 1e-4 })
+grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
+  function(x, w) return F.rms_norm(x, w) end, { gtol = 1e-4 })
+grad_check("softmax (4096, 1024)", { { shape = { 4096, 1024 } } }, function(x) return F.softmax(x, -1) end)
+grad_check("log_softmax (512, 50257)", { { shape = { 512, 50257 } } }, function(x) return F.log_softmax(x, -1) end)
+grad_check("cross_entropy (1024, 50257) with ignored targets", { { shape = { 1024, 50257 } } }, function(x)
+  local ids = {}
+  for i = 1, 1024 do ids[i] = i % 3 == 0 and -100 or (i * 37) % 50257 end
+  return (F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device })))
+end, { gtol = 1e-4 })
+grad_check("embedding (50257, 768) with 8192 ids", { { shape = { 8192 }, ids = 50257 }, { shape = { 50257, 768 } } },
+  function(ids, w) return F.embedding(ids, w) end)
+grad_check("embedding with repeated ids adds deterministically", { { shape = { 4096 }, ids = 7 },
+  { shape = { 7, 64 } } }, function(ids, w) return F.embedding(ids, w) end, { gtol = 1e-5 })
+grad_check("rope (4, 12, 1024, 64)", { { shape = { 4, 12, 1024, 64 } } }, function(x) return F.rope(x) end)
+grad_check("gelu, silu and swiglu (1024, 3072)", { { shape = { 1024, 3072 } }, { shape = { 1024, 3072 } } },
+  function(a, b) return F.gelu(a) + F.silu(b) + F.swiglu(a, b) end)
+grad_check("causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }, { shape = { 2, 12, 256, 64 } },
+  { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { causal = true })
+end, { gtol = 1e-4 })
+grad_check("linear (8, 128, 768) -> 2304", { { shape = { 8, 128, 768 } }, { shape = { 2304, 768 } }, { shape = { 2304 } } },
+  function(x, w, b) return F.linear(x, w, b) end, { gtol = 1e-4 })
+grad_check("gather and reductions with gradients", { { shape = { 64, 100 } } }, function(x)
+  local v = {}
+  for i = 1, 64 * 5 do v[i] = (i * 13) % 100 end
+  local idx = lt.tensor(v, { dtype = "i64", device = x.device }):reshape(64, 5)
+  return x:gather(2, idx):sum(2) + x:max(2) + x:var(2)
+end)
+
+-- ---- a tiny GPT-2 trained with SGD on both devices --------------------------------
+
+check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
+  local function run(device)
+    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42) })
+    model:to(device)
+    local gen = lt.Generator(3)
+    local losses = {}
+    for step = 1, 50 do
+      -- rows counting up by 3 from a random start: a pattern SGD can learn
+      local start = lt.randint(0, 512, { 4 }, { generator = gen }):totable()
+      local rows = {}
+      for r = 1, 4 do
+        rows[r] = {}
+        for t = 1, 33 do rows[r][t] = (start[r] + 3 * t) % 512 end
+      end
+      local ids = lt.tensor(rows, "i64")
+      local x, y = ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
+      local loss = model:loss(x, y)
+      model:zero_grad()
+      loss:backward()
+      lt.no_grad(function()
+        for _, p in ipairs(model:parameters()) do p:sub_(p.grad * 0.1) end
+      end)
+      losses[step] = loss:item()
+    end
+    return losses
+  end
+  local lc, lg = run("cpu"), run(CUDA)
+  for step = 1, 50 do
+    local rel = math.abs(lc[step] - lg[step]) / math.abs(lc[step])
+    assert(rel < 1e-3, ("step %d: cpu loss %.6f, cuda %.6f"):format(step, lc[step], lg[step]))
+  end
+  assert(lg[50] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
+end)
+
+check("no kernel failed along the way", function() lt.cuda.synchronize() end, true)
+
 print("1.." .. tests)
 os.exit(failed == 0 and 0 or 1)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh: the one script for the accelerator machine. Unpacks the
 # Debian packages carried in .deps (LuaJIT, OpenBLAS, libedit, cJSON,
-# pkgconf, busted; see ../shared/device/README.md) into a sysroot when the
-# machine lacks them, builds lutra with CUDA, runs `make test` (which
-# includes tests/gpu/checks.lua) and the benchmark, and writes the whole log
-# to $OUT/gpu-run.log. Meant to finish well under 8 minutes.
+# pkgconf, busted, PCRE2; see ../shared/device/README.md) into a sysroot
+# when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
+# the GPT-2 benchmark (and PyTorch's, when the machine has a CUDA torch),
+# then every test suite, and writes the whole log to $OUT/gpu-run.log.
+# Each step has a time limit; the whole stays under 8 minutes.
 #
 #   (on the device) bash tests/gpu/run.sh
 set -u
@@ -37,18 +38,44 @@ step "build"
 make -j"$(nproc)" "${make_args[@]}" lutra || { echo "BUILD FAILED"; exit 1; }
 ./lutra --version
 
-step "vocabulary and data"
+step "vocabulary"
 tools/fetch-vocab 2>&1 | tail -2 || echo "(no vocabulary: tokenizer specs will fail)"
 
-step "tests"
-make "${make_args[@]}" test
+step "GPU checks (CUDA against PyTorch fixtures and the CPU)"
+timeout 240 ./lutra tests/gpu/checks.lua
+gpu_status=$?
+
+step "benchmark: GPT-2 124M on the GPU (lutra)"
+timeout 150 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=8,16 --dtypes=bf16,f32 | tee "$OUT/bench-lutra.txt"
+
+step "benchmark: the same model in PyTorch (torch.compile, fused attention and AdamW)"
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  for B in 8 16; do
+    PYTHONUNBUFFERED=1 timeout 150 python3 bench/gpt2_gpu_torch.py $B 6 1 2>&1 | tail -1 | tee -a "$OUT/bench-torch.txt"
+  done
+  python3 - "$OUT/bench-lutra.txt" "$OUT/bench-torch.txt" <<'PY' || true
+import json, sys
+lutra = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 5 and f[0] == "bf16" and f[1].isdigit():
+        lutra[int(f[1])] = float(f[4])
+for line in open(sys.argv[2]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r["B"] in lutra:
+        print("B=%d: lutra %.0f tokens/s, torch %.0f tokens/s (%s): ratio %.2f"
+              % (r["B"], lutra[r["B"]], r["tokens_per_s"], r["torch"], lutra[r["B"]] / r["tokens_per_s"]))
+PY
+else
+  echo "no CUDA-enabled torch on this machine: the PyTorch comparison is skipped"
+fi
+
+step "all test suites (CPU specs, C tests, GPU checks)"
+timeout 240 make "${make_args[@]}" test
 test_status=$?
 
-step "GPU checks alone"
-./lutra tests/gpu/checks.lua
-
-step "benchmark"
-make "${make_args[@]}" bench
-
-step "done: tests exit status $test_status"
-exit $test_status
+step "done: GPU checks exit $gpu_status, tests exit $test_status"
+[ $gpu_status -eq 0 ] && [ $test_status -eq 0 ]

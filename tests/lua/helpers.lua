@@ -20,17 +20,19 @@ function H.load_json(path)
   return lt.json.decode(text)
 end
 
---- A tensor of the given dtype and shape from flat values.
-function H.from_flat(vals, shape, dtype)
+--- A tensor of the given dtype and shape (and device, default cpu) from flat values.
+function H.from_flat(vals, shape, dtype, device)
   local flat = {}
   for i = 1, #vals do flat[i] = H.num(vals[i]) end
-  if #shape == 0 then return lt.tensor(flat[1], { dtype = dtype }) end
-  return lt.tensor(flat, { dtype = dtype }):reshape(shape)
+  local opts = { dtype = dtype, device = device }
+  if #shape == 0 then return lt.tensor(flat[1], opts) end
+  return lt.tensor(flat, opts):reshape(shape)
 end
 
---- Builds a fixture input: its base tensor, then its views (dims 0-based there).
-function H.build(spec)
-  local t = H.from_flat(spec.values, spec.shape, spec.dtype)
+--- Builds a fixture input on device (default cpu): its base tensor, then its
+-- views (dims 0-based there), so a device sees the same strides.
+function H.build(spec, device)
+  local t = H.from_flat(spec.values, spec.shape, spec.dtype, device)
   for _, v in ipairs(spec.views or {}) do
     local op = v[1]
     if op == "transpose" then t = t:transpose(v[2] + 1, v[3] + 1)

@@ -7,20 +7,7 @@ local H = require "tests.lua.helpers"
 local fixture = H.load_json("tests/ref/nn.json")
 local F = lt.F
 
-local RUN = {
-  layer_norm = function(a, x, w, b) return F.layer_norm(x, w, b, a.eps) end,
-  rms_norm = function(a, x, w) return F.rms_norm(x, w, a.eps) end,
-  softmax = function(a, x) return F.softmax(x, a.dim) end,
-  log_softmax = function(a, x) return F.log_softmax(x, a.dim) end,
-  cross_entropy = function(a, x, t) return (F.cross_entropy(x, t, { reduction = a.reduction })) end,
-  gelu = function(_, x) return F.gelu(x) end,
-  silu = function(_, x) return F.silu(x) end,
-  swiglu = function(_, a, b) return F.swiglu(a, b) end,
-  linear = function(_, x, w, b) return F.linear(x, w, b) end,
-  embedding = function(_, i, e) return F.embedding(i, e) end,
-  rope = function(a, x) return F.rope(x, { base = a.base, start = a.start }) end,
-  sdpa = function(a, q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = a.causal }) end,
-}
+local RUN = require("tests.lua.runners").nn
 
 describe("lt.F against PyTorch (" .. fixture.torch .. ")", function()
   for _, case in ipairs(fixture.cases) do

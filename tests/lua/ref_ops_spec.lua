@@ -6,50 +6,8 @@ local lt = require "lutra"
 local H = require "tests.lua.helpers"
 
 local fixture = H.load_json("tests/ref/ops.json")
-local null = lt.json.null
-
-local function arg(v)
-  if v == null then return nil end
-  return v
-end
-
-local function dims_arg(v)
-  v = arg(v)
-  if type(v) == "number" then return v + 1 end
-  if type(v) == "table" then
-    local d = {}
-    for i = 1, #v do d[i] = v[i] + 1 end
-    return d
-  end
-  return nil
-end
-
-local RUN = {}
-for _, op in ipairs { "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid" } do
-  RUN[op] = function(x) return x[op](x) end
-end
-for _, op in ipairs { "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge" } do
-  RUN[op] = function(a, b) return a[op](a, b) end
-  RUN[op .. "_scalar"] = function(x, args)
-    if args[2] then return lt[op](args[1], x) end
-    return lt[op](x, args[1])
-  end
-end
-RUN.where = function(c, a, b) return lt.where(c, a, b) end
-RUN.clamp = function(x, args) return x:clamp(arg(args[1]), arg(args[2])) end
-for _, op in ipairs { "sum", "mean", "max", "min", "argmax", "argmin" } do
-  RUN[op] = function(x, args) return x[op](x, dims_arg(args[1]), arg(args[2])) end
-end
-RUN.var = function(x, args) return x:var(dims_arg(args[1]), args[2], args[3]) end
-RUN.matmul = function(a, b) return lt.matmul(a, b) end
-RUN.index_select = function(t, idx, args) return t:index_select(args[1] + 1, idx) end
-RUN.gather = function(t, idx, args) return t:gather(args[1] + 1, idx) end
-RUN.scatter_add = function(t, idx, src, args) return t:clone():scatter_add_(args[1] + 1, idx, src) end
-RUN.index_add = function(t, idx, src, args) return t:clone():index_add_(args[1] + 1, idx, src) end
-RUN.to = function(x, args) return x:to(args[1]) end
-RUN.contiguous = function(x) return x:contiguous() end
-
-local IN_PLACE = { add = true, sub = true, mul = true, div = true, maximum = true, minimum = true }
+local runners = require "tests.lua.runners"
+local RUN, IN_PLACE = runners.ops, runners.in_place
 
 describe("PyTorch reference (" .. fixture.torch .. ")", function()
   for _, case in ipairs(fixture.cases) do

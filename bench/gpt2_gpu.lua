@@ -1,0 +1,105 @@
+--- bench/gpt2_gpu.lua: GPT-2 124M training steps on one CUDA device: forward,
+-- backward and an SGD update (the optimizer issue brings fused AdamW), at
+-- T=1024 and the micro-batches given. Prints ms per step, tokens/s, MFU and
+-- peak memory per dtype and batch, and the bf16 product rate measured in the
+-- same run. MFU uses llm.c's FLOP count: 6N + 12 L H Q T FLOPs per token
+-- (N all parameters; L layers, H heads, Q head size, T sequence length),
+-- against 989 TFLOP/s (the H100/H200 dense bf16 figure) and against the
+-- measured product rate. When torch is installed, bench/gpt2_gpu_torch.py
+-- runs the same model in the same call (tests/gpu/run.sh prints the ratio).
+--
+--   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2]
+local lt = require "lutra"
+
+local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024 }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^%-%-([%w_]+)=(.*)$")
+  if not k or opts[k] == nil then error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024]") end
+  opts[k] = tonumber(v) or v
+end
+
+local n, why = lt.cuda.device_count()
+if n == 0 then
+  print(("skipped: no CUDA device (%s)"):format(why))
+  return
+end
+local DEV = "cuda"
+local PEAK = 989e12
+
+local function list(s)
+  local out = {}
+  for x in tostring(s):gmatch("[^,]+") do out[#out + 1] = tonumber(x) or x end
+  return out
+end
+
+local function median(t)
+  local c = {}
+  for i, v in ipairs(t) do c[i] = v end
+  table.sort(c)
+  return c[math.floor((#c + 1) / 2)]
+end
+
+-- the product rate this device reaches on a large bf16 matmul
+local function matmul_rate()
+  local a = lt.randn({ 8192, 8192 }, { dtype = "bf16", device = DEV })
+  local b = lt.randn({ 8192, 8192 }, { dtype = "bf16", device = DEV })
+  local c = lt.matmul(a, b)
+  lt.cuda.synchronize()
+  local reps, t0 = 20, lt.clock()
+  for _ = 1, reps do c = lt.matmul(a, b) end
+  lt.cuda.synchronize()
+  local dt = lt.clock() - t0
+  c:free()
+  return 2 * 8192 ^ 3 * reps / dt
+end
+
+local rate = matmul_rate()
+print(("bf16 matmul 8192^3: %.1f TFLOP/s (%.0f%% of %.0f)"):format(rate / 1e12, 100 * rate / PEAK, PEAK / 1e12))
+
+local function bench(dtype, B)
+  collectgarbage()
+  lt.cuda.empty_cache()
+  lt.cuda.reset_peak_memory_stats()
+  local model = lt.models.gpt2(opts.model, { generator = lt.Generator(1) })
+  model:to(DEV, dtype)
+  local cfg, T = model.config, opts.T
+  local N = model:num_parameters()
+  local flops_per_token = 6 * N + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd / cfg.n_head) * T
+  local V = cfg.vocab_size
+  local x = lt.randint(0, V, { B, T }, { device = DEV })
+  local y = lt.randint(0, V, { B, T }, { device = DEV })
+  local params = model:parameters()
+  local times, last_loss = {}, 0
+  for step = 0, opts.steps do
+    lt.cuda.synchronize()
+    local t0 = lt.clock()
+    local loss = model:loss(x, y)
+    model:zero_grad()
+    loss:backward()
+    lt.no_grad(function()
+      for _, p in ipairs(params) do p:sub_(p.grad * 1e-4) end
+    end)
+    last_loss = loss:item() -- the one read per step, as a training loop logs it
+    if step > 0 then times[#times + 1] = lt.clock() - t0 end
+    if step % 4 == 0 then collectgarbage() end
+  end
+  local dt = median(times)
+  local tps = B * T / dt
+  local mem = lt.cuda.memory_stats()
+  return { ms = dt * 1e3, tps = tps, mfu = tps * flops_per_token / PEAK, mfu_meas = tps * flops_per_token / rate,
+    peak = mem.peak / 2 ^ 30, loss = last_loss }
+end
+
+print(("%-6s %4s %6s %10s %12s %8s %12s %10s %8s"):format("dtype", "B", "T", "ms/step", "tokens/s", "MFU",
+  "MFU(meas.)", "peak GiB", "loss"))
+for _, dtype in ipairs(list(opts.dtypes)) do
+  for _, B in ipairs(list(opts.batches)) do
+    local ok, r = pcall(bench, dtype, B)
+    if ok then
+      print(("%-6s %4d %6d %10.1f %12.0f %7.1f%% %11.1f%% %10.2f %8.4f"):format(dtype, B, opts.T, r.ms, r.tps,
+        100 * r.mfu, 100 * r.mfu_meas, r.peak, r.loss))
+    else
+      print(("%-6s %4d %6d  failed: %s"):format(dtype, B, opts.T, tostring(r):gsub("\n.*", "")))
+    end
+  end
+end

@@ -1,0 +1,414 @@
+/*
+ * backend-cuda.c: the CUDA backend's vtable. Per device: a compute stream
+ * and a communication stream (the distributed issue's collectives), a
+ * cuBLASLt handle and workspace, and a stream-ordered caching allocator on
+ * plain cudaMalloc blocks. Kernels are in kernels/cuda/; matrix products go
+ * to cuBLASLt (matmul-cuda.c).
+ *
+ * Every kernel runs on the device's compute stream, so a freed block can be
+ * handed to the next allocation at once: stream order puts the new user's
+ * kernels after the old user's. The host waits only where it reads values
+ * (copies to the host, item(), checks of index bounds).
+ */
+#ifdef LT_WITH_CUDA
+
+#include "backend-cuda.h"
+#include "status.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static lt_cuda_ctx ctxs[LT_CUDA_MAX_DEVICES];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- size classes: 512-byte steps to 32 KiB, then four per power of two ---- */
+
+enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NSMALL = SMALL_LIMIT / SMALL_STEP };
+
+static int size_class(size_t nbytes, size_t *rounded) {
+  if (nbytes <= SMALL_LIMIT) {
+    size_t r = (nbytes + SMALL_STEP - 1) / SMALL_STEP;
+    if (r == 0)
+      r = 1;
+    *rounded = r * SMALL_STEP;
+    return (int)r - 1;
+  }
+  int p = 63 - __builtin_clzll((unsigned long long)(nbytes - 1)); /* 2^p < nbytes <= 2^(p+1) */
+  size_t quarter = (size_t)1 << (p - 1), base = (size_t)1 << p;
+  int q = (int)((nbytes - base + quarter - 1) / quarter); /* 1..4 */
+  *rounded = base + (size_t)q * quarter;
+  return NSMALL + 4 * (p - 15) + (q - 1);
+}
+
+lt_status lt_cuda_error(const char *what, int device_index, cudaError_t e) {
+  cudaGetLastError(); /* clear a non-sticky error so later calls can work */
+  return lt_fail(e == cudaErrorMemoryAllocation ? LT_ERR_OOM : LT_ERR_DEVICE, "cuda:%d: %s: %s (%s)", device_index,
+                 what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {
+  int index = device - LT_DEVICE_CUDA;
+  if (index < 0 || index >= LT_CUDA_MAX_DEVICES)
+    return lt_fail(LT_ERR_DEVICE, "cuda:%d: device index out of range (at most %d devices)", index,
+                   LT_CUDA_MAX_DEVICES);
+  lt_cuda_ctx *c = &ctxs[index];
+  if (__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+    cudaSetDevice(index);
+    *out = c;
+    return LT_OK;
+  }
+  pthread_mutex_lock(&lock);
+  lt_status st = LT_OK;
+  if (!c->ready) {
+    const char *why = "";
+    int n = lt_cuda_device_count(&why);
+    cudaError_t e;
+    if (index >= n) {
+      st = n == 0 ? lt_fail(LT_ERR_DEVICE, "cuda:%d: no CUDA device (%s)", index, why)
+                  : lt_fail(LT_ERR_DEVICE, "cuda:%d: no such device (%d found: cuda:0..cuda:%d)", index, n, n - 1);
+    } else if ((e = cudaSetDevice(index)) != cudaSuccess ||
+               (e = cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking)) != cudaSuccess ||
+               (e = cudaStreamCreateWithFlags(&c->comm, cudaStreamNonBlocking)) != cudaSuccess ||
+               (e = cudaMalloc((void **)&c->bad, sizeof *c->bad)) != cudaSuccess ||
+               (e = cudaMallocHost((void **)&c->bad_host, sizeof *c->bad_host)) != cudaSuccess) {
+      st = lt_cuda_error("initialising the device", index, e);
+    } else {
+      c->index = index;
+      c->free_lists = calloc(NSMALL + 4 * 64, sizeof *c->free_lists);
+      if (!c->free_lists)
+        st = lt_fail(LT_ERR_OOM, "cuda:%d: out of host memory for the allocator", index);
+      else if ((st = lt_cuda_blas_init(c)) == LT_OK)
+        __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  if (st == LT_OK) {
+    cudaSetDevice(index);
+    *out = c;
+  }
+  return st;
+}
+
+/* ---- the caching allocator -------------------------------------------------- */
+
+typedef struct lt_cuda_block {
+  void *ptr;
+  struct lt_cuda_block *next;
+} cblock;
+
+/* Returns every cached block of c to the driver (with the lock held). */
+static void release_cached(lt_cuda_ctx *c) {
+  if (!c->free_lists)
+    return;
+  cudaStreamSynchronize(c->compute); /* the blocks' last users must be done */
+  for (int k = 0; k < NSMALL + 4 * 64; k++) {
+    while (c->free_lists[k]) {
+      cblock *b = c->free_lists[k];
+      c->free_lists[k] = b->next;
+      cudaFree(b->ptr);
+      free(b);
+    }
+  }
+  c->reserved = c->allocated;
+}
+
+static void stats_line(const lt_cuda_ctx *c, char *buf, size_t n) {
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  snprintf(buf, n,
+           "%.1f MiB in tensors, %.1f MiB reserved, peak %.1f MiB; the device has %.1f MiB free of %.1f MiB",
+           c->allocated / 1048576.0, c->reserved / 1048576.0, c->peak / 1048576.0, free_b / 1048576.0,
+           total_b / 1048576.0);
+}
+
+static lt_status cuda_alloc(lt_device device, size_t nbytes, void **ptr) {
+  lt_cuda_ctx *c;
+  LT_TRY(lt_cuda_ctx_get(device, &c));
+  size_t rounded;
+  int k = size_class(nbytes, &rounded);
+  pthread_mutex_lock(&lock);
+  cblock *b = c->free_lists[k];
+  if (b) {
+    c->free_lists[k] = b->next;
+    *ptr = b->ptr;
+    free(b);
+  } else {
+    cudaError_t e = cudaMalloc(ptr, rounded);
+    if (e == cudaErrorMemoryAllocation) { /* give the cache back and try once more */
+      cudaGetLastError();
+      release_cached(c);
+      e = cudaMalloc(ptr, rounded);
+    }
+    if (e != cudaSuccess) {
+      char line[300];
+      cudaGetLastError();
+      stats_line(c, line, sizeof line);
+      pthread_mutex_unlock(&lock);
+      *ptr = NULL;
+      return lt_fail(LT_ERR_OOM, "cuda:%d: out of memory allocating %zu bytes (%.1f MiB): %s%s", c->index, nbytes,
+                     nbytes / 1048576.0, line,
+                     e == cudaErrorMemoryAllocation ? "" : cudaGetErrorString(e));
+    }
+    c->reserved += rounded;
+    if (c->reserved > c->peak_reserved)
+      c->peak_reserved = c->reserved;
+  }
+  c->allocated += rounded;
+  if (c->allocated > c->peak)
+    c->peak = c->allocated;
+  c->nalloc++;
+  pthread_mutex_unlock(&lock);
+  return LT_OK;
+}
+
+static void cuda_free(lt_device device, void *ptr, size_t nbytes) {
+  int index = device - LT_DEVICE_CUDA;
+  if (!ptr || index < 0 || index >= LT_CUDA_MAX_DEVICES)
+    return;
+  lt_cuda_ctx *c = &ctxs[index];
+  size_t rounded;
+  int k = size_class(nbytes, &rounded);
+  cblock *b = malloc(sizeof *b);
+  pthread_mutex_lock(&lock);
+  c->allocated -= rounded;
+  if (b) {
+    b->ptr = ptr;
+    b->next = c->free_lists[k];
+    c->free_lists[k] = b;
+  } else { /* no host memory for the list node: give the block back */
+    cudaFree(ptr);
+    c->reserved -= rounded;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak) {
+  *allocated = *reserved = *peak = 0;
+  if (device_index < 0 || device_index >= LT_CUDA_MAX_DEVICES)
+    return;
+  pthread_mutex_lock(&lock);
+  lt_cuda_ctx *c = &ctxs[device_index];
+  *allocated = (int64_t)c->allocated;
+  *reserved = (int64_t)c->reserved;
+  *peak = (int64_t)c->peak;
+  pthread_mutex_unlock(&lock);
+}
+
+void lt_cuda_reset_peak(int device_index) {
+  if (device_index < 0 || device_index >= LT_CUDA_MAX_DEVICES)
+    return;
+  pthread_mutex_lock(&lock);
+  ctxs[device_index].peak = ctxs[device_index].allocated;
+  pthread_mutex_unlock(&lock);
+}
+
+void lt_cuda_empty_cache(int device_index) {
+  if (device_index < 0 || device_index >= LT_CUDA_MAX_DEVICES || !ctxs[device_index].ready)
+    return;
+  cudaSetDevice(device_index);
+  pthread_mutex_lock(&lock);
+  release_cached(&ctxs[device_index]);
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- copies and synchronisation -------------------------------------------- */
+
+static lt_status cuda_copy_to_host(lt_device device, void *dst, const void *src, size_t nbytes) {
+  lt_cuda_ctx *c;
+  LT_TRY(lt_cuda_ctx_get(device, &c));
+  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, c->compute);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(c->compute);
+  return e == cudaSuccess ? LT_OK : lt_cuda_error("copy to the host", c->index, e);
+}
+
+static lt_status cuda_copy_from_host(lt_device device, void *dst, const void *src, size_t nbytes) {
+  lt_cuda_ctx *c;
+  LT_TRY(lt_cuda_ctx_get(device, &c));
+  cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, c->compute);
+  if (e == cudaSuccess) /* the caller frees its staging buffer next */
+    e = cudaStreamSynchronize(c->compute);
+  return e == cudaSuccess ? LT_OK : lt_cuda_error("copy from the host", c->index, e);
+}
+
+static lt_status cuda_synchronize(lt_device device) {
+  lt_cuda_ctx *c;
+  LT_TRY(lt_cuda_ctx_get(device, &c));
+  cudaError_t e = cudaStreamSynchronize(c->compute);
+  return e == cudaSuccess ? LT_OK : lt_cuda_error("a kernel failed", c->index, e);
+}
+
+lt_status lt_cuda_synchronize(int device_index) { return cuda_synchronize(LT_DEVICE_CUDA + device_index); }
+
+/* ---- kernels: the descriptors carry device pointers; pick the stream ---------- */
+
+/* The device of an iteration's output pointer (the current device: the host
+   made it current when it allocated or checked operands). */
+static lt_cuda_ctx *current_ctx(void) {
+  int index = 0;
+  cudaGetDevice(&index);
+  return &ctxs[index];
+}
+
+#define STREAM (current_ctx()->compute)
+
+static lt_status k_copy(const lt_iter *it) { return lt_cuda_copy(it, STREAM); }
+static lt_status k_fill(const lt_iter *it, double v) { return lt_cuda_fill(it, v, STREAM); }
+static lt_status k_unary(lt_unary_op op, lt_compute ck, const lt_iter *it) { return lt_cuda_unary(op, ck, it, STREAM); }
+static lt_status k_binary(lt_binary_op op, lt_compute ck, const lt_iter *it) {
+  return lt_cuda_binary(op, ck, it, STREAM);
+}
+static lt_status k_binary_scalar(lt_binary_op op, lt_compute ck, const lt_iter *it, double s, int reversed) {
+  return lt_cuda_binary_scalar(op, ck, it, s, reversed, STREAM);
+}
+static lt_status k_where(lt_compute ck, const lt_iter *it) { return lt_cuda_where(ck, it, STREAM); }
+static lt_status k_clamp(lt_compute ck, const lt_iter *it, double lo, int has_lo, double hi, int has_hi) {
+  return lt_cuda_clamp(ck, it, lo, has_lo, hi, has_hi, STREAM);
+}
+static lt_status k_reduce(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction) {
+  return lt_cuda_reduce(op, it, correction, STREAM);
+}
+static lt_status k_uniform(char *dst, lt_dtype dt, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) {
+  return lt_cuda_uniform(dst, dt, n, seed, offset, lo, hi, STREAM);
+}
+static lt_status k_normal(char *dst, lt_dtype dt, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                          double std) {
+  return lt_cuda_normal(dst, dt, n, seed, offset, mean, std, STREAM);
+}
+
+/* Index kernels report the first bad position through c->bad; reading it is
+   a synchronisation (the error must name the index before anything else runs). */
+static lt_status bad_begin(lt_cuda_ctx *c) {
+  cudaError_t e = cudaMemsetAsync(c->bad, 0xff, sizeof *c->bad, c->compute);
+  return e == cudaSuccess ? LT_OK : lt_cuda_error("index check", c->index, e);
+}
+
+static lt_status bad_end(lt_cuda_ctx *c, lt_status st, int64_t *bad) {
+  if (st != LT_OK)
+    return st;
+  cudaError_t e = cudaMemcpyAsync(c->bad_host, c->bad, sizeof *c->bad, cudaMemcpyDeviceToHost, c->compute);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(c->compute);
+  if (e != cudaSuccess)
+    return lt_cuda_error("index check", c->index, e);
+  if (*c->bad_host != ~0ULL) {
+    *bad = (int64_t)*c->bad_host;
+    return LT_ERR_ARG;
+  }
+  return LT_OK;
+}
+
+static lt_status k_index_select(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  LT_TRY(bad_begin(c));
+  return bad_end(c, lt_cuda_index_select(d, dst, src, elsize, c->bad, c->compute), bad);
+}
+
+static lt_status k_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dt, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  LT_TRY(bad_begin(c));
+  return bad_end(c, lt_cuda_index_add(d, dst, src, dt, c->bad, c->compute), bad);
+}
+
+static lt_status k_gather(const lt_iter *it, int64_t dim_stride, int64_t dim_size, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  LT_TRY(bad_begin(c));
+  return bad_end(c, lt_cuda_gather(it, dim_stride, dim_size, c->bad, c->compute), bad);
+}
+
+static lt_status k_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim_size, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  LT_TRY(bad_begin(c));
+  return bad_end(c, lt_cuda_scatter_add(it, dim_stride, dim_size, c->bad, c->compute), bad);
+}
+
+static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
+                                  void *rstd, int64_t N, int64_t C, double eps) {
+  return lt_cuda_layer_norm_fwd(dt, x, w, b, y, mean, rstd, N, C, eps, STREAM);
+}
+static lt_status k_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
+                                  const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C) {
+  return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dx, dw, db, N, C, STREAM);
+}
+static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N, int64_t C,
+                                double eps) {
+  return lt_cuda_rms_norm_fwd(dt, x, w, y, rstd, N, C, eps, STREAM);
+}
+static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd, void *dx,
+                                void *dw, int64_t N, int64_t C) {
+  return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dx, dw, N, C, STREAM);
+}
+static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm) {
+  return lt_cuda_softmax_fwd(dt, x, y, N, C, logsm, STREAM);
+}
+static lt_status k_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm) {
+  return lt_cuda_softmax_bwd(dt, y, dy, dx, N, C, logsm, STREAM);
+}
+static lt_status k_ce_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
+                          int64_t ignore, void *loss, void *lse, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  LT_TRY(bad_begin(c));
+  return bad_end(c, lt_cuda_cross_entropy_fwd(dt, x, targets, tdt, N, V, ignore, loss, lse, c->bad, c->compute), bad);
+}
+static lt_status k_ce_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
+                          int64_t ignore, const void *lse, const void *scale, void *dx) {
+  return lt_cuda_cross_entropy_bwd(dt, x, targets, tdt, N, V, ignore, lse, scale, dx, STREAM);
+}
+static lt_status k_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
+                        int64_t start, int inverse) {
+  return lt_cuda_rope(dt, x, y, R, Tn, D, base, start, inverse, STREAM);
+}
+
+const lt_backend_i lt_backend_cuda = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy_to_host = cuda_copy_to_host,
+    .copy_from_host = cuda_copy_from_host,
+    .synchronize = cuda_synchronize,
+    .copy = k_copy,
+    .fill = k_fill,
+    .unary = k_unary,
+    .binary = k_binary,
+    .binary_scalar = k_binary_scalar,
+    .where = k_where,
+    .clamp = k_clamp,
+    .reduce = k_reduce,
+    .matmul = lt_cuda_matmul,
+    .native_half_matmul = 1,
+    .index_select = k_index_select,
+    .index_add = k_index_add,
+    .gather = k_gather,
+    .scatter_add = k_scatter_add,
+    .uniform = k_uniform,
+    .normal = k_normal,
+    .layer_norm_fwd = k_layer_norm_fwd,
+    .layer_norm_bwd = k_layer_norm_bwd,
+    .rms_norm_fwd = k_rms_norm_fwd,
+    .rms_norm_bwd = k_rms_norm_bwd,
+    .softmax_fwd = k_softmax_fwd,
+    .softmax_bwd = k_softmax_bwd,
+    .cross_entropy_fwd = k_ce_fwd,
+    .cross_entropy_bwd = k_ce_bwd,
+    .rope = k_rope,
+};
+
+#else /* no CUDA in this build */
+
+#include "tensor-impl.h"
+
+void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak) {
+  (void)device_index;
+  *allocated = *reserved = *peak = 0;
+}
+void lt_cuda_reset_peak(int device_index) { (void)device_index; }
+void lt_cuda_empty_cache(int device_index) { (void)device_index; }
+lt_status lt_cuda_synchronize(int device_index) {
+  (void)device_index;
+  return LT_OK;
+}
+void lt_cuda_set_allow_tf32(int on) { (void)on; }
+
+#endif

@@ -1,0 +1,47 @@
+/*
+ * backend-cuda.h: the CUDA backend's per-device state, shared by
+ * backend-cuda.c (streams, allocator, vtable) and matmul-cuda.c (cuBLASLt).
+ * Only compiled with LT_WITH_CUDA.
+ */
+#ifndef LUTRA_BACKEND_CUDA_H
+#define LUTRA_BACKEND_CUDA_H
+
+#include "../kernels/cuda/cuda.h"
+#include "tensor-impl.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+enum { LT_CUDA_MAX_DEVICES = 16 };
+
+struct lt_cuda_block;
+struct lt_cuda_plan;
+
+typedef struct lt_cuda_ctx {
+  int ready, index;
+  cudaStream_t compute, comm;
+  /* index checks: the first bad position, on the device and pinned on the host */
+  unsigned long long *bad, *bad_host;
+  /* caching allocator (bytes are rounded to size classes) */
+  struct lt_cuda_block **free_lists;
+  size_t allocated, reserved, peak, peak_reserved;
+  int64_t nalloc;
+  /* cuBLASLt */
+  cublasLtHandle_t blas;
+  void *workspace;
+  size_t workspace_size;
+  struct lt_cuda_plan *plans; /* matmul plans cached by shape */
+  int nplans, cap_plans;
+} lt_cuda_ctx;
+
+/* The context of a cuda device, initialised on first use and made current.
+   Errors: no such device (naming what was found), initialisation failures. */
+lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out);
+/* A status for a failed CUDA call: "cuda:N: what: message (name)". */
+lt_status lt_cuda_error(const char *what, int device_index, cudaError_t e);
+
+/* matmul-cuda.c */
+lt_status lt_cuda_blas_init(lt_cuda_ctx *c);
+lt_status lt_cuda_matmul(const lt_matmul_desc *d);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * cuda.h: the CUDA kernels' launchers, called by host/backend-cuda.c. Each
+ * takes the descriptor the host built (tensor-impl.h) and the stream to run
+ * on, launches, checks the launch and returns a status. Kernels allocate
+ * nothing and keep no state: memory, streams and handles are the host's.
+ */
+#ifndef LUTRA_KERNELS_CUDA_H
+#define LUTRA_KERNELS_CUDA_H
+
+#include "../../host/tensor-impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *lt_cuda_stream;
+
+lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s);
+lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_stream s);
+lt_status lt_cuda_unary(lt_unary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s);
+lt_status lt_cuda_binary(lt_binary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s);
+lt_status lt_cuda_binary_scalar(lt_binary_op op, lt_compute ck, const lt_iter *it, double v, int reversed,
+                                lt_cuda_stream s);
+lt_status lt_cuda_where(lt_compute ck, const lt_iter *it, lt_cuda_stream s);
+lt_status lt_cuda_clamp(lt_compute ck, const lt_iter *it, double lo, int has_lo, double hi, int has_hi,
+                        lt_cuda_stream s);
+lt_status lt_cuda_reduce(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction, lt_cuda_stream s);
+lt_status lt_cuda_uniform(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo,
+                          double hi, lt_cuda_stream s);
+lt_status lt_cuda_normal(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                         double std, lt_cuda_stream s);
+/* index kernels: the first out-of-range index position goes into *bad
+   (device memory the host sets to all ones); nothing is written then */
+lt_status lt_cuda_index_select(const lt_index_desc *d, char *dst, const char *src, int64_t elsize,
+                               unsigned long long *bad, lt_cuda_stream s);
+lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype,
+                            unsigned long long *bad, lt_cuda_stream s);
+lt_status lt_cuda_gather(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,
+                         lt_cuda_stream s);
+lt_status lt_cuda_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,
+                              lt_cuda_stream s);
+
+/* nn row kernels on contiguous f32 or f64 data, as kernels/cpu/cpu.h */
+lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
+                                 void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
+lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
+                                 const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C,
+                                 lt_cuda_stream s);
+lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N, int64_t C,
+                               double eps, lt_cuda_stream s);
+lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd, void *dx,
+                               void *dw, int64_t N, int64_t C, lt_cuda_stream s);
+lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
+                              lt_cuda_stream s);
+lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,
+                              lt_cuda_stream s);
+/* cross-entropy: the first bad target row goes into *bad as for the index kernels */
+lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                    int64_t V, int64_t ignore, void *loss, void *lse, unsigned long long *bad,
+                                    lt_cuda_stream s);
+lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
+                                    int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx,
+                                    lt_cuda_stream s);
+lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
+                       int64_t start, int inverse, lt_cuda_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,423 @@
+/*
+ * nn.cu: the fused row kernels of kernels/cpu (norm.c, softmax.c, loss.c,
+ * rope.c) on the GPU, same formulas and edge rules, in f32 or f64 on
+ * contiguous rows (the host converts 16-bit floats): LayerNorm (Ba et al.
+ * 2016) and RMSNorm (Zhang and Sennrich 2019) with saved mean and rstd,
+ * softmax and log-softmax (rows of all -inf give zeros), cross-entropy fused
+ * with log-softmax (no probabilities stored), and rotary embeddings (Su et
+ * al. 2021, the Hugging Face half-split layout).
+ *
+ * One block per row; row sums accumulate in f64 through lt_block_sum in a
+ * fixed order. Weight and bias gradients sum over rows on one thread per
+ * column, in row order, so they are deterministic.
+ */
+#include "common.cuh"
+
+#include <math.h>
+
+static const int THREADS = 256;
+
+__device__ __forceinline__ float t_exp(float x) { return expf(x); }
+__device__ __forceinline__ double t_exp(double x) { return exp(x); }
+
+static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 65535LL * 32); }
+
+/* ---- LayerNorm / RMSNorm -------------------------------------------------- */
+
+template <typename T>
+__global__ void layer_norm_fwd_kernel(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd, int64_t N,
+                                      int64_t C, double eps) {
+  __shared__ double sh[32];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *xr = x + r * C;
+    double m = 0, v = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      m += xr[c];
+    m = lt_block_sum(m, sh) / (double)C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      double d = xr[c] - m;
+      v += d * d;
+    }
+    v = lt_block_sum(v, sh) / (double)C;
+    T s = (T)(1.0 / sqrt(v + eps)), mt = (T)m;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      y[r * C + c] = (xr[c] - mt) * s * (w ? w[c] : (T)1) + (b ? b[c] : (T)0);
+    if (threadIdx.x == 0) {
+      mean[r] = mt;
+      rstd[r] = s;
+    }
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *mean, const T *rstd, T *dx,
+                                     int64_t N, int64_t C) {
+  __shared__ double sh[32];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *xr = x + r * C, *gr = dy + r * C;
+    T m = mean[r], s = rstd[r];
+    double sg = 0, sgn = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = gr[c] * (w ? w[c] : (T)1), n = (xr[c] - m) * s;
+      sg += g;
+      sgn += g * n;
+    }
+    T mg = (T)(lt_block_sum(sg, sh) / (double)C);
+    T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = gr[c] * (w ? w[c] : (T)1), n = (xr[c] - m) * s;
+      dx[r * C + c] = s * (g - mg - n * mgn);
+    }
+  }
+}
+
+/* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL) */
+template <typename T>
+__global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *rstd, T *dw, T *db, int64_t N,
+                               int64_t C) {
+  LT_GRID_STRIDE(c, C) {
+    double aw = 0, ab = 0;
+    for (int64_t r = 0; r < N; r++) {
+      T g = dy[r * C + c];
+      aw += g * ((x[r * C + c] - (mean ? mean[r] : (T)0)) * rstd[r]);
+      ab += g;
+    }
+    if (dw)
+      dw[c] = (T)aw;
+    if (db)
+      db[c] = (T)ab;
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_fwd_kernel(const T *x, const T *w, T *y, T *rstd, int64_t N, int64_t C, double eps) {
+  __shared__ double sh[32];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *xr = x + r * C;
+    double ss = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      ss += (double)xr[c] * xr[c];
+    ss = lt_block_sum(ss, sh);
+    T s = (T)(1.0 / sqrt(ss / (double)C + eps));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      y[r * C + c] = xr[c] * s * (w ? w[c] : (T)1);
+    if (threadIdx.x == 0)
+      rstd[r] = s;
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *rstd, T *dx, int64_t N, int64_t C) {
+  __shared__ double sh[32];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *xr = x + r * C, *gr = dy + r * C;
+    T s = rstd[r];
+    double sgn = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      sgn += gr[c] * (w ? w[c] : (T)1) * xr[c] * s;
+    T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = gr[c] * (w ? w[c] : (T)1), n = xr[c] * s;
+      dx[r * C + c] = s * (g - n * mgn);
+    }
+  }
+}
+
+/* ---- softmax ----------------------------------------------------------------- */
+
+template <typename T> __global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int logsm) {
+  __shared__ double sh[32];
+  const T ninf = -(T)INFINITY;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *xr = x + r * C;
+    T *yr = y + r * C;
+    double mloc = -CUDART_INF;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      mloc = fmax(mloc, (double)xr[c]);
+    T m = (T)lt_block_max(mloc, sh);
+    if (m == ninf) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        yr[c] = logsm ? ninf : (T)0;
+      continue;
+    }
+    double sum = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      sum += t_exp(xr[c] - m);
+    sum = lt_block_sum(sum, sh);
+    if (logsm) {
+      T lse = m + (T)log(sum);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        yr[c] = xr[c] - lse;
+    } else {
+      T inv = (T)(1.0 / sum);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        yr[c] = t_exp(xr[c] - m) * inv;
+    }
+  }
+}
+
+template <typename T>
+__global__ void softmax_bwd_kernel(const T *y, const T *dy, T *dx, int64_t N, int64_t C, int logsm) {
+  __shared__ double sh[32];
+  const T ninf = -(T)INFINITY;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const T *yr = y + r * C, *gr = dy + r * C;
+    T *xr = dx + r * C;
+    if (logsm) {
+      double live = 0; /* entries that are not -inf */
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        live += yr[c] != ninf;
+      if (lt_block_sum(live, sh) == 0) {
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+          xr[c] = 0;
+        continue;
+      }
+      double s = 0;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        s += gr[c];
+      T st = (T)lt_block_sum(s, sh);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        xr[c] = gr[c] - t_exp(yr[c]) * st;
+    } else {
+      double s = 0;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        s += (double)gr[c] * yr[c];
+      T st = (T)lt_block_sum(s, sh);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        xr[c] = yr[c] * (gr[c] - st);
+    }
+  }
+}
+
+/* ---- cross-entropy ------------------------------------------------------------- */
+
+__device__ __forceinline__ int64_t target_at(const char *p, int dt, int64_t i) {
+  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
+__global__ void ce_check_kernel(const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
+                                unsigned long long *bad) {
+  LT_GRID_STRIDE(r, N) {
+    int64_t t = target_at(tgt, tdt, r);
+    if (t != ignore && (t < 0 || t >= V))
+      atomicMin(bad, (unsigned long long)r);
+  }
+}
+
+template <typename T>
+__global__ void ce_fwd_kernel(const T *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore, T *loss,
+                              T *lse, const unsigned long long *bad) {
+  __shared__ double sh[32];
+  if (*bad != ~0ULL)
+    return;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    int64_t t = target_at(tgt, tdt, r);
+    const T *xr = x + r * V;
+    if (t == ignore) {
+      if (threadIdx.x == 0)
+        loss[r] = lse[r] = 0;
+      continue;
+    }
+    double mloc = -CUDART_INF;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
+      mloc = fmax(mloc, (double)xr[c]);
+    T m = (T)lt_block_max(mloc, sh);
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
+      s += t_exp(xr[c] - m);
+    s = lt_block_sum(s, sh);
+    if (threadIdx.x == 0) {
+      T l = m + (T)log(s);
+      lse[r] = l;
+      loss[r] = l - xr[t];
+    }
+  }
+}
+
+template <typename T>
+__global__ void ce_bwd_kernel(const T *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
+                              const T *lse, const T *scale, T *dx) {
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    int64_t t = target_at(tgt, tdt, r);
+    const T *xr = x + r * V;
+    T *dr = dx + r * V;
+    if (t == ignore) {
+      for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
+        dr[c] = 0;
+      continue;
+    }
+    T l = lse[r], s = scale[r];
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
+      dr[c] = t_exp(xr[c] - l) * s - (c == t ? s : (T)0);
+  }
+}
+
+/* ---- rope ---------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void rope_kernel(const T *x, T *y, int64_t R, int64_t Tn, int64_t D, double base, int64_t start,
+                            double sign) {
+  int64_t h = D / 2;
+  LT_GRID_STRIDE(e, R * Tn * h) {
+    int64_t i = e % h, rt = e / h, t = rt % Tn;
+    double ang = (double)(start + t) * pow(base, -2.0 * (double)i / (double)D);
+    T c = (T)cos(ang), s = (T)(sign * sin(ang));
+    const T *xr = x + rt * D;
+    T *yr = y + rt * D;
+    T a = xr[i], b = xr[i + h];
+    yr[i] = a * c - b * s;
+    yr[i + h] = b * c + a * s;
+  }
+}
+
+/* ---- launchers ------------------------------------------------------------------ */
+
+
+extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y,
+                                            void *mean, void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  if (dt == LT_DTYPE_F64)
+    layer_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const double *)x, (const double *)w, (const double *)b, (double *)y, (double *)mean, (double *)rstd, N, C, eps);
+  else
+    layer_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const float *)x, (const float *)w, (const float *)b, (float *)y, (float *)mean, (float *)rstd, N, C, eps);
+  return lt_cuda_check_launch("layer_norm_fwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w,
+                                            const void *mean, const void *rstd, void *dx, void *dw, void *db,
+                                            int64_t N, int64_t C, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  cudaStream_t cs = (cudaStream_t)s;
+  if (dt == LT_DTYPE_F64) {
+    typedef double T;
+    if (dx)
+      layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                               (const T *)mean, (const T *)rstd, (T *)dx, N, C);
+    if (dw || db)
+      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
+                                                                       (const T *)rstd, (T *)dw, (T *)db, N, C);
+  } else {
+    typedef float T;
+    if (dx)
+      layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                               (const T *)mean, (const T *)rstd, (T *)dx, N, C);
+    if (dw || db)
+      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
+                                                                       (const T *)rstd, (T *)dw, (T *)db, N, C);
+  }
+  return lt_cuda_check_launch("layer_norm backward");
+}
+
+extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
+                                          int64_t C, double eps, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  if (dt == LT_DTYPE_F64)
+    rms_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const double *)x, (const double *)w, (double *)y, (double *)rstd, N, C, eps);
+  else
+    rms_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const float *)x, (const float *)w, (float *)y, (float *)rstd, N, C, eps);
+  return lt_cuda_check_launch("rms_norm_fwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
+                                          void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  cudaStream_t cs = (cudaStream_t)s;
+  if (dt == LT_DTYPE_F64) {
+    typedef double T;
+    if (dx)
+      rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                             (const T *)rstd, (T *)dx, N, C);
+    if (dw)
+      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, NULL,
+                                                                       (const T *)rstd, (T *)dw, NULL, N, C);
+  } else {
+    typedef float T;
+    if (dx)
+      rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                             (const T *)rstd, (T *)dx, N, C);
+    if (dw)
+      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, NULL,
+                                                                       (const T *)rstd, (T *)dw, NULL, N, C);
+  }
+  return lt_cuda_check_launch("rms_norm backward");
+}
+
+extern "C" lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
+                                         lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  if (dt == LT_DTYPE_F64)
+    softmax_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, N, C, logsm);
+  else
+    softmax_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, N, C, logsm);
+  return lt_cuda_check_launch("softmax_fwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
+                                         int logsm, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  if (dt == LT_DTYPE_F64)
+    softmax_bwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)y, (const double *)dy,
+                                                                              (double *)dx, N, C, logsm);
+  else
+    softmax_bwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)y, (const float *)dy,
+                                                                             (float *)dx, N, C, logsm);
+  return lt_cuda_check_launch("softmax_bwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
+                                               int64_t N, int64_t V, int64_t ignore, void *loss, void *lse,
+                                               unsigned long long *bad, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  cudaStream_t cs = (cudaStream_t)s;
+  ce_check_kernel<<<lt_cuda_blocks(N, THREADS), THREADS, 0, cs>>>(targets, tdt, N, V, ignore, bad);
+  lt_status st = lt_cuda_check_launch("cross_entropy check");
+  if (st != LT_OK)
+    return st;
+  if (dt == LT_DTYPE_F64)
+    ce_fwd_kernel<double><<<rows_grid(N), THREADS, 0, cs>>>((const double *)x, targets, tdt, N, V, ignore,
+                                                            (double *)loss, (double *)lse, bad);
+  else
+    ce_fwd_kernel<float><<<rows_grid(N), THREADS, 0, cs>>>((const float *)x, targets, tdt, N, V, ignore,
+                                                           (float *)loss, (float *)lse, bad);
+  return lt_cuda_check_launch("ce_fwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
+                                               int64_t N, int64_t V, int64_t ignore, const void *lse,
+                                               const void *scale, void *dx, lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  if (dt == LT_DTYPE_F64)
+    ce_bwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const double *)x, targets, tdt, N, V, ignore, (const double *)lse, (const double *)scale, (double *)dx);
+  else
+    ce_bwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
+        (const float *)x, targets, tdt, N, V, ignore, (const float *)lse, (const float *)scale, (float *)dx);
+  return lt_cuda_check_launch("ce_bwd_kernel");
+}
+
+extern "C" lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
+                                  int64_t start, int inverse, lt_cuda_stream s) {
+  int64_t n = R * Tn * (D / 2);
+  if (n == 0)
+    return LT_OK;
+  double sign = inverse ? -1.0 : 1.0;
+  if (dt == LT_DTYPE_F64)
+    rope_kernel<double><<<lt_cuda_blocks(n, THREADS), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, R,
+                                                                                     Tn, D, base, start, sign);
+  else
+    rope_kernel<float><<<lt_cuda_blocks(n, THREADS), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, R,
+                                                                                    Tn, D, base, start, sign);
+  return lt_cuda_check_launch("rope_kernel");
+}
