@@ -8,13 +8,16 @@
 -- measured product rate. When torch is installed, bench/gpt2_gpu_torch.py
 -- runs the same model in the same call (tests/gpu/run.sh prints the ratio).
 --
---   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2]
+-- The embedding rows are padded to a multiple of pad_vocab (128: 50304
+-- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
+--
+--   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
 local lt = require "lutra"
 
-local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024 }
+local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
-  if not k or opts[k] == nil then error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024]") end
+  if not k or opts[k] == nil then error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] [--pad_vocab=128]") end
   opts[k] = tonumber(v) or v
 end
 
@@ -60,7 +63,8 @@ local function bench(dtype, B)
   collectgarbage()
   lt.cuda.empty_cache()
   lt.cuda.reset_peak_memory_stats()
-  local model = lt.models.gpt2(opts.model, { generator = lt.Generator(1) })
+  local model = lt.models.gpt2(opts.model,
+    { generator = lt.Generator(1), pad_vocab = opts.pad_vocab > 0 and opts.pad_vocab or nil })
   model:to(DEV, dtype)
   local cfg, T = model.config, opts.T
   local N = model:num_parameters()

@@ -8,8 +8,8 @@
  * al. 2021, the Hugging Face half-split layout).
  *
  * One block per row; row sums accumulate in f64 through lt_block_sum in a
- * fixed order. Weight and bias gradients sum over rows on one thread per
- * column, in row order, so they are deterministic.
+ * fixed order. Weight and bias gradients sum over rows in blocks of 32
+ * columns, in a fixed order, so they are deterministic.
  */
 #include "common.cuh"
 
@@ -19,6 +19,8 @@ static const int THREADS = 256;
 
 __device__ __forceinline__ float t_exp(float x) { return expf(x); }
 __device__ __forceinline__ double t_exp(double x) { return exp(x); }
+
+static unsigned dw_grid(int64_t C) { return (unsigned)((C + 31) / 32); }
 
 static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 65535LL * 32); }
 
@@ -71,21 +73,37 @@ __global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const 
   }
 }
 
-/* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL) */
+/* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL): blocks of
+   32 columns x 32 row stripes; each stripe sums its rows in order, then the
+   stripes combine in a fixed tree (deterministic, reads coalesced). */
+enum { DW_X = 32, DW_Y = 32 };
 template <typename T>
 __global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *rstd, T *dw, T *db, int64_t N,
                                int64_t C) {
-  LT_GRID_STRIDE(c, C) {
-    double aw = 0, ab = 0;
-    for (int64_t r = 0; r < N; r++) {
+  __shared__ double sw[DW_Y][DW_X], sb[DW_Y][DW_X];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int64_t c = (int64_t)blockIdx.x * DW_X + tx;
+  double aw = 0, ab = 0;
+  if (c < C)
+    for (int64_t r = ty; r < N; r += DW_Y) {
       T g = dy[r * C + c];
       aw += g * ((x[r * C + c] - (mean ? mean[r] : (T)0)) * rstd[r]);
       ab += g;
     }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  for (int s = DW_Y / 2; s > 0; s >>= 1) {
+    __syncthreads();
+    if (ty < s) {
+      sw[ty][tx] += sw[ty + s][tx];
+      sb[ty][tx] += sb[ty + s][tx];
+    }
+  }
+  if (ty == 0 && c < C) {
     if (dw)
-      dw[c] = (T)aw;
+      dw[c] = (T)sw[0][tx];
     if (db)
-      db[c] = (T)ab;
+      db[c] = (T)sb[0][tx];
   }
 }
 
@@ -298,7 +316,7 @@ extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const v
       layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
                                                                (const T *)mean, (const T *)rstd, (T *)dx, N, C);
     if (dw || db)
-      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
+      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
                                                                        (const T *)rstd, (T *)dw, (T *)db, N, C);
   } else {
     typedef float T;
@@ -306,7 +324,7 @@ extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const v
       layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
                                                                (const T *)mean, (const T *)rstd, (T *)dx, N, C);
     if (dw || db)
-      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
+      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
                                                                        (const T *)rstd, (T *)dw, (T *)db, N, C);
   }
   return lt_cuda_check_launch("layer_norm backward");
@@ -336,7 +354,7 @@ extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const voi
       rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
                                                              (const T *)rstd, (T *)dx, N, C);
     if (dw)
-      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, NULL,
+      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL,
                                                                        (const T *)rstd, (T *)dw, NULL, N, C);
   } else {
     typedef float T;
@@ -344,7 +362,7 @@ extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const voi
       rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
                                                              (const T *)rstd, (T *)dx, N, C);
     if (dw)
-      norm_dw_kernel<T><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>((const T *)dy, (const T *)x, NULL,
+      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL,
                                                                        (const T *)rstd, (T *)dw, NULL, N, C);
   }
   return lt_cuda_check_launch("rms_norm backward");

@@ -3,8 +3,10 @@
  * reduced dims of an lt_reduce_iter, with the CPU's rules (kernels/cpu/
  * reduce.c): floats accumulate in f64 and integers in i64; max/min take the
  * first NaN; ties go to the lowest position; var is two-pass (mean first).
- * Wide reductions run one block per output (a fixed tree, so results do not
- * vary from run to run); narrow ones one thread per output.
+ * Wide reductions run a block per output, or per 32 outputs that lie side
+ * by side in memory (column sums such as bias gradients), folding in a
+ * fixed tree so results do not vary from run to run; narrow ones run one
+ * thread per output.
  */
 #include "common.cuh"
 
@@ -102,12 +104,13 @@ __device__ void accumulate(int op, const lt_reduce_iter &it, int64_t base, int64
   }
 }
 
-/* Reduces the block's partials into sh[0] in a fixed tree. */
+/* Reduces column x of the block's partials (sh[y * X + x]) into sh[x], in a fixed tree over y. */
 __device__ void block_combine(int op, bool integer, partial *sh) {
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+  int X = blockDim.x, x = threadIdx.x, y = threadIdx.y;
+  for (int s = blockDim.y / 2; s > 0; s >>= 1) {
     __syncthreads();
-    if ((int)threadIdx.x < s)
-      combine(op, integer, sh[threadIdx.x], sh[threadIdx.x + s]);
+    if (y < s)
+      combine(op, integer, sh[y * X + x], sh[(y + s) * X + x]);
   }
   __syncthreads();
 }
@@ -152,25 +155,32 @@ __device__ void finish(int op, const lt_reduce_iter &it, int64_t out_off, bool i
   }
 }
 
+/* blockDim (X, Y): X consecutive outputs per block (coalesced reads when the
+   input's innermost kept dim is contiguous), Y threads folding each one. */
 __global__ void reduce_block_kernel(lt_reduce_iter it, int op, int64_t correction, bool integer) {
   __shared__ partial sh[THREADS];
   bool var = op == LT_REDUCE_VAR || op == LT_REDUCE_STD;
   int first = var ? LT_REDUCE_SUM : op;
-  for (int64_t o = blockIdx.x; o < it.out_numel; o += gridDim.x) {
-    int64_t in_off, out_off;
-    out_offsets(it, o, &in_off, &out_off);
-    accumulate(first, it, in_off, threadIdx.x, blockDim.x, integer, 0, sh[threadIdx.x]);
+  int X = blockDim.x, x = threadIdx.x, y = threadIdx.y;
+  partial *mine = &sh[y * X + x];
+  for (int64_t o0 = (int64_t)blockIdx.x * X; o0 < it.out_numel; o0 += (int64_t)gridDim.x * X) {
+    int64_t o = o0 + x;
+    bool live = o < it.out_numel;
+    int64_t in_off = 0, out_off = 0;
+    if (live)
+      out_offsets(it, o, &in_off, &out_off);
+    accumulate(first, it, in_off, live ? y : it.red_numel, blockDim.y, integer, 0, *mine);
     block_combine(first, integer, sh);
-    partial acc = sh[0];
+    partial acc = sh[x];
     double var_sum = 0;
     if (var) {
       double mean = acc.sum / (double)it.red_numel;
       __syncthreads();
-      accumulate(LT_REDUCE_VAR, it, in_off, threadIdx.x, blockDim.x, integer, mean, sh[threadIdx.x]);
+      accumulate(LT_REDUCE_VAR, it, in_off, live ? y : it.red_numel, blockDim.y, integer, mean, *mine);
       block_combine(LT_REDUCE_VAR, integer, sh);
-      var_sum = sh[0].sum;
+      var_sum = sh[x].sum;
     }
-    if (threadIdx.x == 0)
+    if (y == 0 && live)
       finish(op, it, out_off, integer, acc, var_sum, correction);
     __syncthreads();
   }
@@ -204,7 +214,11 @@ extern "C" lt_status lt_cuda_reduce(lt_reduce_op op, const lt_reduce_iter *it, i
                                                                                                    correction, integer);
     return lt_cuda_check_launch("reduce_thread_kernel");
   }
-  unsigned grid = (unsigned)(it->out_numel < 65535LL * 32 ? it->out_numel : 65535LL * 32);
-  reduce_block_kernel<<<grid, THREADS, 0, (cudaStream_t)s>>>(*it, (int)op, correction, integer);
+  /* outputs side by side in memory: 32 per block, 8 threads on each; else one output per block */
+  bool side_by_side = it->nkeep > 0 && it->in_keep_strides[it->nkeep - 1] == 1 && it->out_numel >= 32;
+  dim3 block = side_by_side ? dim3(32, THREADS / 32) : dim3(1, THREADS);
+  int64_t groups = (it->out_numel + block.x - 1) / block.x;
+  unsigned grid = (unsigned)(groups < 65535LL * 32 ? groups : 65535LL * 32);
+  reduce_block_kernel<<<grid, block, 0, (cudaStream_t)s>>>(*it, (int)op, correction, integer);
   return lt_cuda_check_launch("reduce_block_kernel");
 }

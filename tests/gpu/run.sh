@@ -45,11 +45,16 @@ step "GPU checks (CUDA against PyTorch fixtures and the CPU)"
 timeout 180 ./lutra tests/gpu/checks.lua
 gpu_status=$?
 
+step "benchmark: the ops of a GPT-2 step, one by one"
+timeout 90 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16
+
 step "benchmark: GPT-2 124M on the GPU (lutra)"
 timeout 120 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=8,16 --dtypes=bf16,f32 | tee "$OUT/bench-lutra.txt"
 
 step "benchmark: the same model in PyTorch (torch.compile, fused attention and AdamW)"
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+if [ "${LUTRA_BENCH_TORCH:-1}" = 0 ]; then
+  echo "skipped (LUTRA_BENCH_TORCH=0)"
+elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   for B in 16; do
     PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpt2_gpu_torch.py $B 6 1 2>&1 | tail -1 | tee -a "$OUT/bench-torch.txt"
   done

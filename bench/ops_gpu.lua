@@ -1,0 +1,119 @@
+--- bench/ops_gpu.lua: the CUDA ops a GPT-2 124M training step spends its time
+-- in, at that step's sizes (B=8, T=1024, C=768, V=50257, 12 heads), each
+-- timed alone: milliseconds per call (median of 10 after a warm-up, the
+-- device synchronised around each), and GB/s or TFLOP/s where one number
+-- describes the op. Backward rows time forward plus backward.
+--
+--   ./lutra bench/ops_gpu.lua [--B=8] [--dtype=bf16] [--device=cuda]
+local lt = require "lutra"
+local F = lt.F
+
+local opts = { B = 8, dtype = "bf16", device = "cuda" }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^%-%-([%w_]+)=(.*)$")
+  if not k or opts[k] == nil then error("usage: lutra bench/ops_gpu.lua [--B=8] [--dtype=bf16] [--device=cuda]") end
+  opts[k] = tonumber(v) or v
+end
+local n, why = lt.cuda.device_count()
+if n == 0 and opts.device ~= "cpu" then
+  print(("skipped: no CUDA device (%s)"):format(why))
+  return
+end
+
+local D, DT = opts.device, opts.dtype
+local B, T, C, V, NH = opts.B, 1024, 768, 50257, 12
+local BT = B * T
+local esize = ({ f32 = 4, bf16 = 2, f16 = 2, f64 = 8 })[DT]
+
+local sync = D == "cpu" and function() end or lt.cuda.synchronize
+local function time(fn)
+  fn()
+  sync()
+  local ts = {}
+  for i = 1, 10 do
+    local t0 = lt.clock()
+    fn()
+    sync()
+    ts[i] = lt.clock() - t0
+  end
+  table.sort(ts)
+  return ts[5] * 1e3
+end
+
+local function randn(shape, grad)
+  local t = lt.randn(shape, { dtype = DT, device = D })
+  if grad then t:requires_grad_() end
+  return t
+end
+
+local rows = {}
+local function row(name, ms, what)
+  rows[#rows + 1] = { name, ms, what or "" }
+  print(("%-44s %9.3f ms  %s"):format(name, ms, what or ""))
+end
+
+local function bw(bytes, ms) return ("%.0f GB/s"):format(bytes / (ms * 1e-3) / 1e9) end
+local function fl(flops, ms) return ("%.1f TFLOP/s"):format(flops / (ms * 1e-3) / 1e12) end
+
+print(("GPT-2 124M step sizes: B=%d T=%d C=%d V=%d, dtype %s"):format(B, T, C, V, DT))
+
+-- matrix products (forward shapes of one layer and the head)
+local x = randn({ BT, C })
+for _, s in ipairs { { "qkv", 3 * C }, { "attn proj", C }, { "mlp fc", 4 * C } } do
+  local w = randn({ s[2], C })
+  local ms = time(function() return lt.matmul(x, w:t()) end)
+  row(("matmul %s (%d x %d) @ (%d x %d)^T"):format(s[1], BT, C, s[2], C), ms, fl(2 * BT * C * s[2], ms))
+end
+for _, vv in ipairs { V, 50304 } do
+  local w = randn({ vv, C })
+  local ms = time(function() return lt.matmul(x, w:t()) end)
+  row(("matmul head to V=%d"):format(vv), ms, fl(2 * BT * C * vv, ms))
+end
+
+-- elementwise and reductions
+local y = randn({ BT, C })
+local ms = time(function() return x + y end)
+row("add (BT, C)", ms, bw(3 * BT * C * esize, ms))
+local h = randn({ BT, 4 * C })
+ms = time(function() return F.gelu(h) end)
+row("gelu (BT, 4C)", ms, bw(2 * BT * 4 * C * esize, ms))
+ms = time(function() return h:sum(1) end)
+row("bias gradient: sum over BT of (BT, 4C)", ms, bw(BT * 4 * C * esize, ms))
+ms = time(function() return x:to("f32") end)
+row(DT .. " -> f32 (BT, C)", ms, bw(BT * C * (esize + 4), ms))
+
+-- norms, softmax, loss, embedding, attention: forward + backward
+local function fwd_bwd(name, make, bytes)
+  local ins = make()
+  local f = ins.f
+  local msf = time(function() return f() end)
+  row(name .. " forward", msf, bytes and bw(bytes, msf))
+  local msb = time(function()
+    for _, t in ipairs(ins.params) do t.grad = nil end
+    f():sum():backward()
+  end)
+  row(name .. " forward+backward", msb)
+end
+
+fwd_bwd("layer_norm (BT, C)", function()
+  local xx, w, b = randn({ BT, C }, true), randn({ C }, true), randn({ C }, true)
+  return { params = { xx, w, b }, f = function() return F.layer_norm(xx, w, b) end }
+end, 2 * BT * C * esize)
+fwd_bwd("softmax (B*NH*T, T)", function()
+  local s = randn({ B * NH * T, T }, true)
+  return { params = { s }, f = function() return F.softmax(s, -1) end }
+end, 2 * B * NH * T * T * esize)
+fwd_bwd("cross_entropy (BT, V)", function()
+  local logits = randn({ BT, V }, true)
+  local tgt = lt.randint(0, V, { BT }, { device = D })
+  return { params = { logits }, f = function() return (F.cross_entropy(logits, tgt)) end }
+end, BT * V * esize)
+fwd_bwd("embedding (V, C) with BT ids", function()
+  local wte = randn({ V, C }, true)
+  local ids = lt.randint(0, V, { BT }, { device = D })
+  return { params = { wte }, f = function() return F.embedding(ids, wte) end }
+end, 2 * BT * C * esize)
+fwd_bwd("causal attention (B, NH, T, 64)", function()
+  local q, k, v = randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true)
+  return { params = { q, k, v }, f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true }) end }
+end)
