@@ -122,8 +122,14 @@ template <> __device__ __forceinline__ void lt_store<int64_t>(char *p, int dt, i
   }
 }
 
-/* Operand offsets (elements) of linear index i of an lt_iter. */
+/* Operand offsets (elements) of linear index i of an lt_iter (1-D
+   iterations, the usual case after the host merges dims, need no division). */
 __device__ __forceinline__ void lt_offsets(const lt_iter &it, int64_t i, int64_t *offs) {
+  if (it.ndim == 1) {
+    for (int k = 0; k < LT_ITER_MAX_OPS; k++)
+      offs[k] = k < it.nops ? i * it.strides[k][0] : 0;
+    return;
+  }
   for (int k = 0; k < LT_ITER_MAX_OPS; k++)
     offs[k] = 0;
   for (int d = it.ndim - 1; d >= 0; d--) {

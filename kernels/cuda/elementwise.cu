@@ -3,7 +3,9 @@
  * clamp on the GPU over an lt_iter (any strides, broadcasting by zero
  * strides, mixed dtypes), computing in f32 (f32/bf16/f16), f64 or i64 as
  * the host chose, with the same formulas and NaN rules as kernels/cpu.
- * One thread per element in a grid-stride loop.
+ * One thread per element in a grid-stride loop; where every operand is
+ * contiguous with one 16-bit or f32 dtype and computes in f32 (most of a
+ * training step), 16-byte vector loads and stores instead.
  */
 #include "common.cuh"
 
@@ -191,6 +193,98 @@ template <typename T> __global__ void fill_kernel(lt_iter it, T v) {
   }
 }
 
+/* ---- contiguous fast path: one storage type E, f32 compute, 16-byte vectors ---- */
+
+template <typename E> struct store_type;
+template <> struct store_type<float> {
+  static __device__ __forceinline__ float get(float v) { return v; }
+  static __device__ __forceinline__ float put(float v) { return v; }
+};
+template <> struct store_type<__nv_bfloat16> {
+  static __device__ __forceinline__ float get(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 put(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct store_type<__half> {
+  static __device__ __forceinline__ float get(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half put(float v) { return __float2half_rn(v); }
+};
+
+enum { FAST_UNARY, FAST_BINARY, FAST_SCALAR, FAST_FILL };
+
+template <typename E>
+__device__ __forceinline__ float fast_op(int kind, int op, float a, float b, float v, int reversed) {
+  switch (kind) {
+  case FAST_UNARY: return unary_op<float>(op, a);
+  case FAST_BINARY: return binary_op<float>(op, a, b);
+  case FAST_SCALAR: return reversed ? binary_op<float>(op, v, a) : binary_op<float>(op, a, v);
+  default: return v;
+  }
+}
+
+template <typename E>
+__global__ void fast_kernel(int kind, int op, E *out, const E *a, const E *b, int64_t n, float v, int reversed) {
+  typedef store_type<E> S;
+  const int VEC = 16 / sizeof(E);
+  int64_t nvec = n / VEC;
+  LT_GRID_STRIDE(i, nvec) {
+    union {
+      uint4 raw;
+      E e[16 / sizeof(E)];
+    } ra, rb, ro;
+    if (kind != FAST_FILL)
+      ra.raw = ((const uint4 *)a)[i];
+    if (kind == FAST_BINARY)
+      rb.raw = ((const uint4 *)b)[i];
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+      ro.e[j] = S::put(fast_op<E>(kind, op, kind != FAST_FILL ? S::get(ra.e[j]) : 0.f,
+                                  kind == FAST_BINARY ? S::get(rb.e[j]) : 0.f, v, reversed));
+    ((uint4 *)out)[i] = ro.raw;
+  }
+  for (int64_t i = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = S::put(fast_op<E>(kind, op, kind != FAST_FILL ? S::get(a[i]) : 0.f,
+                               kind == FAST_BINARY ? S::get(b[i]) : 0.f, v, reversed));
+}
+
+/* Launches the fast path when it applies (operands 0..nin contiguous, one
+   dtype f32/bf16/f16, 16-byte aligned); returns 0 when it does not. */
+static int try_fast(int kind, int op, lt_compute ck, const lt_iter *it, int nin, float v, int reversed,
+                    cudaStream_t s, lt_status *st) {
+  if (ck != LT_COMPUTE_F32 || it->numel == 0 || it->ndim > 1)
+    return 0;
+  int dt = it->dtypes[0];
+  if (dt != LT_DTYPE_F32 && dt != LT_DTYPE_BF16 && dt != LT_DTYPE_F16)
+    return 0;
+  for (int k = 0; k <= nin; k++) {
+    if (it->dtypes[k] != dt || ((uintptr_t)it->data[k] & 15))
+      return 0;
+    if (it->ndim == 1 && it->strides[k][0] != 1)
+      return 0;
+  }
+  unsigned grid = lt_cuda_blocks((it->numel + 7) / 8, THREADS);
+  char *o = it->data[0];
+  const char *a = nin > 0 ? it->data[1] : NULL, *b = nin > 1 ? it->data[2] : NULL;
+  if (dt == LT_DTYPE_F32)
+    fast_kernel<float><<<grid, THREADS, 0, s>>>(kind, op, (float *)o, (const float *)a, (const float *)b, it->numel,
+                                                v, reversed);
+  else if (dt == LT_DTYPE_BF16)
+    fast_kernel<__nv_bfloat16><<<grid, THREADS, 0, s>>>(kind, op, (__nv_bfloat16 *)o, (const __nv_bfloat16 *)a,
+                                                        (const __nv_bfloat16 *)b, it->numel, v, reversed);
+  else
+    fast_kernel<__half><<<grid, THREADS, 0, s>>>(kind, op, (__half *)o, (const __half *)a, (const __half *)b,
+                                                 it->numel, v, reversed);
+  *st = lt_cuda_check_launch("fast_kernel");
+  return 1;
+}
+
+#define TRY_FAST(kind, op, ck, nin, v, reversed)                                                     \
+  do {                                                                                              \
+    lt_status fst_;                                                                                 \
+    if (try_fast((kind), (op), (ck), it, (nin), (v), (reversed), (cudaStream_t)s, &fst_))            \
+      return fst_;                                                                                  \
+  } while (0)
+
 static int is_float_dt(int d) { return d == LT_DTYPE_F32 || d == LT_DTYPE_F64 || d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
 
 static int64_t elem_size(int d) {
@@ -210,8 +304,40 @@ static int64_t elem_size(int d) {
     return lt_cuda_check_launch(#kernel);                                                    \
   } while (0)
 
+/* Converts contiguous 16-bit floats and f32 into each other. */
+template <typename D, typename S> __global__ void convert_fast_kernel(D *dst, const S *src, int64_t n) {
+  LT_GRID_STRIDE(i, n) dst[i] = store_type<D>::put(store_type<S>::get(src[i]));
+}
+
+static bool is_f32_or_half(int d) { return d == LT_DTYPE_F32 || d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
+
+template <typename D>
+static lt_status convert_from(char *dst, const char *src, int sd, int64_t n, cudaStream_t s) {
+  unsigned g = lt_cuda_blocks(n, THREADS);
+  if (sd == LT_DTYPE_F32)
+    convert_fast_kernel<D, float><<<g, THREADS, 0, s>>>((D *)dst, (const float *)src, n);
+  else if (sd == LT_DTYPE_BF16)
+    convert_fast_kernel<D, __nv_bfloat16><<<g, THREADS, 0, s>>>((D *)dst, (const __nv_bfloat16 *)src, n);
+  else
+    convert_fast_kernel<D, __half><<<g, THREADS, 0, s>>>((D *)dst, (const __half *)src, n);
+  return lt_cuda_check_launch("convert_fast_kernel");
+}
+
 extern "C" lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s) {
   int dd = it->dtypes[0], sd = it->dtypes[1];
+  bool contiguous = it->numel > 0 && (it->ndim == 0 || (it->ndim == 1 && it->strides[0][0] == 1 && it->strides[1][0] == 1));
+  if (contiguous && dd == sd) {
+    cudaError_t e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(it->numel * elem_size(dd)),
+                                    cudaMemcpyDeviceToDevice, (cudaStream_t)s);
+    return e == cudaSuccess ? LT_OK : lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s", cudaGetErrorString(e));
+  }
+  if (contiguous && is_f32_or_half(dd) && is_f32_or_half(sd)) {
+    if (dd == LT_DTYPE_F32)
+      return convert_from<float>(it->data[0], it->data[1], sd, it->numel, (cudaStream_t)s);
+    if (dd == LT_DTYPE_BF16)
+      return convert_from<__nv_bfloat16>(it->data[0], it->data[1], sd, it->numel, (cudaStream_t)s);
+    return convert_from<__half>(it->data[0], it->data[1], sd, it->numel, (cudaStream_t)s);
+  }
   if (dd == sd) {
     switch (elem_size(dd)) {
     case 8: LAUNCH(move_kernel<uint64_t>, *it);
@@ -229,6 +355,8 @@ extern "C" lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s) {
 
 extern "C" lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_stream s) {
   int dt = it->dtypes[0];
+  if (dt == LT_DTYPE_F32 || dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16)
+    TRY_FAST(FAST_FILL, 0, LT_COMPUTE_F32, 0, (float)value, 0);
   if (dt == LT_DTYPE_F64)
     LAUNCH(fill_kernel<double>, *it, value);
   if (is_float_dt(dt))
@@ -242,6 +370,7 @@ extern "C" lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_strea
 }
 
 extern "C" lt_status lt_cuda_unary(lt_unary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s) {
+  TRY_FAST(FAST_UNARY, (int)op, ck, 1, 0.f, 0);
   if (ck == LT_COMPUTE_F64)
     LAUNCH(unary_kernel<double>, *it, (int)op);
   if (ck == LT_COMPUTE_I64)
@@ -250,6 +379,8 @@ extern "C" lt_status lt_cuda_unary(lt_unary_op op, lt_compute ck, const lt_iter 
 }
 
 extern "C" lt_status lt_cuda_binary(lt_binary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s) {
+  if (op < LT_BINARY_EQ || op > LT_BINARY_GE) /* comparisons write bool */
+    TRY_FAST(FAST_BINARY, (int)op, ck, 2, 0.f, 0);
   if (ck == LT_COMPUTE_F64)
     LAUNCH(binary_kernel<double>, *it, (int)op);
   if (ck == LT_COMPUTE_I64)
@@ -259,6 +390,8 @@ extern "C" lt_status lt_cuda_binary(lt_binary_op op, lt_compute ck, const lt_ite
 
 extern "C" lt_status lt_cuda_binary_scalar(lt_binary_op op, lt_compute ck, const lt_iter *it, double v, int reversed,
                                            lt_cuda_stream s) {
+  if (op < LT_BINARY_EQ || op > LT_BINARY_GE)
+    TRY_FAST(FAST_SCALAR, (int)op, ck, 1, (float)v, reversed);
   if (ck == LT_COMPUTE_F64)
     LAUNCH(scalar_kernel<double>, *it, (int)op, v, reversed);
   if (ck == LT_COMPUTE_I64)

@@ -57,6 +57,8 @@ __device__ __forceinline__ void combine(int op, bool integer, partial &acc, cons
 
 /* Element offset (in the input) of reduced position r, relative to the output's base. */
 __device__ __forceinline__ int64_t red_offset(const lt_reduce_iter &it, int64_t r) {
+  if (it.nred == 1)
+    return r * it.in_red_strides[0];
   int64_t off = 0;
   for (int d = it.nred - 1; d >= 0; d--) {
     off += (r % it.red_shape[d]) * it.in_red_strides[d];
