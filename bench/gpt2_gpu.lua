@@ -2,8 +2,9 @@
 -- backward and an SGD update (the optimizer issue brings fused AdamW), at
 -- T=1024 and the micro-batches given. Prints ms per step, tokens/s, MFU and
 -- peak memory per dtype and batch, and the bf16 product rate measured in the
--- same run. MFU uses llm.c's FLOP count: 6N + 12 L H Q T FLOPs per token
--- (N all parameters; L layers, H heads, Q head size, T sequence length),
+-- same run. MFU uses llm.c's FLOP count (as DESIGN.md and bench/model_cpu.lua):
+-- 6N + 6 L C T FLOPs per token (N all parameters; L layers, C channels, T
+-- sequence length),
 -- against 989 TFLOP/s (the H100/H200 dense bf16 figure) and against the
 -- measured product rate. When torch is installed, bench/gpt2_gpu_torch.py
 -- runs the same model in the same call (tests/gpu/run.sh prints the ratio).
@@ -68,7 +69,7 @@ local function bench(dtype, B)
   model:to(DEV, dtype)
   local cfg, T = model.config, opts.T
   local N = model:num_parameters()
-  local flops_per_token = 6 * N + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd / cfg.n_head) * T
+  local flops_per_token = 6 * N + 6 * cfg.n_layer * cfg.n_embd * T
   local V = cfg.vocab_size
   local x = lt.randint(0, V, { B, T }, { device = DEV })
   local y = lt.randint(0, V, { B, T }, { device = DEV })

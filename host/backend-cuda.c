@@ -42,10 +42,10 @@ static int size_class(size_t nbytes, size_t *rounded) {
   return NSMALL + 4 * (p - 15) + (q - 1);
 }
 
-lt_status lt_cuda_error(const char *what, int device_index, cudaError_t e) {
+lt_status lt_cuda_error_at(const char *file, int line, const char *what, int device_index, cudaError_t e) {
   cudaGetLastError(); /* clear a non-sticky error so later calls can work */
-  return lt_fail(e == cudaErrorMemoryAllocation ? LT_ERR_OOM : LT_ERR_DEVICE, "cuda:%d: %s: %s (%s)", device_index,
-                 what, cudaGetErrorString(e), cudaGetErrorName(e));
+  return lt_fail(e == cudaErrorMemoryAllocation ? LT_ERR_OOM : LT_ERR_DEVICE, "cuda:%d: %s: %s (%s) [%s:%d]",
+                 device_index, what, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
 }
 
 lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {

@@ -37,8 +37,9 @@ typedef struct lt_cuda_ctx {
 /* The context of a cuda device, initialised on first use and made current.
    Errors: no such device (naming what was found), initialisation failures. */
 lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out);
-/* A status for a failed CUDA call: "cuda:N: what: message (name)". */
-lt_status lt_cuda_error(const char *what, int device_index, cudaError_t e);
+/* A status for a failed CUDA call: "cuda:N: what: message (name) [file:line]". */
+lt_status lt_cuda_error_at(const char *file, int line, const char *what, int device_index, cudaError_t e);
+#define lt_cuda_error(what, device_index, e) lt_cuda_error_at(__FILE__, __LINE__, (what), (device_index), (e))
 
 /* matmul-cuda.c */
 lt_status lt_cuda_blas_init(lt_cuda_ctx *c);

@@ -17,13 +17,14 @@
 
 extern "C" lt_status lt_fail(lt_status st, const char *fmt, ...);
 
-/* Fails with the CUDA error of the last launch, naming the kernel. */
-static inline lt_status lt_cuda_check_launch(const char *what) {
+/* Fails with the CUDA error of the last launch, naming the kernel, file and line. */
+static inline lt_status lt_cuda_check_launch_at(const char *file, int line, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
-    return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s", what, cudaGetErrorString(e));
+    return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]", what, cudaGetErrorString(e), file, line);
   return LT_OK;
 }
+#define lt_cuda_check_launch(what) lt_cuda_check_launch_at(__FILE__, __LINE__, (what))
 
 static inline unsigned lt_cuda_blocks(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;
