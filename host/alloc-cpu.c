@@ -8,13 +8,14 @@
  * of two. Cached bytes are capped (LUTRA_CPU_CACHE_MB, default 4096; 0 turns
  * caching off, which suits valgrind and AddressSanitizer runs).
  */
+#include "size-class.h"
 #include "status.h"
 #include "tensor-impl.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 
-enum { SMALL_LIMIT = 4096, SMALL_STEP = 64, NCLASSES = 64 + 4 * 64 };
+enum { SMALL_LIMIT = 4096, SMALL_STEP = 64, NCLASSES = LT_SIZE_CLASSES(SMALL_STEP, SMALL_LIMIT) };
 
 typedef struct block {
   struct block *next;
@@ -25,21 +26,8 @@ static block *free_lists[NCLASSES];
 static int64_t live_bytes, cached_bytes, peak_bytes;
 static int64_t cache_limit = -1;
 
-/* Rounds nbytes up to its size class; returns the class index. */
 static int size_class(size_t nbytes, size_t *rounded) {
-  if (nbytes <= SMALL_LIMIT) {
-    size_t r = (nbytes + SMALL_STEP - 1) / SMALL_STEP;
-    if (r == 0)
-      r = 1;
-    *rounded = r * SMALL_STEP;
-    return (int)r - 1;
-  }
-  int p = 63 - __builtin_clzll((unsigned long long)(nbytes - 1)); /* 2^p < nbytes <= 2^(p+1) */
-  size_t quarter = (size_t)1 << (p - 1);
-  size_t base = (size_t)1 << p;
-  int q = (int)((nbytes - base + quarter - 1) / quarter); /* 1..4 */
-  *rounded = base + (size_t)q * quarter;
-  return 64 + 4 * (p - 12) + (q - 1);
+  return lt_size_class(nbytes, SMALL_STEP, SMALL_LIMIT, rounded);
 }
 
 static int64_t get_cache_limit(void) {

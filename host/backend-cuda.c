@@ -13,6 +13,7 @@
 #ifdef LT_WITH_CUDA
 
 #include "backend-cuda.h"
+#include "size-class.h"
 #include "status.h"
 
 #include <pthread.h>
@@ -23,23 +24,11 @@
 static lt_cuda_ctx ctxs[LT_CUDA_MAX_DEVICES];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* ---- size classes: 512-byte steps to 32 KiB, then four per power of two ---- */
-
-enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NSMALL = SMALL_LIMIT / SMALL_STEP };
+/* size classes (size-class.h): 512-byte steps to 32 KiB, then four per power of two */
+enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NCLASSES = LT_SIZE_CLASSES(SMALL_STEP, SMALL_LIMIT) };
 
 static int size_class(size_t nbytes, size_t *rounded) {
-  if (nbytes <= SMALL_LIMIT) {
-    size_t r = (nbytes + SMALL_STEP - 1) / SMALL_STEP;
-    if (r == 0)
-      r = 1;
-    *rounded = r * SMALL_STEP;
-    return (int)r - 1;
-  }
-  int p = 63 - __builtin_clzll((unsigned long long)(nbytes - 1)); /* 2^p < nbytes <= 2^(p+1) */
-  size_t quarter = (size_t)1 << (p - 1), base = (size_t)1 << p;
-  int q = (int)((nbytes - base + quarter - 1) / quarter); /* 1..4 */
-  *rounded = base + (size_t)q * quarter;
-  return NSMALL + 4 * (p - 15) + (q - 1);
+  return lt_size_class(nbytes, SMALL_STEP, SMALL_LIMIT, rounded);
 }
 
 lt_status lt_cuda_error_at(const char *file, int line, const char *what, int device_index, cudaError_t e) {
@@ -76,7 +65,7 @@ lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {
       st = lt_cuda_error("initialising the device", index, e);
     } else {
       c->index = index;
-      c->free_lists = calloc(NSMALL + 4 * 64, sizeof *c->free_lists);
+      c->free_lists = calloc(NCLASSES, sizeof *c->free_lists);
       if (!c->free_lists)
         st = lt_fail(LT_ERR_OOM, "cuda:%d: out of host memory for the allocator", index);
       else if ((st = lt_cuda_blas_init(c)) == LT_OK)
@@ -103,7 +92,7 @@ static void release_cached(lt_cuda_ctx *c) {
   if (!c->free_lists)
     return;
   cudaStreamSynchronize(c->compute); /* the blocks' last users must be done */
-  for (int k = 0; k < NSMALL + 4 * 64; k++) {
+  for (int k = 0; k < NCLASSES; k++) {
     while (c->free_lists[k]) {
       cblock *b = c->free_lists[k];
       c->free_lists[k] = b->next;

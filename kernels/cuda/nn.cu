@@ -304,29 +304,26 @@ extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const vo
   return lt_cuda_check_launch("layer_norm_fwd_kernel");
 }
 
+template <typename T>
+static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
+                                  void *dx, void *dw, void *db, int64_t N, int64_t C, cudaStream_t cs) {
+  if (dx)
+    layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                             (const T *)mean, (const T *)rstd, (T *)dx, N, C);
+  if (dw || db)
+    norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
+                                                              (const T *)rstd, (T *)dw, (T *)db, N, C);
+}
+
 extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w,
                                             const void *mean, const void *rstd, void *dx, void *dw, void *db,
                                             int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  cudaStream_t cs = (cudaStream_t)s;
-  if (dt == LT_DTYPE_F64) {
-    typedef double T;
-    if (dx)
-      layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                               (const T *)mean, (const T *)rstd, (T *)dx, N, C);
-    if (dw || db)
-      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
-                                                                       (const T *)rstd, (T *)dw, (T *)db, N, C);
-  } else {
-    typedef float T;
-    if (dx)
-      layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                               (const T *)mean, (const T *)rstd, (T *)dx, N, C);
-    if (dw || db)
-      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
-                                                                       (const T *)rstd, (T *)dw, (T *)db, N, C);
-  }
+  if (dt == LT_DTYPE_F64)
+    layer_norm_bwd_launch<double>(dy, x, w, mean, rstd, dx, dw, db, N, C, (cudaStream_t)s);
+  else
+    layer_norm_bwd_launch<float>(dy, x, w, mean, rstd, dx, dw, db, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm backward");
 }
 
@@ -343,28 +340,25 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
   return lt_cuda_check_launch("rms_norm_fwd_kernel");
 }
 
+template <typename T>
+static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, void *dx, void *dw,
+                                int64_t N, int64_t C, cudaStream_t cs) {
+  if (dx)
+    rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
+                                                           (const T *)rstd, (T *)dx, N, C);
+  if (dw)
+    norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL, (const T *)rstd,
+                                                              (T *)dw, NULL, N, C);
+}
+
 extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                           void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  cudaStream_t cs = (cudaStream_t)s;
-  if (dt == LT_DTYPE_F64) {
-    typedef double T;
-    if (dx)
-      rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                             (const T *)rstd, (T *)dx, N, C);
-    if (dw)
-      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL,
-                                                                       (const T *)rstd, (T *)dw, NULL, N, C);
-  } else {
-    typedef float T;
-    if (dx)
-      rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                             (const T *)rstd, (T *)dx, N, C);
-    if (dw)
-      norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL,
-                                                                       (const T *)rstd, (T *)dw, NULL, N, C);
-  }
+  if (dt == LT_DTYPE_F64)
+    rms_norm_bwd_launch<double>(dy, x, w, rstd, dx, dw, N, C, (cudaStream_t)s);
+  else
+    rms_norm_bwd_launch<float>(dy, x, w, rstd, dx, dw, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm backward");
 }
 
