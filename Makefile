@@ -162,6 +162,7 @@ ref:
 	/usr/bin/python3 tests/ref/gen_nn.py tests/ref/nn.json
 	/usr/bin/python3 tests/ref/gen_models.py tests/ref
 	/usr/bin/python3 tests/ref/gen_safetensors.py tests/ref
+	/usr/bin/python3 tests/ref/gen_optim.py tests/ref/optim.json
 
 bench: lutra data/gpt2.tiktoken
 	./lutra bench/ops.lua

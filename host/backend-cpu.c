@@ -66,4 +66,7 @@ const lt_backend_i lt_backend_cpu = {
     .cross_entropy_fwd = lt_cpu_cross_entropy_fwd,
     .cross_entropy_bwd = lt_cpu_cross_entropy_bwd,
     .rope = lt_cpu_rope,
+    .adamw = lt_cpu_adamw,
+    .sgd = lt_cpu_sgd,
+    .grad_sum_squares = lt_cpu_grad_sum_squares,
 };

@@ -350,6 +350,38 @@ static lt_status k_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t 
   return lt_cuda_rope(dt, x, y, R, Tn, D, base, start, inverse, STREAM);
 }
 
+/* At least nbytes of device scratch, grown when needed (the old block is
+   freed after the stream has finished with it). */
+static lt_status scratch(lt_cuda_ctx *c, size_t nbytes, void **out) {
+  if (c->scratch_size < nbytes) {
+    if (c->scratch) {
+      cudaStreamSynchronize(c->compute);
+      cudaFree(c->scratch);
+      c->scratch = NULL;
+      c->scratch_size = 0;
+    }
+    cudaError_t e = cudaMalloc(&c->scratch, nbytes);
+    if (e != cudaSuccess)
+      return lt_cuda_error("allocating scratch memory", c->index, e);
+    c->scratch_size = nbytes;
+  }
+  *out = c->scratch;
+  return LT_OK;
+}
+
+static lt_status k_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h) {
+  return lt_cuda_adamw(n, ts, h, STREAM);
+}
+static lt_status k_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h) {
+  return lt_cuda_sgd(n, ts, h, STREAM);
+}
+static lt_status k_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out) {
+  lt_cuda_ctx *c = current_ctx();
+  void *buf = NULL;
+  LT_TRY(scratch(c, lt_cuda_sum_squares_scratch(n), &buf));
+  return lt_cuda_grad_sum_squares(n, ts, buf, out, c->compute);
+}
+
 const lt_backend_i lt_backend_cuda = {
     .name = "cuda",
     .alloc = cuda_alloc,
@@ -382,6 +414,9 @@ const lt_backend_i lt_backend_cuda = {
     .cross_entropy_fwd = k_ce_fwd,
     .cross_entropy_bwd = k_ce_bwd,
     .rope = k_rope,
+    .adamw = k_adamw,
+    .sgd = k_sgd,
+    .grad_sum_squares = k_grad_sum_squares,
 };
 
 #else /* no CUDA in this build */

@@ -32,6 +32,9 @@ typedef struct lt_cuda_ctx {
   size_t workspace_size;
   struct lt_cuda_plan *plans; /* matmul plans cached by shape */
   int nplans, cap_plans;
+  /* scratch for kernels that need temporary memory (used on the compute stream only) */
+  void *scratch;
+  size_t scratch_size;
 } lt_cuda_ctx;
 
 /* The context of a cuda device, initialised on first use and made current.

@@ -415,6 +415,30 @@ lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int n
                                     lt_tensor *const *outputs, int64_t id);
 int lt_autograd_take_dead_custom(int64_t *ids, int max);
 
+/* ---- optimizers (host/optim.c; kernels/<backend>/optim) ----------------------- */
+
+/* One AdamW step (Loshchilov and Hutter 2019, decoupled weight decay; the
+   formulas of torch.optim.AdamW) over n parameters in one fused call. All
+   tensors are contiguous and on one device; grads[i] has params[i]'s shape
+   and dtype; exp_avg and exp_avg_sq are f32 (f64 for f64 parameters);
+   masters[i] is the f32 master copy of a bf16/f16 parameter, which the step
+   updates and rounds into the parameter (masters may be NULL when no
+   parameter is 16-bit). step is this update's 1-based count (for the bias
+   corrections 1 - beta^step). Errors name the parameter by position: a
+   missing gradient or state, shapes, dtypes, devices, bad settings. */
+lt_status lt_adamw_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
+                        lt_tensor *const *exp_avg, lt_tensor *const *exp_avg_sq, double lr, double beta1,
+                        double beta2, double eps, double weight_decay, int64_t step);
+/* One SGD step as torch.optim.SGD: weight decay added to the gradient,
+   momentum with dampening (buffers as exp_avg above; NULL without momentum),
+   Nesterov; first_step starts each buffer at the gradient. */
+lt_status lt_sgd_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
+                      lt_tensor *const *momentum_buffers, double lr, double momentum, double dampening,
+                      double weight_decay, int nesterov, int first_step);
+/* The sum of squares of every element of n float tensors on one device,
+   accumulated in f64 (the square of the global gradient norm). */
+lt_status lt_grad_sum_squares(int n, lt_tensor *const *grads, double *out);
+
 /* Returns cached CPU blocks to the system. */
 void lt_cpu_empty_cache(void);
 /* Bytes of tensor memory and headers allocated (any device) since the last

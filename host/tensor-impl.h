@@ -106,6 +106,31 @@ typedef struct lt_index_desc {
   int64_t index_stride;
 } lt_index_desc;
 
+/*
+ * One parameter of an optimizer step, all contiguous on one device: the
+ * parameter and its gradient (same dtype); master is the f32 copy of a
+ * 16-bit parameter (NULL otherwise); m and v are the optimizer's state
+ * (f32, or f64 for f64 parameters; v unused by SGD, m NULL for SGD without
+ * momentum).
+ */
+typedef struct lt_optim_tensor {
+  void *param;
+  const void *grad;
+  void *master, *m, *v;
+  int64_t numel;
+  lt_dtype dtype;
+} lt_optim_tensor;
+
+/* AdamW's settings for one step; bias corrections are 1 - beta^step. */
+typedef struct lt_adamw_hparams {
+  double lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+} lt_adamw_hparams;
+
+typedef struct lt_sgd_hparams {
+  double lr, momentum, dampening, weight_decay;
+  int nesterov, first_step; /* first_step: the momentum buffer starts as the gradient */
+} lt_sgd_hparams;
+
 /* Backend vtable: one static const table per backend; optional entries are NULL. */
 typedef struct lt_backend_i {
   const char *name;
@@ -152,6 +177,11 @@ typedef struct lt_backend_i {
   lt_status (*rope)(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                     int64_t start, int inverse);
   lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
+  /* optimizers over n parameters in one call (kernels/<backend>/optim) */
+  lt_status (*adamw)(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);
+  lt_status (*sgd)(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h);
+  /* out[i] (host memory) = the sum of squares of ts[i].grad, accumulated in f64 */
+  lt_status (*grad_sum_squares)(int n, const lt_optim_tensor *ts, double *out);
 } lt_backend_i;
 
 extern const lt_backend_i lt_backend_cpu;

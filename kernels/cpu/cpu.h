@@ -65,6 +65,11 @@ lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targe
 lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                       int64_t start, int inverse);
 
+/* optim.c: fused AdamW and SGD over a group, and gradient sums of squares */
+lt_status lt_cpu_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);
+lt_status lt_cpu_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h);
+lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out);
+
 /* Reads index element i of an i32/i64 index array with a stride. */
 static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {
   return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)index)[i * stride]

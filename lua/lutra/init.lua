@@ -117,6 +117,7 @@ function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end
 package.loaded["lutra"] = lt
 lt.nn = require "lutra.nn"
 lt.models = require "lutra.models"
+lt.optim = require "lutra.optim"
 
 --- dtype names as constants: lt.zeros(3, lt.i64) or {dtype = lt.bf16}.
 for _, dt in ipairs { "f32", "f64", "bf16", "f16", "i8", "u8", "u16", "i32", "i64", "bool" } do

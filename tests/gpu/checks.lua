@@ -220,6 +220,71 @@ check("every nn.json case on cuda matches PyTorch, gradients included", function
     table.concat(failures, " || ", 1, math.min(5, #failures))))
 end)
 
+local optim_fixture = H.load_json("tests/ref/optim.json")
+check("every optim.json case (AdamW, SGD, bf16 master weights, clipping) on cuda matches PyTorch", function()
+  local failures = {}
+  for _, case in ipairs(optim_fixture.cases) do
+    local ok, err = pcall(function()
+      local params = {}
+      for i, spec in ipairs(case.start) do params[i] = H.build(spec, CUDA):requires_grad_() end
+      local settings = {}
+      for k, v in pairs(case.settings) do settings[k] = v end
+      local opt = lt.optim[case.kind]({ { params = params } }, settings)
+      for step, grads in ipairs(case.grads) do
+        for i, g in ipairs(grads) do params[i].grad = H.build(g, CUDA) end
+        opt:step()
+        for i, want in ipairs(case.after[step]) do
+          H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
+            case.dtype == "f32" and 2 or 1)
+        end
+      end
+    end)
+    if not ok then failures[#failures + 1] = case.name .. ": " .. tostring(err) end
+  end
+  for n, case in ipairs(optim_fixture.clip) do
+    local ok, err = pcall(function()
+      local params = {}
+      for i, g in ipairs(case.grads) do
+        params[i] = lt.zeros(g.shape, { device = CUDA }):requires_grad_()
+        params[i].grad = H.build(g, CUDA)
+      end
+      local norm = lt.optim.clip_grad_norm(params, case.max_norm)
+      assert(math.abs(norm - case.norm) <= 1e-5 * case.norm, ("norm %.9g, torch %.9g"):format(norm, case.norm))
+      for i, want in ipairs(case.clipped) do H.assert_matches(params[i].grad, want, "clipped grad " .. i) end
+    end)
+    if not ok then failures[#failures + 1] = "clip case " .. n .. ": " .. tostring(err) end
+  end
+  assert(#failures == 0, table.concat(failures, " || "))
+end)
+
+check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 and bf16)", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    lt.manual_seed(11)
+    local shapes = { { 3072, 768 }, { 768 }, { 50304, 64 } }
+    local cps, gps, grads = {}, {}, {}
+    for i, sh in ipairs(shapes) do
+      cps[i] = lt.randn(sh):to(dt):requires_grad_()
+      gps[i] = cps[i]:detach():to(CUDA):requires_grad_()
+      grads[i] = {}
+      for s = 1, 3 do grads[i][s] = lt.randn(sh):to(dt) end
+    end
+    local co = lt.optim.AdamW(cps, { lr = 1e-3, weight_decay = 0.1 })
+    local go = lt.optim.AdamW(gps, { lr = 1e-3, weight_decay = 0.1 })
+    for s = 1, 3 do
+      for i = 1, #shapes do
+        cps[i].grad = grads[i][s]
+        gps[i].grad = grads[i][s]:to(CUDA)
+      end
+      co:step()
+      go:step()
+    end
+    for i = 1, #shapes do close(gps[i]:detach(), cps[i]:detach(), dt .. " parameter " .. i, dt == "f32" and 1e-5 or 1e-2) end
+    local cn = lt.optim.clip_grad_norm(cps, 1e9)
+    local gn = lt.optim.clip_grad_norm(gps, 1e9)
+    assert(math.abs(cn - gn) <= 1e-6 * cn, ("grad norms: cpu %.9g, cuda %.9g"):format(cn, gn))
+  end
+end)
+
 -- ---- fresh random inputs at training sizes, cuda against cpu -----------------------
 
 lt.manual_seed(7)

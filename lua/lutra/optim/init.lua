@@ -1,0 +1,382 @@
+--- lutra.optim (lt.optim): AdamW and SGD over parameter groups, each group
+-- updated by one fused C call per step (host/optim.c, kernels/*/optim), and
+-- global-norm gradient clipping. Formulas are torch.optim's (AdamW:
+-- Loshchilov and Hutter 2019, decoupled weight decay; SGD with momentum,
+-- dampening and Nesterov). bf16/f16 parameters get f32 master weights and
+-- f32 state: the step updates the master and rounds it into the parameter.
+--
+--   local opt = lt.optim.AdamW(model, { lr = 6e-4, betas = { 0.9, 0.95 }, weight_decay = 0.1 })
+--   loss:backward(); opt:step(); opt:zero_grad()
+--
+-- The first argument is a module, a list of parameters, or a list of groups
+-- { params = {...}, lr = ..., weight_decay = ... } (group settings override
+-- the options). From a module or a list, weight decay goes to parameters of
+-- 2 or more dims (matrices, embeddings) and not to biases or norm weights.
+local lt = require "lutra"
+local capi = require "lutra.capi"
+local tensor = require "lutra.tensor"
+local ffi, C = capi.ffi, capi.C
+
+local M = {}
+
+local function fail(level)
+  error(ffi.string(C.lt_last_error()), level + 1)
+end
+
+local function is_module(x) return type(x) == "table" and type(x.named_parameters) == "function" end
+
+local function number_opt(name, v, lo, hi, lo_open)
+  if type(v) ~= "number" or v ~= v or (lo_open and v <= lo) or v < lo or (hi and v >= hi) then
+    error(("optimizer: %s must be a number %s %s%s, got %s"):format(name, lo_open and ">" or ">=", lo,
+      hi and (" and < " .. hi) or "", tostring(v)), 4)
+  end
+  return v
+end
+
+--- Splits parameters into a decayed group (dim >= 2) and one without decay.
+local function default_groups(params, wd)
+  local decay, none = {}, {}
+  for _, p in ipairs(params) do
+    if p:dim() >= 2 then decay[#decay + 1] = p else none[#none + 1] = p end
+  end
+  local groups = {}
+  if #decay > 0 then groups[#groups + 1] = { params = decay, weight_decay = wd } end
+  if #none > 0 then groups[#groups + 1] = { params = none, weight_decay = 0 } end
+  return groups
+end
+
+local function check_param(p, where)
+  if not tensor.is_tensor(p) then error(("optimizer: %s is not a tensor"):format(where), 4) end
+  if not p:is_floating_point() then error(("optimizer: %s is %s; only float tensors are optimized"):format(where, p.dtype), 4) end
+  if not p.is_leaf then error(("optimizer: %s is not a leaf (it was computed); optimize the tensors it came from"):format(where), 4) end
+end
+
+local function build_groups(what, opts, defaults)
+  local groups
+  if is_module(what) then
+    groups = default_groups(what:parameters(), opts.weight_decay)
+  elseif type(what) == "table" and what[1] ~= nil and type(what[1]) == "table" and what[1].params then
+    groups = {}
+    for i, g in ipairs(what) do
+      local copy = {}
+      for k, v in pairs(g) do copy[k] = v end
+      if type(copy.params) ~= "table" then error(("optimizer: group %d has no params list"):format(i), 3) end
+      groups[i] = copy
+    end
+  elseif type(what) == "table" then
+    groups = default_groups(what, opts.weight_decay)
+  else
+    error("optimizer: expected a module, a list of parameters or a list of groups, got " .. type(what), 3)
+  end
+  local seen = {}
+  for gi, g in ipairs(groups) do
+    for k, v in pairs(defaults) do
+      if g[k] == nil then g[k] = opts[k] == nil and v or opts[k] end
+    end
+    for k in pairs(g) do
+      if k ~= "params" and defaults[k] == nil then
+        local known = {}
+        for name in pairs(defaults) do known[#known + 1] = name end
+        table.sort(known)
+        error(("optimizer: group %d has an unknown setting '%s' (known: %s)"):format(gi, k, table.concat(known, ", ")), 3)
+      end
+    end
+    for pi, p in ipairs(g.params) do
+      check_param(p, ("parameter %d of group %d"):format(pi, gi))
+      if seen[p] then error(("optimizer: parameter %d of group %d appears twice"):format(pi, gi), 3) end
+      seen[p] = true
+    end
+  end
+  return groups
+end
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+
+local function new(kind, what, opts, defaults)
+  opts = opts or {}
+  if type(opts) ~= "table" then error(kind .. ": options must be a table", 3) end
+  for k in pairs(opts) do
+    if defaults[k] == nil then
+      local known = {}
+      for name in pairs(defaults) do known[#known + 1] = name end
+      table.sort(known)
+      error(("%s: unknown option '%s' (known: %s)"):format(kind, k, table.concat(known, ", ")), 3)
+    end
+  end
+  local self = setmetatable({ kind = kind, step_count = 0, state = {} }, Optimizer)
+  self.groups = build_groups(what, opts, defaults)
+  for _, g in ipairs(self.groups) do self:check_group(g) end
+  return self
+end
+
+function Optimizer:check_group(g)
+  number_opt("lr", g.lr, 0)
+  number_opt("weight_decay", g.weight_decay, 0)
+  if self.kind == "AdamW" then
+    if type(g.betas) ~= "table" then error("AdamW: betas must be a table {beta1, beta2}", 3) end
+    number_opt("betas[1]", g.betas[1], 0, 1)
+    number_opt("betas[2]", g.betas[2], 0, 1)
+    number_opt("eps", g.eps, 0)
+  else
+    number_opt("momentum", g.momentum, 0)
+    number_opt("dampening", g.dampening, 0)
+    if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
+      error("SGD: Nesterov momentum needs momentum > 0 and dampening 0", 3)
+    end
+  end
+end
+
+--- The optimizer state of parameter p (in group g), created at its first update.
+function Optimizer:state_of(p, g)
+  local s = self.state[p]
+  if s then return s end
+  s = {}
+  local sdt = p.dtype == "f64" and "f64" or "f32"
+  lt.no_grad(function()
+    if p.dtype == "bf16" or p.dtype == "f16" then s.master = p:to("f32"):contiguous() end
+    if self.kind == "AdamW" then
+      s.exp_avg = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
+      s.exp_avg_sq = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
+    elseif g.momentum > 0 then
+      s.momentum_buffer = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
+    end
+  end)
+  self.state[p] = s
+  return s
+end
+
+-- the parameters of a group that have gradients, split by device, as C arrays
+local function gather(self, g)
+  local by_dev, order = {}, {}
+  for _, p in ipairs(g.params) do
+    local grad = p.grad
+    if grad ~= nil then
+      local d = p.device
+      if not by_dev[d] then
+        by_dev[d] = { params = {}, grads = {}, masters = {}, a = {}, b = {} }
+        order[#order + 1] = d
+      end
+      local e = by_dev[d]
+      local s = self:state_of(p, g)
+      local n = #e.params + 1
+      e.params[n], e.grads[n] = p, grad
+      e.masters[n] = s.master
+      e.a[n] = s.exp_avg or s.momentum_buffer
+      e.b[n] = s.exp_avg_sq
+    end
+  end
+  return by_dev, order
+end
+
+local function carray(list, n)
+  local arr = ffi.new("lt_tensor*[?]", math.max(n, 1))
+  for i = 1, n do arr[i - 1] = list[i] end
+  return arr
+end
+
+--- opt:step(): one update of every parameter that has a gradient; returns the step count.
+function Optimizer:step()
+  self.step_count = self.step_count + 1
+  for _, g in ipairs(self.groups) do
+    self:check_group(g)
+    local by_dev, order = gather(self, g)
+    for _, d in ipairs(order) do
+      local e = by_dev[d]
+      local n = #e.params
+      local keep = { carray(e.params, n), carray(e.grads, n), carray(e.masters, n), carray(e.a, n), carray(e.b, n) }
+      local st
+      if self.kind == "AdamW" then
+        st = C.lt_adamw_step(n, keep[1], keep[2], keep[3], keep[4], keep[5], g.lr, g.betas[1], g.betas[2], g.eps,
+          g.weight_decay, self.step_count)
+      elseif g.momentum == 0 then
+        st = C.lt_sgd_step(n, keep[1], keep[2], keep[3], nil, g.lr, 0, g.dampening, g.weight_decay, 0, 0)
+      else
+        -- buffers start as the gradient at each parameter's first update: two calls when some are new
+        st = 0
+        local parts = { [true] = {}, [false] = {} } -- split before any call marks a buffer started
+        for i = 1, n do
+          local list = parts[not self.state[e.params[i]].started]
+          list[#list + 1] = i
+        end
+        for _, first in ipairs { true, false } do
+          local idx = parts[first]
+          if #idx > 0 and st == 0 then
+            local function sub(list)
+              local out = {}
+              for j, i in ipairs(idx) do out[j] = list[i] end
+              return carray(out, #idx)
+            end
+            local sp, sg, sm, sb = sub(e.params), sub(e.grads), sub(e.masters), sub(e.a)
+            st = C.lt_sgd_step(#idx, sp, sg, sm, sb, g.lr, g.momentum, g.dampening, g.weight_decay,
+              g.nesterov and 1 or 0, first and 1 or 0)
+            if st == 0 then
+              for _, i in ipairs(idx) do self.state[e.params[i]].started = true end
+            end
+          end
+        end
+      end
+      if st ~= 0 then
+        self.step_count = self.step_count - 1
+        fail(2)
+      end
+    end
+  end
+  return self.step_count
+end
+
+--- opt:zero_grad(): clears every parameter's gradient (as set_to_none).
+function Optimizer:zero_grad()
+  for _, g in ipairs(self.groups) do
+    for _, p in ipairs(g.params) do p.grad = nil end
+  end
+end
+
+--- opt:set_lr(lr): the learning rate of every group (schedules call it each step).
+function Optimizer:set_lr(lr)
+  if type(lr) ~= "number" or lr ~= lr or lr < 0 then
+    error("set_lr: the learning rate must be a number >= 0, got " .. tostring(lr), 2)
+  end
+  for _, g in ipairs(self.groups) do g.lr = lr end
+end
+
+--- opt:parameters() -> every parameter, in group order.
+function Optimizer:parameters()
+  local out = {}
+  for _, g in ipairs(self.groups) do
+    for _, p in ipairs(g.params) do out[#out + 1] = p end
+  end
+  return out
+end
+
+local STATE_KEYS = { "master", "exp_avg", "exp_avg_sq", "momentum_buffer" }
+
+--- opt:state_dict() -> { step = n, groups = { {lr=, ...}, ... }, tensors = { ["3.exp_avg"] = t, ... } }:
+-- settings per group and the state of the parameter at position i (in group
+-- order) under "i.<name>"; tensors are the live ones (save copies them).
+function Optimizer:state_dict()
+  local groups, tensors = {}, {}
+  for gi, g in ipairs(self.groups) do
+    local settings = {}
+    for k, v in pairs(g) do
+      if k ~= "params" then settings[k] = type(v) == "table" and { unpack(v) } or v end
+    end
+    settings.num_params = #g.params
+    groups[gi] = settings
+  end
+  for i, p in ipairs(self:parameters()) do
+    local s = self.state[p]
+    if s then
+      for _, k in ipairs(STATE_KEYS) do
+        if s[k] ~= nil then tensors[i .. "." .. k] = s[k] end
+      end
+      if s.started then tensors[i .. ".started"] = lt.ones(1, { dtype = "u8" }) end
+    end
+  end
+  return { kind = self.kind, step = self.step_count, groups = groups, tensors = tensors }
+end
+
+--- opt:load_state_dict(sd): restores what state_dict returned, copying the
+-- tensors onto each parameter's device. The groups must have as many
+-- parameters as when it was saved, with the same shapes.
+function Optimizer:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.groups) ~= "table" or type(sd.tensors) ~= "table" then
+    error("load_state_dict: expected the table opt:state_dict() returns", 2)
+  end
+  if sd.kind and sd.kind ~= self.kind then
+    error(("load_state_dict: the state is %s's, this optimizer is %s"):format(sd.kind, self.kind), 2)
+  end
+  if #sd.groups ~= #self.groups then
+    error(("load_state_dict: %d groups saved, this optimizer has %d"):format(#sd.groups, #self.groups), 2)
+  end
+  for gi, g in ipairs(self.groups) do
+    if sd.groups[gi].num_params ~= #g.params then
+      error(("load_state_dict: group %d had %s parameters, now %d"):format(gi, tostring(sd.groups[gi].num_params),
+        #g.params), 2)
+    end
+  end
+  local params = self:parameters()
+  local new_state = {}
+  for i, p in ipairs(params) do
+    local s
+    for _, k in ipairs(STATE_KEYS) do
+      local t = sd.tensors[i .. "." .. k]
+      if t ~= nil then
+        if table.concat(t:shape(), "x") ~= table.concat(p:shape(), "x") then
+          error(("load_state_dict: %s of parameter %d has shape [%s], the parameter [%s]"):format(k, i,
+            table.concat(t:shape(), ", "), table.concat(p:shape(), ", ")), 2)
+        end
+        s = s or {}
+        s[k] = lt.no_grad(function() return t:to { device = p.device }:clone() end)
+      end
+    end
+    if s and sd.tensors[i .. ".started"] ~= nil then s.started = true end
+    new_state[p] = s
+  end
+  for gi, g in ipairs(self.groups) do
+    for k, v in pairs(sd.groups[gi]) do
+      if k ~= "num_params" then g[k] = type(v) == "table" and { unpack(v) } or v end
+    end
+    self:check_group(g)
+  end
+  self.state = new_state
+  self.step_count = sd.step or 0
+end
+
+--- lt.optim.AdamW(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01})
+-- (torch.optim.AdamW's defaults).
+function M.AdamW(what, opts)
+  return new("AdamW", what, opts, { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0.01 })
+end
+
+--- lt.optim.SGD(params, {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false}).
+function M.SGD(what, opts)
+  return new("SGD", what, opts, { lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false })
+end
+
+--- lt.optim.clip_grad_norm(params or module, max_norm) -> norm, clipped:
+-- the L2 norm of all gradients together (f64 sums of squares, one per
+-- device); when it is above max_norm every gradient is scaled by
+-- max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). A NaN or
+-- infinite norm scales nothing: the caller skips the step.
+function M.clip_grad_norm(what, max_norm)
+  if type(max_norm) ~= "number" or not (max_norm > 0) then
+    error("clip_grad_norm: max_norm must be a number > 0, got " .. tostring(max_norm), 2)
+  end
+  local params = is_module(what) and what:parameters() or what
+  if getmetatable(params) == Optimizer then params = params:parameters() end
+  local by_dev, order = {}, {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      local d = g.device
+      if not by_dev[d] then
+        by_dev[d] = {}
+        order[#order + 1] = d
+      end
+      by_dev[d][#by_dev[d] + 1] = g
+    end
+  end
+  local total = 0
+  local out = ffi.new("double[1]")
+  for _, d in ipairs(order) do
+    local gs = by_dev[d]
+    local arr = carray(gs, #gs)
+    if C.lt_grad_sum_squares(#gs, arr, out) ~= 0 then fail(2) end
+    total = total + out[0]
+  end
+  local norm = math.sqrt(total)
+  if norm ~= norm or norm == math.huge then return norm, false end
+  if norm <= max_norm then return norm, false end
+  local scale = max_norm / (norm + 1e-6)
+  lt.no_grad(function()
+    for _, d in ipairs(order) do
+      for _, g in ipairs(by_dev[d]) do g:mul_(scale) end
+    end
+  end)
+  return norm, true
+end
+
+M.schedules = require "lutra.optim.schedules"
+
+return M
