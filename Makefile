@@ -155,7 +155,7 @@ deps:
 
 demo: deps
 	$(MAKE) lutra data
-	./lutra recipes/demo.lua
+	./lutra recipes/gpt2.lua
 
 ref:
 	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json
@@ -169,6 +169,7 @@ bench: lutra data/gpt2.tiktoken
 	./lutra bench/model_cpu.lua
 	./lutra bench/tokenizer.lua
 	./lutra bench/loader.lua
+	./lutra bench/train_cpu.lua
 
 # The C tests and the Lua specs on a lutra built with AddressSanitizer and
 # UBSan; the caching allocator is off so every use after free is caught.

@@ -335,6 +335,25 @@ static lt_status map_shard(shard *s, const char *path) {
   return lt_shard_parse_header(m ? m : "", s->len, path, &s->ntokens, &s->token_bytes);
 }
 
+lt_status lt_shard_read(const char *path, lt_tensor **out) {
+  shard s = {0};
+  lt_status st = map_shard(&s, path);
+  lt_tensor *t = NULL;
+  if (st == LT_OK)
+    st = lt_tensor_empty(1, (int64_t[]){s.ntokens}, LT_DTYPE_I32, LT_DEVICE_CPU, &t);
+  if (st == LT_OK) {
+    const unsigned char *tok = (const unsigned char *)s.map + HEADER_BYTES;
+    int32_t *dst = (int32_t *)lt_tensor_ptr(t);
+    for (int64_t i = 0; i < s.ntokens; i++)
+      dst[i] = s.token_bytes == 2 ? (int32_t)(tok[2 * i] | tok[2 * i + 1] << 8) : read_i32(tok + 4 * i);
+    *out = t;
+  }
+  if (s.map)
+    munmap((void *)s.map, s.len);
+  free(s.path);
+  return st;
+}
+
 lt_status lt_loader_open(int npaths, const char *const *paths, int64_t B, int64_t T, int shuffle, uint64_t seed,
                          int rank, int world, int64_t max_epochs, int prefetch, lt_loader **out) {
   if (npaths < 1)

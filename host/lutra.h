@@ -355,6 +355,9 @@ lt_status lt_shard_parse_header(const void *data, size_t len, const char *label,
 /* Writes n token ids (each in [0, vocab_size)) as a shard, uint16 when the
    vocabulary fits, atomically (temporary file, fsync, rename). */
 lt_status lt_shard_write(const char *path, const int32_t *ids, int64_t n, int64_t vocab_size);
+/* Reads every token of a shard into a new 1-D i32 CPU tensor (checked as
+   lt_shard_parse_header does; errors name the file). */
+lt_status lt_shard_read(const char *path, lt_tensor **out);
 
 typedef struct lt_loader lt_loader;
 /* Opens shards as batches of B windows of T+1 tokens (x, y (B, T) i32).

@@ -121,6 +121,51 @@ function Loader:close()
   end
 end
 
+--- lt.data.read_shard(path) -> a 1-D i32 tensor of every token of one shard file.
+function M.read_shard(path)
+  if type(path) ~= "string" then error("read_shard: path must be a string", 2) end
+  local out = ffi.new("lt_tensor*[1]")
+  if C.lt_shard_read(path, out) ~= 0 then fail(2) end
+  return ffi.gc(out[0], C.lt_tensor_release)
+end
+
+--- lt.data.unigram_entropy(train_path, val_path[, vocab_size = 50257]) ->
+-- nats per token, the tokens read: the cross-entropy of the validation tokens
+-- under the training tokens' unigram frequencies (add-one smoothed over the
+-- vocabulary, so unseen tokens cost log(N + V) at most). The loss a model
+-- that ignores context could reach: a baseline for a training run.
+function M.unigram_entropy(train_path, val_path, vocab_size)
+  local V = vocab_size or 50257
+  local counts = ffi.new("double[?]", V)
+  local ntrain = 0
+  for _, f in ipairs(M.files(train_path)) do
+    local t = M.read_shard(f)
+    local n, p = t:numel(), t:data_ptr()
+    for i = 0, n - 1 do
+      local id = p[i]
+      if id < 0 or id >= V then error(("unigram_entropy: %s holds token %d, outside the vocabulary of %d"):format(f, id, V), 2) end
+      counts[id] = counts[id] + 1
+    end
+    ntrain = ntrain + n
+    t:free()
+  end
+  local total, nval = 0, 0
+  local denom = ntrain + V
+  for _, f in ipairs(M.files(val_path)) do
+    local t = M.read_shard(f)
+    local n, p = t:numel(), t:data_ptr()
+    for i = 0, n - 1 do
+      local id = p[i]
+      if id < 0 or id >= V then error(("unigram_entropy: %s holds token %d, outside the vocabulary of %d"):format(f, id, V), 2) end
+      total = total - math.log((counts[id] + 1) / denom)
+    end
+    nval = nval + n
+    t:free()
+  end
+  if nval == 0 then error("unigram_entropy: the validation shards hold no tokens", 2) end
+  return total / nval, ntrain, nval
+end
+
 --- lt.data.write_shard(path, ids, vocab_size): ids is an integer tensor
 -- (or a table of ids); vocab_size decides uint16 or uint32 tokens.
 function M.write_shard(path, ids, vocab_size)

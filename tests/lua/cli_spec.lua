@@ -73,6 +73,25 @@ describe("the lutra executable", function()
     assert.are.equal(1, rc)
     assert.truthy(out:find("interrupted!", 1, true), out)
   end)
+  it("stops lt.train cleanly on SIGINT, with a message and the summary", function()
+    local s = tmpfile([[
+local lt = require "lutra"
+local m = lt.models.gpt2("gpt2-tiny")
+local g = lt.Generator(1)
+local loader = { next = function()
+  local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
+  return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
+end }
+local s = lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.01 }), train = loader, steps = 1000000,
+  out_dir = os.tmpname() .. "-runs", quiet = false, log_every = 1000 }
+print("after training", s.interrupted, s.steps > 0)
+]])
+    local out, rc = sh("./lutra " .. s .. " & p=$!; sleep 2; kill -INT $p; wait $p")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("train: interrupted at step", 1, true), out)
+    assert.truthy(out:find("after training\ttrue\ttrue"), out)
+    os.remove(s)
+  end)
   it("reads piped REPL input without prompts and keeps going after errors", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")
     local out, rc = sh("./lutra < " .. s .. " 2>/dev/null")

@@ -1,0 +1,355 @@
+--- lutra.train (lt.train): the training loop recipes share.
+--
+--   local summary = lt.train {
+--     model = model, optimizer = opt, train = train_loader, steps = 1000,
+--     accum = 4, schedule = lt.optim.schedules.cosine { lr = 6e-4, warmup = 100, steps = 1000 },
+--     clip = 1.0, val = val_loader, eval_every = 100, eval_batches = 20,
+--     sample_every = 200, sample = { tokenizer = tok, prompt = "The", tokens = 64, temperature = 0.8 },
+--     name = "gpt2-pydocs",
+--   }
+--
+-- Each optimizer step takes `accum` micro-batches from train:next() (x, y),
+-- counts the targets that count (not ignore_index) over all of them first,
+-- and backpropagates each micro-batch's summed token loss divided by that
+-- total: the step's loss is the mean over every counted token of the step
+-- and its gradients those of one large batch. Then it clips by global norm,
+-- sets the schedule's rate for this optimizer step, and steps. A step whose
+-- loss or gradient norm is not finite stops training with a message naming
+-- the step, or, with skip_nonfinite, is skipped and counted (the schedule
+-- does not advance). Ctrl-C stops cleanly after a message. Each evaluation
+-- reads the same eval_batches batches of val (a loader with state and
+-- load_state is restarted), so evaluations compare.
+--
+-- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
+-- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
+-- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
+-- go to both as well.
+local lt = require "lutra"
+local F = lt.F
+
+local M = {}
+
+local DEFAULTS = {
+  model = false, optimizer = false, train = false, steps = false,
+  accum = 1, schedule = false, clip = 0, val = false, eval_every = 0, eval_batches = 20,
+  sample_every = 0, sample = false, name = "run", log_every = 1, ignore_index = -100,
+  skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
+  on_step = false, start_step = 0,
+}
+
+local function fmt_bytes(b) return ("%.0f MiB"):format(b / 2 ^ 20) end
+
+-- JSON has no NaN or infinities: they are written as the strings "nan", "inf", "-inf"
+local function json_line(t)
+  local clean = {}
+  for k, v in pairs(t) do
+    if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
+      v = v ~= v and "nan" or (v > 0 and "inf" or "-inf")
+    end
+    clean[k] = v
+  end
+  return lt.json.encode(clean)
+end
+
+--- The peak FLOP/s MFU is measured against: 989e12 on CUDA (H100/H200 dense
+-- bf16), else cores x 2.5 GHz x 32 f32 FLOPs per cycle (AVX2 FMA): a stated
+-- assumption, printed with the numbers.
+local function default_peak(device)
+  if device:sub(1, 4) == "cuda" then return 989e12, "989 TFLOP/s (H100/H200 bf16 dense)" end
+  local cores = lt.num_threads()
+  local peak = cores * 2.5e9 * 32
+  return peak, ("%.0f GFLOP/s (%d cores x 2.5 GHz x 32 f32 FLOPs/cycle, assumed)"):format(peak / 1e9, cores)
+end
+
+--- llm.c's FLOPs per token for a GPT with a config: 6N + 6 L C T.
+local function model_flops_per_token(model, T)
+  local cfg = model.config
+  if not cfg or not cfg.n_layer or not cfg.n_embd then return nil end
+  return 6 * model:num_parameters() + 6 * cfg.n_layer * cfg.n_embd * T
+end
+
+local function mkdir_p(path)
+  local q = "'" .. path:gsub("'", "'\\''") .. "'"
+  local ok = os.execute("mkdir -p " .. q)
+  if ok ~= 0 and ok ~= true then error(("train: cannot create the directory %s"):format(path), 3) end
+end
+
+local function memory_now(device)
+  if device:sub(1, 4) == "cuda" then
+    local s = lt.cuda.memory_stats(device)
+    return s.allocated, s.peak
+  end
+  local s = lt.memory_stats()
+  return s.allocated, s.peak
+end
+
+--- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, generator = g}) -> ids:
+-- samples tokens one at a time from the model's last-position logits
+-- (softmax(logits / temperature), restricted to the top_k when > 0), feeding
+-- the last block_size ids back; ids and the result are Lua tables of ids.
+function M.generate(model, ids, opts)
+  opts = opts or {}
+  local n = opts.tokens or 64
+  local temperature = opts.temperature or 1
+  if type(temperature) ~= "number" or temperature <= 0 then error("generate: temperature must be > 0", 2) end
+  local block = model.config and model.config.block_size or math.huge
+  local gen = opts.generator
+  local device = opts.device or "cpu"
+  local out = {}
+  for i, v in ipairs(ids) do out[i] = v end
+  if #out == 0 then error("generate: needs at least one prompt token", 2) end
+  local was_training = model.training
+  model:eval()
+  lt.no_grad(function()
+    for _ = 1, n do
+      local first = math.max(1, #out - block + 1)
+      local ctx = {}
+      for i = first, #out do ctx[#ctx + 1] = out[i] end
+      local x = lt.tensor({ ctx }, { dtype = "i64", device = device })
+      local logits = model(x):select(1, 1):select(1, #ctx):to("cpu", "f64")
+      local probs = F.softmax(logits / temperature, -1)
+      local p = probs:totable()
+      if opts.top_k and opts.top_k > 0 and opts.top_k < #p then
+        local sorted = {}
+        for i = 1, #p do sorted[i] = p[i] end
+        table.sort(sorted, function(a, b) return a > b end)
+        local cut = sorted[opts.top_k]
+        for i = 1, #p do if p[i] < cut then p[i] = 0 end end
+      end
+      local total = 0
+      for i = 1, #p do total = total + p[i] end
+      local u = lt.rand({ 1 }, { dtype = "f64", generator = gen }):item() * total
+      local pick, acc = #p, 0
+      for i = 1, #p do
+        acc = acc + p[i]
+        if u < acc then
+          pick = i
+          break
+        end
+      end
+      out[#out + 1] = pick - 1
+    end
+  end)
+  if was_training then model:train() end
+  return out
+end
+
+--- Mean loss over up to n batches of a loader (no gradients).
+local function evaluate(model, loader, n, ignore_index, device)
+  local sum, count = 0, 0
+  local was_training = model.training
+  model:eval()
+  lt.no_grad(function()
+    for _ = 1, n do
+      local x, y = loader:next()
+      if not x then break end
+      if device ~= "cpu" then x, y = x:to(device), y:to(device) end
+      local logits = model(x)
+      local l, c = F.cross_entropy(logits, y, { reduction = "sum", ignore_index = ignore_index })
+      sum = sum + l:item()
+      count = count + c
+    end
+  end)
+  if was_training ~= false then model:train() end
+  if count == 0 then return 0 / 0 end
+  return sum / count
+end
+
+local function check_opts(raw)
+  if type(raw) ~= "table" then error("train: expects a table of settings", 3) end
+  for k in pairs(raw) do
+    if DEFAULTS[k] == nil then
+      local known = {}
+      for name in pairs(DEFAULTS) do known[#known + 1] = name end
+      table.sort(known)
+      error(("train: unknown setting '%s' (known: %s)"):format(tostring(k), table.concat(known, ", ")), 3)
+    end
+  end
+  local o = {}
+  for k, v in pairs(DEFAULTS) do o[k] = v end
+  for k, v in pairs(raw) do o[k] = v end
+  for _, k in ipairs { "model", "optimizer", "train", "steps" } do
+    if not o[k] then error(("train: '%s' is required"):format(k), 3) end
+  end
+  local function whole(k, lo)
+    local v = o[k]
+    if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
+      error(("train: %s must be a whole number >= %d, got %s"):format(k, lo, tostring(v)), 4)
+    end
+  end
+  whole("steps", 1)
+  whole("accum", 1)
+  whole("eval_every", 0)
+  whole("eval_batches", 1)
+  whole("sample_every", 0)
+  whole("log_every", 1)
+  if type(o.clip) ~= "number" or o.clip < 0 then error("train: clip must be a number >= 0 (0: no clipping)", 3) end
+  if o.eval_every > 0 and not o.val then error("train: eval_every needs a val loader", 3) end
+  if o.sample_every > 0 and (type(o.sample) ~= "table" or not o.sample.tokenizer) then
+    error("train: sample_every needs sample = {tokenizer =, prompt =, tokens =, temperature =}", 3)
+  end
+  if o.schedule and type(o.schedule) ~= "function" then error("train: schedule must be a function of the step", 3) end
+  for _, g in ipairs(o.optimizer.groups or {}) do
+    if not o.schedule and not (g.lr > 0) then error(("train: the learning rate must be > 0, got %s"):format(tostring(g.lr)), 3) end
+  end
+  if o.schedule then
+    local lr1 = o.schedule(1)
+    if type(lr1) ~= "number" or lr1 ~= lr1 or lr1 < 0 then error("train: the schedule's rate at step 1 is " .. tostring(lr1), 3) end
+  end
+  return o
+end
+
+--- lt.train(settings) -> summary {steps =, loss =, val_loss =, skipped =, tokens =, seconds =, interrupted =}.
+function M.run(settings)
+  local o = check_opts(settings)
+  local model, opt = o.model, o.optimizer
+  local params = opt:parameters()
+  local device = params[1] and params[1].device or "cpu"
+  local peak, peak_text = default_peak(device)
+  if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
+
+  -- the first batch decides the shapes; checked before any update
+  local first_x, first_y = o.train:next()
+  if not first_x then error("train: the training loader gave no batch", 2) end
+  local T = first_x:size(first_x:dim())
+  local block = model.config and model.config.block_size
+  if block and T > block then
+    error(("train: the sequence length %d is longer than the model's context (block_size %d)"):format(T, block), 2)
+  end
+  local fpt = o.flops_per_token or model_flops_per_token(model, T)
+
+  local dir = o.out_dir .. "/" .. o.name
+  mkdir_p(dir)
+  local metrics = assert(io.open(dir .. "/metrics.jsonl", "a"))
+  local function record(t)
+    metrics:write(json_line(t), "\n")
+    metrics:flush()
+  end
+  local function say(line)
+    if not o.quiet then
+      print(line)
+      io.stdout:flush()
+    end
+  end
+  say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
+    o.accum, o.accum == 1 and "" or "es", peak_text, dir))
+
+  -- every evaluation reads the same validation batches (a restartable loader restarts)
+  local val_start = o.val and type(o.val.state) == "function" and type(o.val.load_state) == "function" and o.val:state()
+  local pending = { first_x, first_y }
+  local function next_batch()
+    if pending then
+      local x, y = pending[1], pending[2]
+      pending = nil
+      return x, y
+    end
+    local x, y = o.train:next()
+    if not x then error("train: the training loader ran out of batches", 0) end
+    return x, y
+  end
+
+  local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
+  local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
+  local t_start = lt.clock()
+
+  local function one_step(step)
+    local t0 = lt.clock()
+    -- all micro-batches first: the step's loss divides by every counted token
+    local xs, ys, total = {}, {}, 0
+    for k = 1, o.accum do
+      local x, y = next_batch()
+      if device ~= "cpu" then x, y = x:to(device), y:to(device) end
+      xs[k], ys[k] = x, y
+      total = total + y:ne(o.ignore_index):to("i64"):sum():item()
+    end
+    opt:zero_grad()
+    local loss_sum, tokens = 0, 0
+    for k = 1, o.accum do
+      local logits = model(xs[k])
+      local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index })
+      if total > 0 then (l / total):backward() end
+      loss_sum = loss_sum + l:item()
+      tokens = tokens + xs[k]:numel()
+      xs[k], ys[k] = nil, nil
+    end
+    local loss = total > 0 and loss_sum / total or 0
+    local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
+    if finite and o.clip > 0 then
+      norm = lt.optim.clip_grad_norm(params, o.clip)
+      finite = norm == norm and norm ~= math.huge
+    elseif finite then
+      norm = lt.optim.clip_grad_norm(params, math.huge)
+      finite = norm == norm and norm ~= math.huge
+    end
+    local lr
+    if not finite then
+      if not o.skip_nonfinite then
+        error(("train: step %d: the %s is not finite (loss %s, gradient norm %s); lower the learning rate or set skip_nonfinite")
+          :format(step, loss == loss and loss ~= math.huge and "gradient norm" or "loss", tostring(loss), tostring(norm)), 0)
+      end
+      summary.skipped = summary.skipped + 1
+      opt:zero_grad()
+    else
+      opt_step = opt_step + 1
+      if o.schedule then
+        lr = o.schedule(opt_step)
+        opt:set_lr(lr)
+      end
+      opt:step()
+      lr = lr or opt.groups[1].lr
+    end
+    local dt = lt.clock() - t0
+    summary.tokens = summary.tokens + tokens
+    summary.loss = loss
+    local tps = tokens / dt
+    local mfu = fpt and tps * fpt / peak or nil
+    local mem, mem_peak = memory_now(device)
+    local rec = { step = step, loss = loss, lr = lr, grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu,
+      mem = mem, mem_peak = mem_peak, skipped = not finite or nil }
+    record(rec)
+    if step % o.log_every == 0 or step == o.steps then
+      say(("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s%s"):format(step,
+        o.steps, loss, lr or 0, norm, dt * 1e3, tps, mfu and ("%.1f%%"):format(mfu * 100) or "n/a",
+        fmt_bytes(mem), finite and "" or " | skipped (not finite)"))
+    end
+    if o.on_step then o.on_step(rec) end
+    if o.val and o.eval_every > 0 and (step % o.eval_every == 0 or step == o.steps) then
+      if val_start then o.val:load_state(val_start) end
+      local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
+      summary.val_loss = vl
+      record({ step = step, val_loss = vl })
+      say(("step %5d/%d | val loss %.4f"):format(step, o.steps, vl))
+    end
+    if o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps) then
+      local s = o.sample
+      local ids = s.tokenizer:encode(s.prompt or "\n")
+      local out = M.generate(model, ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
+        top_k = s.top_k, generator = s.generator, device = device })
+      local text = s.tokenizer:decode(out)
+      record({ step = step, sample = text })
+      say(("---- sample at step %d ----\n%s\n----"):format(step, text))
+    end
+  end
+
+  for step = o.start_step + 1, o.start_step + o.steps do
+    local ok, err = pcall(one_step, step)
+    if not ok then
+      metrics:close()
+      if tostring(err):find("interrupted", 1, true) then
+        summary.interrupted = true
+        say(("train: interrupted at step %d; %d steps done, metrics in %s/metrics.jsonl"):format(step, summary.steps, dir))
+        break
+      end
+      error(err, 0)
+    end
+    summary.steps = summary.steps + 1
+  end
+  summary.seconds = lt.clock() - t_start
+  summary.optimizer_steps = opt_step
+  pcall(metrics.close, metrics)
+  return summary
+end
+
+setmetatable(M, { __call = function(_, settings) return M.run(settings) end })
+
+return M

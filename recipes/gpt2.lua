@@ -1,0 +1,59 @@
+--- recipes/gpt2.lua: the main job. Trains a small GPT-2 on token shards
+-- (by default data/pydocs, the Python documentation, from `make data`) with
+-- AdamW, warmup and cosine decay, gradient clipping and accumulation,
+-- evaluating on the validation shards and printing samples as it goes. It
+-- prints the unigram baseline first (the validation loss of a model that
+-- ignores context, from the training tokens' frequencies) and, at the end,
+-- how far below it the validation loss went.
+--
+--   ./lutra recipes/gpt2.lua                      # the CPU defaults (a few minutes on 2 cores)
+--   ./lutra recipes/gpt2.lua --device=cuda --dtype=bf16 --n_layer=12 --n_embd=768 --n_head=12 --seq=1024
+--   ./lutra recipes/gpt2.lua --help
+local lt = require "lutra"
+
+local cfg = lt.config {
+  data = "data/pydocs", vocab = "data/gpt2.tiktoken", device = "cpu", dtype = "f32", name = "gpt2-pydocs",
+  n_layer = 4, n_head = 4, n_embd = 256, seq = 128, batch = 16, accum = 1, pad_vocab = 64,
+  steps = 120, lr = 3e-3, min_lr = 3e-4, warmup = 10, weight_decay = 0.1, beta2 = 0.95, clip = 1.0,
+  eval_every = 30, eval_batches = 0, sample_every = 60, sample_tokens = 48, temperature = 0.8,
+  prompt = "The ", seed = 1337, log_every = 1,
+}
+
+-- checked before anything runs
+if cfg.lr <= 0 then error(("--lr must be > 0, got %g"):format(cfg.lr), 0) end
+if cfg.accum < 1 or cfg.accum ~= math.floor(cfg.accum) then error("--accum must be a whole number >= 1", 0) end
+if cfg.batch < 1 or cfg.seq < 1 then error("--batch and --seq must be >= 1", 0) end
+
+lt.manual_seed(cfg.seed)
+local tok = lt.tokenizer.load(cfg.vocab)
+local train = lt.data.shards { path = cfg.data .. "/train", batch = cfg.batch, seq = cfg.seq, seed = cfg.seed }
+local val = lt.data.shards { path = cfg.data .. "/val", batch = cfg.batch, seq = cfg.seq, shuffle = false }
+-- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
+local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
+
+local baseline, ntrain, nval = lt.data.unigram_entropy(cfg.data .. "/train", cfg.data .. "/val", tok.n_vocab)
+print(("data: %d training and %d validation tokens; unigram baseline %.3f nats/token"):format(ntrain, nval, baseline))
+
+local model = lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
+  block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = cfg.pad_vocab > 0 and cfg.pad_vocab or nil,
+  generator = lt.Generator(cfg.seed) }
+model:to(cfg.device, cfg.dtype)
+print(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s"):format(
+  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype))
+
+local opt = lt.optim.AdamW(model, { lr = cfg.lr, betas = { 0.9, cfg.beta2 }, weight_decay = cfg.weight_decay })
+local schedule = lt.optim.schedules.cosine { lr = cfg.lr, warmup = math.min(cfg.warmup, cfg.steps), steps = cfg.steps,
+  final = cfg.min_lr }
+
+local summary = lt.train {
+  model = model, optimizer = opt, train = train, steps = cfg.steps, accum = cfg.accum, schedule = schedule,
+  clip = cfg.clip, val = val, eval_every = cfg.eval_every, eval_batches = eval_batches,
+  sample_every = cfg.sample_every, name = cfg.name, log_every = cfg.log_every,
+  sample = { tokenizer = tok, prompt = cfg.prompt, tokens = cfg.sample_tokens, temperature = cfg.temperature,
+    generator = lt.Generator(cfg.seed) },
+}
+
+local vl = summary.val_loss or 0 / 0
+print(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
+  summary.steps, summary.seconds, summary.tokens / summary.seconds, vl, baseline, baseline - vl,
+  summary.interrupted and " (interrupted)" or ""))

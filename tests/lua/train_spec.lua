@@ -1,0 +1,179 @@
+-- tests/lua/train_spec.lua: lt.train: gradient accumulation equals one large
+-- batch, the schedule advances per optimizer step (not on skipped steps),
+-- non-finite losses stop or skip, metrics are written, bad settings fail
+-- before training, sampling is reproducible; and lt.data.unigram_entropy.
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+local OUT = os.tmpname() .. "-runs"
+
+-- a loader over fixed batches
+local function list_loader(batches)
+  local i = 0
+  return { next = function()
+    i = i + 1
+    local b = batches[i]
+    if not b then return nil end
+    return b[1], b[2]
+  end }
+end
+
+local function tiny(seed)
+  return lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(seed or 1) })
+end
+
+local function batches(n, B, T, seed)
+  local g = lt.Generator(seed or 5)
+  local out = {}
+  for i = 1, n do
+    local ids = lt.randint(0, 512, { B, T + 1 }, { generator = g })
+    out[i] = { ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous() }
+  end
+  return out
+end
+
+describe("lt.train", function()
+  it("accumulating micro-batches gives one large batch's gradients and loss", function()
+    local data = batches(2, 2, 16)
+    -- ignore a few targets so the micro-batches count different numbers of tokens
+    lt.no_grad(function() data[1][2]:narrow(2, 1, 5):fill_(-100) end)
+    local m1, m2 = tiny(3), tiny(3)
+    local o1 = lt.optim.SGD(m1, { lr = 0.1 })
+    local o2 = lt.optim.SGD(m2, { lr = 0.1 })
+    local s1 = lt.train { model = m1, optimizer = o1, train = list_loader(data), steps = 1, accum = 2, out_dir = OUT,
+      quiet = true }
+    local x = lt.cat({ data[1][1], data[2][1] }, 1)
+    local y = lt.cat({ data[1][2], data[2][2] }, 1)
+    local big = list_loader({ { x, y } })
+    local s2 = lt.train { model = m2, optimizer = o2, train = big, steps = 1, out_dir = OUT, quiet = true }
+    assert(math.abs(s1.loss - s2.loss) < 1e-5, ("losses %.7f and %.7f"):format(s1.loss, s2.loss))
+    local p1, p2 = m1:parameters(), m2:parameters()
+    for i = 1, #p1 do
+      local d = (p1[i] - p2[i]):abs():max():item()
+      assert(d < 1e-6, ("parameter %d differs by %g"):format(i, d))
+    end
+  end)
+
+  it("advances the schedule once per optimizer step and not on skipped steps", function()
+    local seen = {}
+    local sched = function(step)
+      seen[#seen + 1] = step
+      return 0.01
+    end
+    local data = batches(4, 2, 8)
+    -- step 2's batch makes the loss infinite: a target outside... use a NaN weight instead
+    local m = tiny(2)
+    local o = lt.optim.SGD(m, { lr = 0.01 })
+    local calls = 0
+    local s = lt.train { model = m, optimizer = o, train = list_loader(data), steps = 4, accum = 1, schedule = sched,
+      out_dir = OUT, quiet = true, skip_nonfinite = true,
+      on_step = function(rec)
+        calls = calls + 1
+        if rec.step == 1 then -- poison the next step's loss
+          lt.no_grad(function() m.transformer.wpe.weight:fill_(0 / 0) end)
+        end
+        if rec.step == 2 then
+          lt.no_grad(function() m.transformer.wpe.weight:fill_(0) end)
+        end
+      end }
+    assert.are.equal(4, calls)
+    assert.are.equal(1, s.skipped)
+    assert.are.equal(3, s.optimizer_steps)
+    -- the check call at start asks for step 1; then steps 1, 2, 3 of the optimizer
+    assert.are.same({ 1, 1, 2, 3 }, seen)
+  end)
+
+  it("stops on a non-finite loss with a message naming the step", function()
+    local m = tiny(2)
+    local o = lt.optim.SGD(m, { lr = 0.01 })
+    lt.no_grad(function() m.transformer.wpe.weight:fill_(math.huge) end)
+    H.assert_error(function()
+      lt.train { model = m, optimizer = o, train = list_loader(batches(2, 2, 8)), steps = 2, out_dir = OUT, quiet = true }
+    end, "step 1", "not finite")
+  end)
+
+  it("writes one JSON line per step, evaluation and sample", function()
+    local tok = lt.tokenizer.load("data/gpt2.tiktoken")
+    local m = tiny(4)
+    local o = lt.optim.AdamW(m, { lr = 1e-3 })
+    local name = "spec" .. tostring(os.time())
+    local val = list_loader(batches(4, 2, 8, 9))
+    lt.train { model = m, optimizer = o, train = list_loader(batches(2, 2, 8)), steps = 2, val = val, eval_every = 2,
+      eval_batches = 2, sample_every = 2, sample = { tokenizer = tok, prompt = "a", tokens = 3 }, out_dir = OUT,
+      name = name, quiet = true }
+    local f = assert(io.open(OUT .. "/" .. name .. "/metrics.jsonl"))
+    local lines = {}
+    for line in f:lines() do lines[#lines + 1] = lt.json.decode(line) end
+    f:close()
+    assert.are.equal(4, #lines)
+    assert.are.equal(1, lines[1].step)
+    assert(lines[1].loss > 0 and lines[1].tokens_per_s > 0 and lines[1].lr > 0 and lines[1].grad_norm > 0)
+    assert(lines[3].val_loss > 0)
+    assert(type(lines[4].sample) == "string" and lines[4].sample:sub(1, 1) == "a")
+  end)
+
+  it("rejects bad settings before training", function()
+    local m = tiny(1)
+    local o = lt.optim.SGD(m, { lr = 0.1 })
+    local function run(extra)
+      local s = { model = m, optimizer = o, train = list_loader(batches(1, 2, 8)), steps = 1, out_dir = OUT, quiet = true }
+      for k, v in pairs(extra) do s[k] = v end
+      return lt.train(s)
+    end
+    H.assert_error(function() run { stepz = 3 } end, "unknown setting", "stepz", "steps")
+    H.assert_error(function() run { accum = 0 } end, "accum", ">= 1")
+    H.assert_error(function() run { steps = 0 } end, "steps", ">= 1")
+    H.assert_error(function() run { eval_every = 5 } end, "val loader")
+    H.assert_error(function() run { train = list_loader(batches(1, 1, 65)) } end, "sequence length 65", "block_size 64")
+    H.assert_error(function() run { train = list_loader({}) } end, "no batch")
+    local zero = lt.optim.SGD(tiny(1), { lr = 0 })
+    H.assert_error(function() run { optimizer = zero } end, "learning rate must be > 0")
+  end)
+
+  it("trains in bf16 with f32 master weights and state", function()
+    local m = tiny(8):to("bf16")
+    local o = lt.optim.AdamW(m, { lr = 3e-3 })
+    local data = batches(1, 4, 32, 3)
+    local repeated = {}
+    for i = 1, 12 do repeated[i] = data[1] end -- one batch again and again: the loss must fall
+    local losses = {}
+    lt.train { model = m, optimizer = o, train = list_loader(repeated), steps = 12, out_dir = OUT, quiet = true,
+      on_step = function(rec) losses[#losses + 1] = rec.loss end }
+    assert(losses[12] < losses[1] - 0.5, ("bf16 loss %.3f -> %.3f"):format(losses[1], losses[12]))
+    for _, p in ipairs(m:parameters()) do
+      assert.are.equal("bf16", p.dtype)
+      local st = o.state[p]
+      assert.are.equal("f32", st.master.dtype)
+      assert.are.equal("f32", st.exp_avg.dtype)
+    end
+  end)
+
+  it("samples reproducibly from a seed", function()
+    local m = tiny(6)
+    local a = lt.train.generate(m, { 1, 2, 3 }, { tokens = 5, generator = lt.Generator(7) })
+    local b = lt.train.generate(m, { 1, 2, 3 }, { tokens = 5, generator = lt.Generator(7) })
+    assert.are.same(a, b)
+    assert.are.equal(8, #a)
+    for i = 4, 8 do assert(a[i] >= 0 and a[i] < 512) end
+    H.assert_error(function() lt.train.generate(m, {}, {}) end, "prompt token")
+  end)
+end)
+
+describe("lt.data.unigram_entropy", function()
+  it("is the validation cross-entropy under smoothed training frequencies", function()
+    local dir = os.tmpname() .. "-uni"
+    os.execute("mkdir -p " .. dir)
+    lt.data.write_shard(dir .. "/train_000000.bin", lt.tensor({ 1, 1, 1, 2 }, "i32"), 4)
+    lt.data.write_shard(dir .. "/val_000000.bin", lt.tensor({ 1, 3 }, "i32"), 4)
+    local h, nt, nv = lt.data.unigram_entropy(dir .. "/train", dir .. "/val", 4)
+    -- counts + 1 over N + V = 8: p(1) = 4/8, p(3) = 1/8
+    local want = -(math.log(4 / 8) + math.log(1 / 8)) / 2
+    assert(math.abs(h - want) < 1e-12, h)
+    assert.are.equal(4, nt)
+    assert.are.equal(2, nv)
+    assert.are.same({ 1, 1, 1, 2 }, lt.data.read_shard(dir .. "/train_000000.bin"):totable())
+    H.assert_error(function() lt.data.unigram_entropy(dir .. "/train", dir .. "/val", 2) end, "outside the vocabulary")
+    H.assert_error(function() lt.data.read_shard(dir .. "/nope.bin") end, "nope.bin")
+    os.execute("rm -rf " .. dir)
+  end)
+end)
