@@ -80,6 +80,9 @@ OPT ?= -O2
 CFLAGS_ALL := -std=gnu11 $(OPT) -g $(WARN) -funwind-tables -fopenmp -D_GNU_SOURCE \
               $(PKG_CFLAGS) $(CUDA_CFLAGS) $(MPI_CFLAGS) $(SANITIZE) $(CFLAGS)
 KERNEL_OPT ?= -O3
+# kernels never read floating-point exception flags: this lets selects and
+# clamps in loops become SIMD code (kernels/cpu/fastexp.h)
+KERNEL_FLAGS := -fno-trapping-math
 LDLIBS_ALL := $(PKG_LIBS) $(CUDA_LIBS) $(MPI_LIBS) -fopenmp -lm -ldl -lpthread $(SANITIZE) $(LDFLAGS)
 
 CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcard kernels/cpu/*.c)
@@ -106,7 +109,7 @@ $(BUILD)/liblutra.a: $(CORE_OBJ)
 
 $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/common.cuh kernels/cuda/cuda.h host/tensor-impl.h host/lutra.h
 	@mkdir -p $(dir $@)

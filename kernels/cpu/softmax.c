@@ -5,29 +5,28 @@
  * attention) gives zeros, and zero gradients, instead of NaN.
  */
 #include "cpu.h"
+#include "fastexp.h"
 
 #include <math.h>
 
-#define DEFINE_SOFTMAX(T, SFX, EXP, LOG)                                                       \
+#define DEFINE_SOFTMAX(T, SFX, EXP, LOG, ROWMAX, SUMEXP, EXPSCALE)                                                       \
   static void softmax_fwd_##SFX(const T *x, T *y, int64_t N, int64_t C, int logsm) {            \
     _Pragma("omp parallel for schedule(static) if (N * C >= 32768)")                           \
     for (int64_t r = 0; r < N; r++) {                                                          \
       const T *xr = x + r * C;                                                                 \
       T *yr = y + r * C;                                                                       \
-      T m = -(T)INFINITY;                                                                      \
-      for (int64_t c = 0; c < C; c++) m = xr[c] > m ? xr[c] : m;                               \
+      T m = ROWMAX(xr, C);                                                                     \
       if (m == -(T)INFINITY) { /* all masked */                                                \
         for (int64_t c = 0; c < C; c++) yr[c] = logsm ? -(T)INFINITY : (T)0;                   \
         continue;                                                                              \
       }                                                                                        \
-      double sum = 0;                                                                          \
-      for (int64_t c = 0; c < C; c++) sum += EXP(xr[c] - m);                                   \
+      double sum = SUMEXP(xr, C, m);                                                           \
       if (logsm) {                                                                             \
         T lse = m + (T)LOG(sum);                                                               \
         for (int64_t c = 0; c < C; c++) yr[c] = xr[c] - lse;                                   \
       } else {                                                                                 \
         T inv = (T)(1.0 / sum);                                                                \
-        for (int64_t c = 0; c < C; c++) yr[c] = EXP(xr[c] - m) * inv;                          \
+        EXPSCALE(xr, yr, C, m, inv);                                                           \
       }                                                                                        \
     }                                                                                          \
   }                                                                                            \
@@ -56,8 +55,8 @@
     }                                                                                          \
   }
 
-DEFINE_SOFTMAX(float, f32, expf, log)
-DEFINE_SOFTMAX(double, f64, exp, log)
+DEFINE_SOFTMAX(float, f32, lt_fast_expf, log, lt_row_max_f32, lt_row_sum_exp_f32, lt_row_exp_scale_f32)
+DEFINE_SOFTMAX(double, f64, exp, log, lt_row_max_f64, lt_row_sum_exp_f64, lt_row_exp_scale_f64)
 
 lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm) {
   if (dt == LT_DTYPE_F64)
