@@ -5,10 +5,10 @@
 -- tokens. Prints tokens/s for both (steps after the first), their ratio and
 -- peak RSS for both.
 --
---   ./lutra bench/train_cpu.lua [--steps=8] [--n_layer=4] [--n_embd=256] [--seq=128] [--batch=16]
+--   ./lutra bench/train_cpu.lua [--steps=20] [--n_layer=4] [--n_embd=128] [--seq=128] [--batch=4]
 local lt = require "lutra"
 
-local cfg = lt.config { steps = 8, n_layer = 4, n_head = 4, n_embd = 256, seq = 128, batch = 16, vocab = 50257 }
+local cfg = lt.config { steps = 20, n_layer = 4, n_head = 4, n_embd = 128, seq = 128, batch = 4, vocab = 50257 }
 local threads = lt.num_threads()
 
 local function peak_rss()

@@ -598,8 +598,16 @@ static lt_status matmul_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
          product over the flattened batch instead of a batch of products and
          a sum over it */
       int64_t k = A->sizes[A->ndim - 1], nn = G->sizes[G->ndim - 1];
-      gb = mm(s, tr(s, reshape(s, A, 2, (int64_t[]){-1, k})), reshape(s, G, 2, (int64_t[]){-1, nn}));
-      gb = fit_matmul(s, n, 1, gb);
+      lt_tensor *A2 = reshape(s, A, 2, (int64_t[]){-1, k}), *G2 = reshape(s, G, 2, (int64_t[]){-1, nn});
+      if (!b1 && OK1(B) && B->strides[0] == 1 && B->strides[1] == B->sizes[0] && B->sizes[0] > 1) {
+        /* b is the transpose of a contiguous (n, k) weight (x @ W^T): its
+           gradient is made as (n, k) and handed back transposed, so that
+           W's gradient arrives contiguous instead of needing a strided
+           transpose of the whole matrix (the tied output head: 25 MB) */
+        gb = tr(s, mm(s, tr(s, G2), A2));
+      } else {
+        gb = fit_matmul(s, n, 1, mm(s, tr(s, A2), G2));
+      }
     } else {
       gb = fit_matmul(s, n, 1, mm(s, tr(s, A), G));
     }

@@ -8,6 +8,7 @@
  * threads by chunk.
  */
 #include "cpu.h"
+#include "fastexp.h"
 
 #include <math.h>
 #include <omp.h>
@@ -76,7 +77,7 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
 #define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 #define GELU_C 0.044715
 
-#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ONE)                                   \
+#define UNARY_CASES(T, EXP, GEXP, LOG, SQRT, TANH, ONE)                                  \
   switch (op) {                                                                    \
   case LT_UNARY_NEG: for (int64_t i = 0; i < n; i++) o[i] = -a[i]; break;          \
   case LT_UNARY_ABS: for (int64_t i = 0; i < n; i++) o[i] = a[i] < 0 ? -a[i] : a[i]; break; \
@@ -87,10 +88,10 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
   case LT_UNARY_TANH: for (int64_t i = 0; i < n; i++) o[i] = TANH(a[i]); break;    \
   case LT_UNARY_SIGMOID: for (int64_t i = 0; i < n; i++) o[i] = ONE / (ONE + EXP(-a[i])); break; \
   case LT_UNARY_SIGN: for (int64_t i = 0; i < n; i++) o[i] = a[i] > 0 ? ONE : a[i] < 0 ? -ONE : a[i]; break; \
-  case LT_UNARY_GELU:                                                              \
+  case LT_UNARY_GELU: /* 0.5 x (1 + tanh u) = x sigmoid(2u): one exp, no tanh */ \
     for (int64_t i = 0; i < n; i++) {                                              \
       T x = a[i];                                                                  \
-      o[i] = (T)0.5 * x * (ONE + TANH((T)GELU_K * (x + (T)GELU_C * x * x * x)));   \
+      o[i] = x / (ONE + GEXP((T)(-2 * GELU_K) * (x + (T)GELU_C * x * x * x)));      \
     }                                                                              \
     break;                                                                         \
   case LT_UNARY_SILU: for (int64_t i = 0; i < n; i++) o[i] = a[i] / (ONE + EXP(-a[i])); break; \
@@ -101,14 +102,14 @@ static void unary_f32(const void *ctx, void *const *in, void *out, int64_t n) {
   lt_unary_op op = *(const lt_unary_op *)ctx;
   const float *a = in[0];
   float *o = out;
-  UNARY_CASES(float, expf, logf, sqrtf, tanhf, 1.0f);
+  UNARY_CASES(float, expf, lt_fast_expf, logf, sqrtf, tanhf, 1.0f);
 }
 
 static void unary_f64(const void *ctx, void *const *in, void *out, int64_t n) {
   lt_unary_op op = *(const lt_unary_op *)ctx;
   const double *a = in[0];
   double *o = out;
-  UNARY_CASES(double, exp, log, sqrt, tanh, 1.0);
+  UNARY_CASES(double, exp, exp, log, sqrt, tanh, 1.0);
 }
 
 static void unary_i64(const void *ctx, void *const *in, void *out, int64_t n) {
@@ -206,12 +207,12 @@ typedef struct {
 } binary_ctx;
 
 /* The derivatives of the activations, times the incoming gradient g. */
-#define ACTIVATION_GRADS(T, EXP, TANH, ONE)                                          \
-  case LT_BINARY_GELU_GRAD:                                                          \
+#define ACTIVATION_GRADS(T, EXP, GEXP, ONE)                                          \
+  case LT_BINARY_GELU_GRAD: /* s = sigmoid(2u) = (1 + tanh u) / 2, 1 - tanh^2 u = 4 s (1 - s) */ \
     for (int64_t i = 0; i < n; i++) {                                                \
-      T x = a[i], u = (T)GELU_K * (x + (T)GELU_C * x * x * x), t = TANH(u);          \
+      T x = a[i], s = ONE / (ONE + GEXP((T)(-2 * GELU_K) * (x + (T)GELU_C * x * x * x))); \
       T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x);                            \
-      o[i] = b[i] * ((T)0.5 * (ONE + t) + (T)0.5 * x * (ONE - t * t) * du);          \
+      o[i] = b[i] * (s + (T)2 * x * s * (ONE - s) * du);                             \
     }                                                                                \
     break;                                                                           \
   case LT_BINARY_SILU_GRAD:                                                          \
@@ -226,7 +227,7 @@ static void binary_f32(const void *ctx, void *const *in, void *out, int64_t n) {
   const float *a = in[0], *b = in[1];
   float *o = out;
   switch (op) {
-    ACTIVATION_GRADS(float, expf, tanhf, 1.0f)
+    ACTIVATION_GRADS(float, expf, lt_fast_expf, 1.0f)
   default:
     BINARY_CASES(a[i], b[i], powf, FDIV);
   }
@@ -237,7 +238,7 @@ static void binary_f64(const void *ctx, void *const *in, void *out, int64_t n) {
   const double *a = in[0], *b = in[1];
   double *o = out;
   switch (op) {
-    ACTIVATION_GRADS(double, exp, tanh, 1.0)
+    ACTIVATION_GRADS(double, exp, exp, 1.0)
   default:
     BINARY_CASES(a[i], b[i], pow, FDIV);
   }
