@@ -136,7 +136,16 @@ static cJSON *to_json(lua_State *L, int idx, int depth, const char **err) {
       *err = "NaN and infinities have no JSON form";
       return NULL;
     }
-    return cJSON_CreateNumber(x);
+    /* the shortest of %.15g..%.17g that reads back as exactly x (cJSON's own
+       printer accepts a relative error of one epsilon, which loses the last
+       bits of checkpointed values) */
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+      snprintf(buf, sizeof buf, "%.*g", prec, x);
+      if (strtod(buf, NULL) == x)
+        break;
+    }
+    return cJSON_CreateRaw(buf);
   }
   case LUA_TSTRING: {
     size_t len;
