@@ -449,6 +449,28 @@ void lt_cpu_empty_cache(void);
    which otherwise sees only an 8-byte pointer per tensor and would let
    garbage tensors pile up. */
 int64_t lt_take_alloc_pressure(void);
+/* ---- durable files and preemption (host/fsio.c; lt.ckpt) ----------------------- */
+
+/* Writes len bytes to path atomically: a temporary file beside it, fsync,
+   rename, fsync of the directory. On failure the old file is untouched. */
+lt_status lt_write_file_atomic(const char *path, const char *data, int64_t len);
+/* fsync of a file, and of a directory (so renames in it are durable). */
+lt_status lt_fsync_file(const char *path);
+lt_status lt_fsync_dir(const char *path);
+/* mkdir -p; an existing non-directory on the path is an error. */
+lt_status lt_mkdir_p(const char *path);
+/* rename(2), with the paths in the error. */
+lt_status lt_rename(const char *from, const char *to);
+/* rm -rf of path (not following symbolic links); absent is not an error. */
+lt_status lt_remove_tree(const char *path);
+/* 0: absent, 1: a file (or other non-directory), 2: a directory. */
+int lt_path_kind(const char *path);
+/* Catch SIGTERM and SIGUSR1 (on = 1) into a flag, or restore the previous
+   handlers (on = 0). lt_preempt_signal() is the last such signal caught
+   since lt_preempt_clear(), 0 for none. */
+void lt_preempt_watch(int on);
+int lt_preempt_signal(void);
+void lt_preempt_clear(void);
 /* LT_FFI_END */
 
 /*

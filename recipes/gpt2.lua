@@ -13,15 +13,16 @@
 -- The CPU defaults are small (4 layers, 128 wide, context 128, 4 sequences
 -- a step) because the vocabulary's output layer dominates the cost: many
 -- small steps learn more in ten minutes than few large ones.
+--   ./lutra recipes/gpt2.lua --ckpt_every=250 --resume=auto   # checkpoints in runs/<name>/ckpt, resumed
 --   ./lutra recipes/gpt2.lua --help
 local lt = require "lutra"
 
 local cfg = lt.config {
   data = "data/pydocs", vocab = "data/gpt2.tiktoken", device = "cpu", dtype = "f32", name = "gpt2-pydocs",
   n_layer = 4, n_head = 4, n_embd = 128, seq = 128, batch = 4, accum = 1, pad_vocab = 0,
-  steps = 1000, lr = 6e-3, min_lr = 6e-4, warmup = 30, weight_decay = 0.1, beta2 = 0.95, clip = 1.0,
+  steps = 1500, lr = 6e-3, min_lr = 6e-4, warmup = 30, weight_decay = 0.1, beta2 = 0.95, clip = 1.0,
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 0.8,
-  prompt = "The ", seed = 1337, log_every = 25,
+  prompt = "The ", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
 }
 
 -- checked before anything runs
@@ -54,6 +55,7 @@ local summary = lt.train {
   model = model, optimizer = opt, train = train, steps = cfg.steps, accum = cfg.accum, schedule = schedule,
   clip = cfg.clip, val = val, eval_every = cfg.eval_every, eval_batches = eval_batches,
   sample_every = cfg.sample_every, name = cfg.name, log_every = cfg.log_every,
+  ckpt_every = cfg.ckpt_every, keep_last = cfg.keep_last, resume = cfg.resume, config = cfg,
   sample = { tokenizer = tok, prompt = cfg.prompt, tokens = cfg.sample_tokens, temperature = cfg.temperature,
     generator = lt.Generator(cfg.seed) },
 }
@@ -61,4 +63,5 @@ local summary = lt.train {
 local vl = summary.val_loss or 0 / 0
 print(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
   summary.steps, summary.seconds, summary.tokens / summary.seconds, vl, baseline, baseline - vl,
-  summary.interrupted and " (interrupted)" or ""))
+  summary.interrupted and " (interrupted)" or summary.preempted and (" (" .. summary.preempted .. ": saved " ..
+    summary.checkpoint .. ")") or ""))

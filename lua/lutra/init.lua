@@ -119,6 +119,9 @@ lt.nn = require "lutra.nn"
 lt.models = require "lutra.models"
 lt.optim = require "lutra.optim"
 lt.train = require "lutra.train"
+lt.ckpt = require "lutra.ckpt"
+lt.hf = require "lutra.hf"
+lt.generate = require "lutra.generate"
 
 --- dtype names as constants: lt.zeros(3, lt.i64) or {dtype = lt.bf16}.
 for _, dt in ipairs { "f32", "f64", "bf16", "f16", "i8", "u8", "u16", "i32", "i64", "bool" } do

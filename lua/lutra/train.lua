@@ -20,11 +20,22 @@
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare.
 --
+-- Checkpoints (lt.ckpt): with ckpt_every = N the loop saves the model,
+-- optimizer, loader, generators (rng; by default the default generator and
+-- the sample generator) and config every N steps and at the last step into
+-- ckpt_dir (default runs/<name>/ckpt), keeping the newest keep_last. resume
+-- = "auto" continues from the newest complete checkpoint there (or starts
+-- afresh when there is none), resume = "<dir>" from that one, "none" (the
+-- default) starts afresh; `steps` is the last step's number either way. On
+-- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
+-- with summary.preempted set (recipes then end, exiting 0).
+--
 -- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
 -- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
 -- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
 -- go to both as well.
 local lt = require "lutra"
+local C = require("lutra.capi").C
 local F = lt.F
 
 local M = {}
@@ -34,7 +45,8 @@ local DEFAULTS = {
   accum = 1, schedule = false, clip = 0, val = false, eval_every = 0, eval_batches = 20,
   sample_every = 0, sample = false, name = "run", log_every = 1, ignore_index = -100,
   skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
-  on_step = false, start_step = 0,
+  on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none",
+  config = false, rng = false, on_checkpoint = false,
 }
 
 local function fmt_bytes(b) return ("%.0f MiB"):format(b / 2 ^ 20) end
@@ -83,54 +95,19 @@ local function memory_now(device)
   return s.allocated, s.peak
 end
 
---- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, generator = g}) -> ids:
--- samples tokens one at a time from the model's last-position logits
--- (softmax(logits / temperature), restricted to the top_k when > 0), feeding
--- the last block_size ids back; ids and the result are Lua tables of ids.
+--- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, generator = g, device =}) -> ids:
+-- the prompt ids (a Lua table) followed by the sampled ones (lt.generate
+-- with the KV cache; a prompt longer than the context keeps its end).
 function M.generate(model, ids, opts)
   opts = opts or {}
-  local n = opts.tokens or 64
+  if type(ids) ~= "table" or #ids == 0 then error("generate: needs at least one prompt token", 2) end
   local temperature = opts.temperature or 1
   if type(temperature) ~= "number" or temperature <= 0 then error("generate: temperature must be > 0", 2) end
-  local block = model.config and model.config.block_size or math.huge
-  local gen = opts.generator
-  local device = opts.device or "cpu"
+  local new = lt.generate(model, ids, { max_tokens = opts.tokens or 64, temperature = temperature,
+    top_k = opts.top_k or 0, generator = opts.generator, device = opts.device, truncate = "left" })
   local out = {}
   for i, v in ipairs(ids) do out[i] = v end
-  if #out == 0 then error("generate: needs at least one prompt token", 2) end
-  local was_training = model.training
-  model:eval()
-  lt.no_grad(function()
-    for _ = 1, n do
-      local first = math.max(1, #out - block + 1)
-      local ctx = {}
-      for i = first, #out do ctx[#ctx + 1] = out[i] end
-      local x = lt.tensor({ ctx }, { dtype = "i64", device = device })
-      local logits = model(x):select(1, 1):select(1, #ctx):to("cpu", "f64")
-      local probs = F.softmax(logits / temperature, -1)
-      local p = probs:totable()
-      if opts.top_k and opts.top_k > 0 and opts.top_k < #p then
-        local sorted = {}
-        for i = 1, #p do sorted[i] = p[i] end
-        table.sort(sorted, function(a, b) return a > b end)
-        local cut = sorted[opts.top_k]
-        for i = 1, #p do if p[i] < cut then p[i] = 0 end end
-      end
-      local total = 0
-      for i = 1, #p do total = total + p[i] end
-      local u = lt.rand({ 1 }, { dtype = "f64", generator = gen }):item() * total
-      local pick, acc = #p, 0
-      for i = 1, #p do
-        acc = acc + p[i]
-        if u < acc then
-          pick = i
-          break
-        end
-      end
-      out[#out + 1] = pick - 1
-    end
-  end)
-  if was_training then model:train() end
+  for _, v in ipairs(new) do out[#out + 1] = v end
   return out
 end
 
@@ -183,6 +160,12 @@ local function check_opts(raw)
   whole("eval_batches", 1)
   whole("sample_every", 0)
   whole("log_every", 1)
+  whole("ckpt_every", 0)
+  whole("keep_last", 0)
+  whole("start_step", 0)
+  if type(o.resume) ~= "string" or o.resume == "" then
+    error("train: resume must be \"none\", \"auto\" or a checkpoint directory", 3)
+  end
   if type(o.clip) ~= "number" or o.clip < 0 then error("train: clip must be a number >= 0 (0: no clipping)", 3) end
   if o.eval_every > 0 and not o.val then error("train: eval_every needs a val loader", 3) end
   if o.sample_every > 0 and (type(o.sample) ~= "table" or not o.sample.tokenizer) then
@@ -199,7 +182,8 @@ local function check_opts(raw)
   return o
 end
 
---- lt.train(settings) -> summary {steps =, loss =, val_loss =, skipped =, tokens =, seconds =, interrupted =}.
+--- lt.train(settings) -> summary {steps =, loss =, val_loss =, skipped =, tokens =, seconds =, interrupted =,
+-- preempted =, checkpoint =, resumed_from =, optimizer_steps =}; steps counts the steps this call ran.
 function M.run(settings)
   local o = check_opts(settings)
   local model, opt = o.model, o.optimizer
@@ -207,6 +191,37 @@ function M.run(settings)
   local device = params[1] and params[1].device or "cpu"
   local peak, peak_text = default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
+
+  local dir = o.out_dir .. "/" .. o.name
+  local ckpt_dir = o.ckpt_dir or (dir .. "/ckpt")
+  local rng = o.rng
+  if not rng then
+    rng = { default = lt.default_generator() }
+    if type(o.sample) == "table" and o.sample.generator then rng.sample = o.sample.generator end
+  end
+  local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
+  local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
+  local start_step = o.start_step
+  local resumed_from
+  if o.resume ~= "none" then
+    local path = o.resume
+    if o.resume == "auto" then path = lt.ckpt.latest(ckpt_dir) end
+    if path then
+      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng })
+      start_step, opt_step = st.step, st.optimizer_steps or st.step
+      summary.skipped = st.extra and st.extra.skipped or 0
+      resumed_from = path
+    end
+  end
+  if resumed_from and start_step >= o.steps then
+    if not o.quiet then print(("train: %s is at step %d, the last step: nothing to do"):format(resumed_from, start_step)) end
+    return { steps = 0, skipped = summary.skipped, tokens = 0, interrupted = false, seconds = 0,
+      optimizer_steps = opt_step, resumed_from = resumed_from }
+  end
+  if start_step >= o.steps then
+    error(("train: the run starts at step %d, at or past its last step %d (steps is the last step's number)")
+      :format(start_step, o.steps), 2)
+  end
 
   -- the first batch decides the shapes; checked before any update
   local first_x, first_y = o.train:next()
@@ -218,7 +233,6 @@ function M.run(settings)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
 
-  local dir = o.out_dir .. "/" .. o.name
   mkdir_p(dir)
   local metrics = assert(io.open(dir .. "/metrics.jsonl", "a"))
   local function record(t)
@@ -231,6 +245,8 @@ function M.run(settings)
       io.stdout:flush()
     end
   end
+  if resumed_from then say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
+  elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
     o.accum, o.accum == 1 and "" or "es", peak_text, dir))
 
@@ -248,9 +264,18 @@ function M.run(settings)
     return x, y
   end
 
-  local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
-  local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
   local t_start = lt.clock()
+
+  local function save(step)
+    local t0 = lt.clock()
+    local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
+      config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last,
+      extra = { skipped = summary.skipped } })
+    record({ step = step, checkpoint = path })
+    say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
+    if o.on_checkpoint then o.on_checkpoint(path, step) end
+    return path
+  end
 
   local function one_step(step)
     local t0 = lt.clock()
@@ -331,22 +356,37 @@ function M.run(settings)
     end
   end
 
-  for step = o.start_step + 1, o.start_step + o.steps do
-    local ok, err = pcall(one_step, step)
-    if not ok then
-      metrics:close()
-      if tostring(err):find("interrupted", 1, true) then
-        summary.interrupted = true
-        say(("train: interrupted at step %d; %d steps done, metrics in %s/metrics.jsonl"):format(step, summary.steps, dir))
+  C.lt_preempt_clear()
+  C.lt_preempt_watch(1)
+  local ok_all, err_all = pcall(function()
+    for step = start_step + 1, o.steps do
+      local ok, err = pcall(one_step, step)
+      if not ok then
+        if tostring(err):find("interrupted", 1, true) then
+          summary.interrupted = true
+          say(("train: interrupted at step %d; %d steps done, metrics in %s/metrics.jsonl"):format(step, summary.steps,
+            dir))
+          break
+        end
+        error(err, 0)
+      end
+      summary.steps = summary.steps + 1
+      local sig = C.lt_preempt_signal()
+      if sig ~= 0 then
+        summary.preempted = sig == 15 and "SIGTERM" or "SIGUSR1"
+        say(("train: %s at step %d: saving and stopping"):format(summary.preempted, step))
+        summary.checkpoint = save(step)
         break
       end
-      error(err, 0)
+      if o.ckpt_every > 0 and (step % o.ckpt_every == 0 or step == o.steps) then summary.checkpoint = save(step) end
     end
-    summary.steps = summary.steps + 1
-  end
+  end)
+  C.lt_preempt_watch(0)
+  pcall(metrics.close, metrics)
+  if not ok_all then error(err_all, 0) end
   summary.seconds = lt.clock() - t_start
   summary.optimizer_steps = opt_step
-  pcall(metrics.close, metrics)
+  summary.resumed_from = resumed_from
   return summary
 end
 

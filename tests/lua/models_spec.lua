@@ -122,7 +122,7 @@ describe("nn.Module", function()
     assert.are.same(a.weight:totable(), b.weight:totable())
     local bad = { weight = lt.zeros(2, 4), extra = lt.zeros(1) }
     H.assert_error(function() b:load_state_dict(bad) end, "missing: bias", "unexpected: extra",
-      "wrong shape: weight (checkpoint [2, 4], model [2, 3])")
+      "wrong shape or dtype: weight (checkpoint [2, 4], model [2, 3])")
     b:load_state_dict({ weight = lt.zeros(2, 3) }, { strict = false })
     assert.are.equal(0, b.weight:abs():sum():item())
   end)

@@ -31,14 +31,16 @@ function Attention:init(cfg, o)
   self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, o)
   self.dropout = cfg.dropout or 0
 end
-function Attention:forward(x)
+function Attention:forward(x, kv)
   local B, T, C = x:size(1), x:size(2), x:size(3)
   local hs = C / self.n_head
   local qkv = self.c_attn(x) -- (B, T, 3C)
   local function heads(i) -- (B, NH, T, hs)
     return qkv:narrow(3, i * C + 1, C):view(B, T, self.n_head, hs):transpose(2, 3)
   end
-  local y = F.scaled_dot_product_attention(heads(0), heads(1), heads(2), { causal = true })
+  local k, v = heads(1), heads(2)
+  if kv then k, v = kv:append(self, k, v) end
+  local y = F.scaled_dot_product_attention(heads(0), k, v, { causal = true })
   y = y:transpose(2, 3):reshape(B, T, C)
   y = self.c_proj(y)
   if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
@@ -64,8 +66,8 @@ function Block:init(cfg, o)
   self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
   self.mlp = MLP(cfg, o)
 end
-function Block:forward(x)
-  x = x + self.attn(self.ln_1(x))
+function Block:forward(x, kv)
+  x = x + self.attn(self.ln_1(x), kv)
   return x + self.mlp(self.ln_2(x))
 end
 
@@ -111,18 +113,23 @@ function GPT:init_weights(generator)
   end)
 end
 
---- model(idx) -> logits (B, T, V) for ids idx (B, T) (i32 or i64, 0-based).
-function GPT:forward(idx)
+--- model(idx[, kv]) -> logits (B, T, V) for ids idx (B, T) (i32 or i64,
+-- 0-based). With a KV cache (lt.models.KVCache) the ids continue the cached
+-- ones: positions start at kv.len, attention sees the cached keys and
+-- values, and the cache grows by T.
+function GPT:forward(idx, kv)
   local cfg = self.config
   local B, T = idx:size(1), idx:size(2)
-  if T > cfg.block_size then
-    error(("GPT: sequence length %d is longer than the block size %d"):format(T, cfg.block_size))
+  local start = kv and kv.len or 0
+  if start + T > cfg.block_size then
+    error(("GPT: sequence length %d is longer than the block size %d"):format(start + T, cfg.block_size))
   end
   local tr = self.transformer
-  local pos = lt.arange(T, { device = idx.device })
+  local pos = lt.arange(start, start + T, { device = idx.device })
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
-  for _, block in ipairs(tr.h:list()) do x = block(x) end
+  for _, block in ipairs(tr.h:list()) do x = block(x, kv) end
+  if kv then kv:advance(T) end
   local logits = self.lm_head(tr.ln_f(x))
   if cfg.padded_vocab_size ~= cfg.vocab_size then logits = logits:narrow(3, 1, cfg.vocab_size) end
   return logits

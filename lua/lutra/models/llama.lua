@@ -29,13 +29,15 @@ function Attention:init(cfg, o)
   self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
   self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.dim, nb)
 end
-function Attention:forward(x, start)
+function Attention:forward(x, kv)
   local B, T = x:size(1), x:size(2)
+  local start = kv and kv.len or 0
   local q = self.q_proj(x):view(B, T, self.n_heads, self.hd):transpose(2, 3)
   local k = self.k_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
   local v = self.v_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
-  q = F.rope(q, { base = self.theta, start = start or 0 })
-  k = F.rope(k, { base = self.theta, start = start or 0 })
+  q = F.rope(q, { base = self.theta, start = start })
+  k = F.rope(k, { base = self.theta, start = start })
+  if kv then k, v = kv:append(self, k, v) end
   local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
   return self.o_proj(y:transpose(2, 3):reshape(B, T, self.n_heads * self.hd))
 end
@@ -56,8 +58,8 @@ function Layer:init(cfg, o)
   self.post_attention_layernorm = nn.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = o.dtype, device = o.device })
   self.mlp = MLP(cfg, o)
 end
-function Layer:forward(x)
-  x = x + self.self_attn(self.input_layernorm(x))
+function Layer:forward(x, kv)
+  x = x + self.self_attn(self.input_layernorm(x), kv)
   return x + self.mlp(self.post_attention_layernorm(x))
 end
 
@@ -84,13 +86,17 @@ function Llama:init(cfg, o)
   end)
 end
 
---- model(idx) -> logits (B, T, V).
-function Llama:forward(idx)
-  if idx:size(2) > self.config.max_seq_len then
-    error(("Llama: sequence length %d is longer than max_seq_len %d"):format(idx:size(2), self.config.max_seq_len))
+--- model(idx[, kv]) -> logits (B, T, V); with a KV cache (lt.models.KVCache)
+-- the ids continue the cached ones (rotary positions from kv.len).
+function Llama:forward(idx, kv)
+  local start = kv and kv.len or 0
+  if start + idx:size(2) > self.config.max_seq_len then
+    error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
+      self.config.max_seq_len))
   end
   local x = self.model.embed_tokens(idx)
-  for _, layer in ipairs(self.model.layers:list()) do x = layer(x) end
+  for _, layer in ipairs(self.model.layers:list()) do x = layer(x, kv) end
+  if kv then kv:advance(idx:size(2)) end
   return self.lm_head(self.model.norm(x))
 end
 

@@ -268,8 +268,9 @@ function Module:_state_dict()
 end
 
 --- self:load_state_dict(sd[, {strict = true}]): copies the values into the
--- module's tensors (converting dtype). Missing, unexpected and mis-shaped
--- entries are reported together by name (strict); returns self.
+-- module's tensors (converting among float dtypes). Missing, unexpected,
+-- mis-shaped and integer-for-float (or float-for-integer) entries are
+-- reported together by name (strict); returns self.
 function Module:load_state_dict(sd, opts)
   if type(sd) ~= "table" then error("load_state_dict: expected a table of name = tensor, got " .. type(sd), 2) end
   local strict = not (opts and opts.strict == false)
@@ -283,6 +284,8 @@ function Module:load_state_dict(sd, opts)
       shaped[#shaped + 1] = name .. " (not a tensor)"
     elseif tostring(v:shape()) ~= tostring(t:shape()) then
       shaped[#shaped + 1] = ("%s (checkpoint %s, model %s)"):format(name, tostring(v:shape()), tostring(t:shape()))
+    elseif v:is_floating_point() ~= t:is_floating_point() then
+      shaped[#shaped + 1] = ("%s (checkpoint dtype %s, model %s)"):format(name, v.dtype, t.dtype)
     end
   end
   for name in pairs(sd) do
@@ -295,7 +298,7 @@ function Module:load_state_dict(sd, opts)
     local parts = {}
     if #missing > 0 then parts[#parts + 1] = "missing: " .. table.concat(missing, ", ") end
     if #unexpected > 0 then parts[#parts + 1] = "unexpected: " .. table.concat(unexpected, ", ") end
-    if #shaped > 0 then parts[#parts + 1] = "wrong shape: " .. table.concat(shaped, ", ") end
+    if #shaped > 0 then parts[#parts + 1] = "wrong shape or dtype: " .. table.concat(shaped, ", ") end
     error("load_state_dict: " .. table.concat(parts, "; "), 2)
   end
   lt.no_grad(function()

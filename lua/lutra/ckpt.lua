@@ -1,0 +1,331 @@
+--- lutra.ckpt (lt.ckpt): training checkpoints that survive kills, and exact resume.
+--
+--   local path = lt.ckpt.save("runs/gpt2/ckpt", { model = model, opt = opt, loader = train,
+--     step = 500, rng = { default = lt.default_generator() }, config = cfg, keep_last = 3 })
+--   local state = lt.ckpt.load(lt.ckpt.latest("runs/gpt2/ckpt"), { model = model, opt = opt, loader = train,
+--     rng = { default = lt.default_generator() } })
+--
+-- Layout (DESIGN.md, Checkpoints): <dir>/step_00000500/ holds
+--   model.safetensors      the weights (state_dict names, tied tensors once)
+--   optimizer.safetensors  the optimizer's tensors (f32 master weights, moments)
+--                          under "<position>.<name>", its settings in the metadata
+--   state.json             step, optimizer steps, loader state, generator states,
+--                          config, model config, parallel layout, file list
+-- and <dir>/latest names the newest one. A checkpoint is written into a
+-- hidden temporary directory, every file fsynced, then renamed into place
+-- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
+-- way after. A job killed at any moment leaves either the previous complete
+-- checkpoints or a hidden temporary directory, which latest() never picks
+-- and the next save removes.
+local lt = require "lutra"
+local capi = require "lutra.capi"
+local json = require "lutra.json"
+local C, ffi = capi.C, capi.ffi
+pcall(ffi.cdef, "int getpid(void);")
+
+local M = {}
+
+M.FORMAT = "lutra-checkpoint"
+M.VERSION = 1
+
+local function check(st, level)
+  if st ~= 0 then error(ffi.string(C.lt_last_error()), (level or 2) + 1) end
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+--- The directory name of a step: step_00000500.
+function M.step_name(step) return ("step_%08d"):format(step) end
+
+local function step_of(name)
+  local digits = name:match("^step_(%d+)$")
+  return digits and tonumber(digits) or nil
+end
+
+local function list_dir(dir)
+  local out = {}
+  if C.lt_path_kind(dir) ~= 2 then return out end
+  local q = "'" .. dir:gsub("'", "'\\''") .. "'"
+  local p = io.popen("ls -1a " .. q .. " 2>/dev/null")
+  if not p then return out end
+  for name in p:lines() do
+    if name ~= "." and name ~= ".." then out[#out + 1] = name end
+  end
+  p:close()
+  return out
+end
+
+-- Parsed state.json of a checkpoint directory, or nil and why it is not complete.
+local function read_state(path)
+  local text = read_file(path .. "/state.json")
+  if not text then return nil, path .. "/state.json is missing" end
+  local ok, st = pcall(json.decode, text)
+  if not ok or type(st) ~= "table" then return nil, path .. "/state.json is not valid JSON" end
+  if st.format ~= M.FORMAT then
+    return nil, ("%s/state.json: format is %s, expected %s"):format(path, tostring(st.format), M.FORMAT)
+  end
+  if type(st.step) ~= "number" then return nil, path .. "/state.json: the field 'step' is missing" end
+  if type(st.files) ~= "table" then return nil, path .. "/state.json: the field 'files' is missing" end
+  for name, size in pairs(st.files) do
+    local f = io.open(path .. "/" .. name, "rb")
+    if not f then return nil, ("%s/%s is missing (state.json lists it)"):format(path, name) end
+    local actual = f:seek("end")
+    f:close()
+    if actual ~= size then
+      return nil, ("%s/%s has %d bytes, state.json says %d (a partial or altered checkpoint)"):format(path, name, actual,
+        size)
+    end
+  end
+  return st
+end
+
+--- lt.ckpt.is_complete(path) -> true, or false and the reason.
+function M.is_complete(path)
+  local st, why = read_state(path)
+  if st then return true end
+  return false, why
+end
+
+--- lt.ckpt.list(dir) -> the complete checkpoints under dir as
+-- { {step =, path =}, ... }, oldest first.
+function M.list(dir)
+  local out = {}
+  for _, name in ipairs(list_dir(dir)) do
+    local step = step_of(name)
+    if step and read_state(dir .. "/" .. name) then out[#out + 1] = { step = step, path = dir .. "/" .. name } end
+  end
+  table.sort(out, function(a, b) return a.step < b.step end)
+  return out
+end
+
+--- lt.ckpt.latest(dir) -> the path of the newest complete checkpoint under
+-- dir, or nil when there is none. `latest` is a hint: a checkpoint is taken
+-- only when its state.json and every file it lists are present in full.
+function M.latest(dir)
+  local all = M.list(dir)
+  return all[#all] and all[#all].path or nil
+end
+
+local function tensor_meta(opt_sd)
+  local groups = {}
+  for gi, g in ipairs(opt_sd.groups) do groups[gi] = g end
+  return json.encode { kind = opt_sd.kind, step = opt_sd.step, groups = groups }
+end
+
+local function generator_states(rng)
+  local out = {}
+  for name, g in pairs(rng or {}) do out[name] = g:state() end
+  return out
+end
+
+local function model_config(model)
+  local cfg = model.config
+  if type(cfg) ~= "table" then return nil end
+  local out = {}
+  for k, v in pairs(cfg) do
+    if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then out[k] = v end
+  end
+  return out
+end
+
+local function file_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+--- lt.ckpt.save(dir, {model =, opt =, loader =, step =, rng = {name = generator}, config =,
+--   optimizer_steps =, extra =, keep_last = 0, layout =}) -> the checkpoint's path.
+-- Writes <dir>/step_<step>/ as the file header describes; the weights keep
+-- their dtype, optimizer tensors theirs (f32 moments and masters). config
+-- (the recipe's settings) and extra (any JSON-able table) go to state.json.
+-- keep_last = N > 0 then removes all but the newest N complete checkpoints.
+-- Saving a step that exists replaces it only once the new one is complete.
+-- Errors: I/O failures name the file; nothing half-written is left visible.
+function M.save(dir, o)
+  if type(dir) ~= "string" or dir == "" then error("ckpt.save: dir must be a non-empty string", 2) end
+  if type(o) ~= "table" or not o.model then error("ckpt.save: expects {model =, opt =, step =, ...}", 2) end
+  local step = o.step
+  if type(step) ~= "number" or step < 0 or step ~= math.floor(step) then
+    error("ckpt.save: step must be a whole number >= 0, got " .. tostring(step), 2)
+  end
+  check(C.lt_mkdir_p(dir), 2)
+  local name = M.step_name(step)
+  local final = dir .. "/" .. name
+  local tmp = ("%s/.tmp-%s-%d"):format(dir, name, C.getpid())
+  check(C.lt_remove_tree(tmp), 2)
+  check(C.lt_mkdir_p(tmp), 2)
+  local ok, err = pcall(function()
+    local files = {}
+    local mcfg = model_config(o.model)
+    lt.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
+    files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
+    local opt_sd
+    if o.opt then
+      opt_sd = o.opt:state_dict()
+      lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
+      files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+    end
+    local state = {
+      format = M.FORMAT, version = M.VERSION, step = step,
+      optimizer_steps = o.optimizer_steps or (opt_sd and opt_sd.step) or step,
+      loader = o.loader and o.loader:state() or nil,
+      rng = generator_states(o.rng),
+      config = o.config, model_config = mcfg, extra = o.extra,
+      layout = o.layout or { world_size = 1, zero = 0 },
+      files = files,
+    }
+    local text = json.encode(state)
+    check(C.lt_write_file_atomic(tmp .. "/state.json", text, #text), 1)
+    check(C.lt_fsync_dir(tmp), 1)
+  end)
+  if not ok then
+    C.lt_remove_tree(tmp)
+    error(err, 2)
+  end
+  -- into place: an existing checkpoint of this step is moved aside first and
+  -- removed only after the new one is in place
+  local aside
+  if C.lt_path_kind(final) ~= 0 then
+    aside = ("%s/.old-%s-%d"):format(dir, name, C.getpid())
+    C.lt_remove_tree(aside)
+    check(C.lt_rename(final, aside), 2)
+  end
+  if C.lt_rename(tmp, final) ~= 0 then
+    local msg = ffi.string(C.lt_last_error())
+    if aside then C.lt_rename(aside, final) end
+    C.lt_remove_tree(tmp)
+    error("ckpt.save: " .. msg, 2)
+  end
+  check(C.lt_fsync_dir(dir), 2)
+  if aside then C.lt_remove_tree(aside) end
+  local pointer = name .. "\n"
+  check(C.lt_write_file_atomic(dir .. "/latest", pointer, #pointer), 2)
+  -- leftovers of killed saves, and checkpoints beyond keep_last
+  for _, entry in ipairs(list_dir(dir)) do
+    if entry:match("^%.tmp%-step_") or entry:match("^%.old%-step_") then C.lt_remove_tree(dir .. "/" .. entry) end
+  end
+  if o.keep_last and o.keep_last > 0 then
+    local all = M.list(dir)
+    for i = 1, #all - o.keep_last do C.lt_remove_tree(all[i].path) end
+  end
+  return final
+end
+
+local function set_generators(rng, saved, path)
+  for name, g in pairs(rng or {}) do
+    local s = saved and saved[name]
+    if type(s) ~= "table" or type(s.seed) ~= "number" or type(s.offset) ~= "number" then
+      error(("ckpt.load: %s/state.json: rng.%s is missing or malformed"):format(path, name), 3)
+    end
+    g:set_state(s)
+  end
+end
+
+--- lt.ckpt.load_model(path[, {dtype =, device =}]) -> model, state: the
+-- GPT-2 or Llama a checkpoint's state.json describes (model_config), with
+-- its weights. path is a checkpoint or a directory of them (the newest).
+function M.load_model(path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("ckpt.load_model: path must be a string", 2) end
+  if C.lt_path_kind(path .. "/state.json") == 0 and C.lt_path_kind(path) == 2 then
+    local newest = M.latest(path)
+    if not newest then error(("ckpt.load_model: %s holds no complete checkpoint"):format(path), 2) end
+    path = newest
+  end
+  local st, why = read_state(path)
+  if not st then error("ckpt.load_model: " .. why, 2) end
+  local mc = st.model_config
+  if type(mc) ~= "table" then error(("ckpt.load_model: %s/state.json: the field 'model_config' is missing"):format(path), 2) end
+  local cfg = {}
+  for k, v in pairs(mc) do if k ~= "padded_vocab_size" then cfg[k] = v end end
+  local model
+  if mc.n_layer and mc.n_embd then
+    if mc.padded_vocab_size and mc.padded_vocab_size ~= mc.vocab_size and not cfg.pad_vocab then
+      cfg.pad_vocab = mc.padded_vocab_size -- one multiple that gives the same padded size
+    end
+    model = lt.models.gpt2(cfg)
+  elseif mc.n_layers and mc.dim then
+    model = lt.models.llama(cfg)
+  else
+    error(("ckpt.load_model: %s/state.json: model_config is neither a GPT-2 (n_layer, n_embd) nor a Llama (n_layers, dim)")
+      :format(path), 2)
+  end
+  local ok, err = pcall(M.load, path, { model = model })
+  if not ok then error(tostring(err):gsub("^.-ckpt%.load: ", "ckpt.load_model: "), 2) end
+  if opts.dtype or opts.device then model:to(opts.device or "cpu", opts.dtype or "f32") end
+  return model, st
+end
+
+--- lt.ckpt.read_state(path) -> the parsed state.json of a complete
+-- checkpoint; raises naming the file and field when it is not complete.
+function M.read_state(path)
+  local st, why = read_state(path)
+  if not st then error("ckpt: " .. why, 2) end
+  return st
+end
+
+--- lt.ckpt.load(path, {model =, opt =, loader =, rng = {name = generator}, world_size = 1}) -> state
+-- Restores what save wrote into the given objects (each optional) and
+-- returns state.json's table (step, optimizer_steps, config, extra, ...).
+-- Raises, naming the file and field, on a partial checkpoint, a model of
+-- another config, missing or mis-shaped tensors, another world size.
+function M.load(path, o)
+  o = o or {}
+  if type(path) ~= "string" then error("ckpt.load: path must be a string", 2) end
+  if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
+  local st, why = read_state(path)
+  if not st then error("ckpt.load: " .. why, 2) end
+  local world = o.world_size or 1
+  local saved_world = st.layout and st.layout.world_size or 1
+  if saved_world ~= world then
+    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet)")
+      :format(path, saved_world, world), 2)
+  end
+  if o.model then
+    local mine = model_config(o.model)
+    if mine and st.model_config then
+      for k, v in pairs(mine) do
+        local s = st.model_config[k]
+        if s ~= nil and s ~= v and k ~= "dropout" then
+          error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
+            :format(path, k, tostring(s), tostring(v)), 2)
+        end
+      end
+    end
+    local ok, err = pcall(function()
+      local tensors = lt.load(path .. "/model.safetensors")
+      o.model:load_state_dict(tensors)
+    end)
+    if not ok then error(("ckpt.load: %s/model.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+  end
+  if o.opt then
+    if not st.files["optimizer.safetensors"] then
+      error(("ckpt.load: %s holds no optimizer state (state.json lists no optimizer.safetensors)"):format(path), 2)
+    end
+    local ok, err = pcall(function()
+      local tensors, meta = lt.load(path .. "/optimizer.safetensors")
+      local s = json.decode(meta.state or "null")
+      if type(s) ~= "table" then error("the metadata field 'state' is missing", 0) end
+      o.opt:load_state_dict { kind = s.kind, step = s.step, groups = s.groups, tensors = tensors }
+    end)
+    if not ok then error(("ckpt.load: %s/optimizer.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+  end
+  if o.loader then
+    if not st.loader then error(("ckpt.load: %s/state.json: the field 'loader' is missing"):format(path), 2) end
+    local ok, err = pcall(o.loader.load_state, o.loader, st.loader)
+    if not ok then error(("ckpt.load: %s/state.json: loader: %s"):format(path, tostring(err)), 2) end
+  end
+  set_generators(o.rng, st.rng, path)
+  return st
+end
+
+return M

@@ -1,0 +1,231 @@
+--- lutra.hf (lt.hf): Hugging Face model directories (a `config.json` and
+-- `model.safetensors`) to and from lutra models, for GPT2LMHeadModel and
+-- LlamaForCausalLM.
+--
+--   lt.hf.export(model, "out/gpt2-pydocs")          -- writes config.json, model.safetensors
+--   local model = lt.hf.load("out/gpt2-pydocs")     -- a lutra GPT-2 or Llama
+--
+-- Layouts (transformers' modeling_gpt2.py and modeling_llama.py):
+-- - GPT-2: names transformer.wte.weight, transformer.h.<i>.attn.c_attn.weight,
+--   ...; the Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)
+--   are stored (in, out), the transpose of lutra's Linear (out, in); the
+--   output head is tied to wte and stored once (no lm_head.weight). Loading
+--   also takes names without the "transformer." prefix (GPT2Model files) and
+--   ignores the attn.bias / attn.masked_bias mask buffers older files hold.
+-- - Llama: the same names and (out, in) layout as lutra's; rotary embeddings
+--   in the rotate-half convention both use; lm_head.weight unless
+--   tie_word_embeddings.
+-- Errors name the file and the field or tensor: a missing config field, an
+-- unknown architecture, a missing, unexpected or mis-shaped tensor, a dtype
+-- safetensors cannot hold.
+local lt = require "lutra"
+local json = require "lutra.json"
+local C = require("lutra.capi").C
+
+local M = {}
+
+local CONV1D = { ["attn.c_attn.weight"] = true, ["attn.c_proj.weight"] = true, ["mlp.c_fc.weight"] = true,
+  ["mlp.c_proj.weight"] = true }
+
+local function is_conv1d(name) return CONV1D[name:match("^transformer%.h%.%d+%.(.+)$") or ""] == true end
+
+local function kind_of(model)
+  local cfg = model.config or {}
+  if cfg.n_layer and cfg.n_embd then return "gpt2" end
+  if cfg.n_layers and cfg.dim then return "llama" end
+  return nil
+end
+
+local DTYPE_NAMES = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
+
+local function write_text(path, text)
+  if C.lt_write_file_atomic(path, text, #text) ~= 0 then
+    error("hf.export: " .. require("lutra.capi").ffi.string(C.lt_last_error()), 3)
+  end
+end
+
+--- lt.hf.export(model, dir[, {dtype = the model's}]): writes dir/config.json
+-- and dir/model.safetensors in the Hugging Face layout of the model's kind
+-- (GPT-2 or Llama); dtype f32, bf16 or f16 converts the weights. A padded
+-- GPT-2 vocabulary is cut back to vocab_size rows. Returns dir.
+function M.export(model, dir, opts)
+  opts = opts or {}
+  local kind = kind_of(model)
+  if not kind then error("hf.export: expects a lutra GPT-2 or Llama model (one with a config)", 2) end
+  if type(dir) ~= "string" or dir == "" then error("hf.export: dir must be a non-empty string", 2) end
+  if C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. require("lutra.capi").ffi.string(C.lt_last_error()), 2) end
+  local cfg = model.config
+  local sd = model:state_dict()
+  local dtype = opts.dtype or sd[next(sd)].dtype
+  if not DTYPE_NAMES[dtype] then error(("hf.export: dtype must be f32, bf16 or f16, got %s"):format(tostring(dtype)), 2) end
+  local out = {}
+  lt.no_grad(function()
+    for name, t in pairs(sd) do
+      local v = t:to { device = "cpu", dtype = dtype }
+      if kind == "gpt2" then
+        if name == "lm_head.weight" then
+          v = nil -- tied to transformer.wte.weight, stored once as Hugging Face does
+        elseif name == "transformer.wte.weight" and cfg.padded_vocab_size ~= cfg.vocab_size then
+          v = v:narrow(1, 1, cfg.vocab_size)
+        elseif is_conv1d(name) then
+          v = v:t()
+        end
+      end
+      if v then out[name] = v:contiguous() end
+    end
+  end)
+  lt.save(dir .. "/model.safetensors", out, { format = "pt" })
+  local config
+  if kind == "gpt2" then
+    config = {
+      architectures = { "GPT2LMHeadModel" }, model_type = "gpt2", vocab_size = cfg.vocab_size,
+      n_positions = cfg.block_size, n_ctx = cfg.block_size, n_embd = cfg.n_embd, n_layer = cfg.n_layer,
+      n_head = cfg.n_head, activation_function = "gelu_new", layer_norm_epsilon = 1e-5,
+      resid_pdrop = cfg.dropout or 0, embd_pdrop = cfg.dropout or 0, attn_pdrop = 0, tie_word_embeddings = true,
+      bos_token_id = 50256, eos_token_id = 50256, torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
+    }
+  else
+    config = {
+      architectures = { "LlamaForCausalLM" }, model_type = "llama", vocab_size = cfg.vocab_size,
+      hidden_size = cfg.dim, intermediate_size = cfg.ffn_dim, num_hidden_layers = cfg.n_layers,
+      num_attention_heads = cfg.n_heads, num_key_value_heads = cfg.n_kv_heads,
+      max_position_embeddings = cfg.max_seq_len, rms_norm_eps = cfg.norm_eps, rope_theta = cfg.rope_theta,
+      hidden_act = "silu", tie_word_embeddings = false, attention_bias = false, mlp_bias = false,
+      torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
+    }
+  end
+  write_text(dir .. "/config.json", json.encode(config) .. "\n")
+  return dir
+end
+
+local function read_config(dir)
+  local path = dir .. "/config.json"
+  local f = io.open(path, "rb")
+  if not f then error(("hf.load: %s is missing"):format(path), 3) end
+  local text = f:read("*a")
+  f:close()
+  local ok, cfg = pcall(json.decode, text)
+  if not ok or type(cfg) ~= "table" then error(("hf.load: %s is not a JSON object"):format(path), 3) end
+  return cfg, path
+end
+
+local function field(cfg, path, name, default)
+  local v = cfg[name]
+  if v == nil or v == json.null then
+    if default ~= nil then return default end
+    error(("hf.load: %s: the field '%s' is missing"):format(path, name), 4)
+  end
+  if type(v) ~= "number" then
+    error(("hf.load: %s: the field '%s' must be a number, got %s"):format(path, name, tostring(v)), 4)
+  end
+  return v
+end
+
+local function architecture(cfg, path)
+  local arch = type(cfg.architectures) == "table" and cfg.architectures[1] or nil
+  if arch == "GPT2LMHeadModel" or cfg.model_type == "gpt2" then return "gpt2" end
+  if arch == "LlamaForCausalLM" or cfg.model_type == "llama" then return "llama" end
+  error(("hf.load: %s: architectures %s, model_type %s: lutra reads GPT2LMHeadModel and LlamaForCausalLM")
+    :format(path, tostring(arch), tostring(cfg.model_type)), 3)
+end
+
+--- lt.hf.config(dir) -> kind ("gpt2" or "llama"), the lutra model config
+-- read from dir/config.json. Raises naming the field that is missing or
+-- that lutra's models do not support.
+function M.config(dir)
+  local cfg, path = read_config(dir)
+  local kind = architecture(cfg, path)
+  if kind == "gpt2" then
+    local act = cfg.activation_function or "gelu_new"
+    if act ~= "gelu_new" and act ~= "gelu_pytorch_tanh" then
+      error(("hf.load: %s: activation_function %s is not supported (lutra's GPT-2 uses the tanh GELU, gelu_new)")
+        :format(path, tostring(act)), 2)
+    end
+    local eps = field(cfg, path, "layer_norm_epsilon", 1e-5)
+    if math.abs(eps - 1e-5) > 1e-12 then
+      error(("hf.load: %s: layer_norm_epsilon %g is not supported (lutra's GPT-2 uses 1e-5)"):format(path, eps), 2)
+    end
+    if cfg.tie_word_embeddings == false then
+      error(("hf.load: %s: tie_word_embeddings is false; lutra's GPT-2 ties the head to wte"):format(path), 2)
+    end
+    return kind, {
+      n_layer = field(cfg, path, "n_layer"), n_head = field(cfg, path, "n_head"), n_embd = field(cfg, path, "n_embd"),
+      vocab_size = field(cfg, path, "vocab_size"), block_size = field(cfg, path, "n_positions"),
+    }
+  end
+  if cfg.rope_scaling ~= nil and cfg.rope_scaling ~= json.null then
+    error(("hf.load: %s: rope_scaling is not supported yet"):format(path), 2)
+  end
+  if cfg.attention_bias == true or cfg.mlp_bias == true then
+    error(("hf.load: %s: attention_bias / mlp_bias are not supported (lutra's Llama has no biases)"):format(path), 2)
+  end
+  if cfg.hidden_act and cfg.hidden_act ~= "silu" then
+    error(("hf.load: %s: hidden_act %s is not supported (SwiGLU with silu)"):format(path, tostring(cfg.hidden_act)), 2)
+  end
+  local heads = field(cfg, path, "num_attention_heads")
+  return kind, {
+    dim = field(cfg, path, "hidden_size"), ffn_dim = field(cfg, path, "intermediate_size"),
+    n_layers = field(cfg, path, "num_hidden_layers"), n_heads = heads,
+    n_kv_heads = field(cfg, path, "num_key_value_heads", heads), vocab_size = field(cfg, path, "vocab_size"),
+    max_seq_len = field(cfg, path, "max_position_embeddings", 2048),
+    norm_eps = field(cfg, path, "rms_norm_eps", 1e-6), rope_theta = field(cfg, path, "rope_theta", 10000),
+  }, cfg.tie_word_embeddings == true
+end
+
+-- the file's tensors under lutra's names, in lutra's layout
+local function gpt2_tensors(file, path)
+  local out = {}
+  for name, t in pairs(file) do
+    local full = name
+    if not name:match("^transformer%.") and name ~= "lm_head.weight" then full = "transformer." .. name end
+    if full:match("%.attn%.bias$") and t:dim() == 4 or full:match("%.attn%.masked_bias$") then
+      full = nil -- the causal-mask buffers of older files
+    elseif full == "lm_head.weight" then
+      full = nil -- tied: checked against wte below
+    elseif is_conv1d(full) then
+      if t:dim() ~= 2 then error(("hf.load: %s: %s should be 2-D, got %s"):format(path, name, tostring(t:shape())), 4) end
+      t = t:t():contiguous()
+    end
+    if full then out[full] = t end
+  end
+  return out
+end
+
+--- lt.hf.load(dir[, {dtype = "f32", device = "cpu", pad_vocab =}]) -> model:
+-- the GPT-2 or Llama that dir/config.json describes, with the weights of
+-- dir/model.safetensors. Raises naming the file and field or tensor.
+function M.load(dir, opts)
+  opts = opts or {}
+  if type(dir) ~= "string" then error("hf.load: dir must be a string", 2) end
+  local kind, mcfg, tied = M.config(dir)
+  local wpath = dir .. "/model.safetensors"
+  local ok, file = pcall(lt.load, wpath)
+  if not ok then error(("hf.load: %s"):format(tostring(file)), 2) end
+  local model, tensors
+  if kind == "gpt2" then
+    mcfg.pad_vocab = opts.pad_vocab
+    model = lt.models.gpt2(mcfg)
+    tensors = gpt2_tensors(file, wpath)
+    local wte = tensors["transformer.wte.weight"]
+    if wte and mcfg.pad_vocab and wte:size(1) == mcfg.vocab_size then
+      local padded = lt.zeros({ model.config.padded_vocab_size, mcfg.n_embd }, { dtype = wte.dtype })
+      padded:narrow(1, 1, mcfg.vocab_size):copy_(wte)
+      tensors["transformer.wte.weight"] = padded
+    end
+    local head = file["lm_head.weight"]
+    if head and wte and (head:size(1) ~= wte:size(1) or (head:to("f32") - wte:to("f32")):abs():max():item() ~= 0) then
+      error(("hf.load: %s: lm_head.weight differs from transformer.wte.weight; lutra's GPT-2 ties them"):format(wpath), 2)
+    end
+    tensors["lm_head.weight"] = nil
+  else
+    model = lt.models.llama(mcfg)
+    tensors = file
+    if tied and not tensors["lm_head.weight"] then tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] end
+  end
+  local ok2, err = pcall(model.load_state_dict, model, tensors)
+  if not ok2 then error(("hf.load: %s: %s"):format(wpath, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+  if opts.dtype or opts.device then model:to(opts.device or "cpu", opts.dtype or "f32") end
+  return model
+end
+
+return M

@@ -1,0 +1,48 @@
+--- recipes/sample.lua: text from a trained model, streamed as it is drawn.
+--
+--   ./lutra recipes/sample.lua --ckpt=runs/gpt2-pydocs/ckpt --prompt="The json module"
+--   ./lutra recipes/sample.lua --ckpt=out/hf-export --temperature=0 --max_tokens=50
+--
+-- --ckpt is a lutra checkpoint (a step_* directory, or a run's checkpoint
+-- directory: its newest complete one) or a Hugging Face directory
+-- (config.json + model.safetensors; lt.hf). Sampling: temperature (0 is
+-- greedy), top_k (0: off), top_p (1: off), seed; it stops at <|endoftext|>
+-- or after max_tokens. A prompt longer than the model's context is refused
+-- unless --truncate (keep its end). Output is printed as whole UTF-8
+-- characters as the tokens arrive; a last line gives tokens/s.
+local lt = require "lutra"
+
+local cfg = lt.config {
+  ckpt = "", prompt = "The ", vocab = "data/gpt2.tiktoken", max_tokens = 200, temperature = 0.8, top_k = 0,
+  top_p = 0.95, seed = 1, truncate = false, cache = true, device = "cpu", dtype = "f32",
+}
+if cfg.ckpt == "" then error("sample: --ckpt=<checkpoint or Hugging Face directory> is required", 0) end
+
+local model
+if io.open(cfg.ckpt .. "/config.json") then
+  model = lt.hf.load(cfg.ckpt, { device = cfg.device, dtype = cfg.dtype })
+else
+  model = lt.ckpt.load_model(cfg.ckpt, { device = cfg.device, dtype = cfg.dtype })
+end
+local tok = lt.tokenizer.load(cfg.vocab)
+local prompt = tok:encode(cfg.prompt, { allowed_special = "all" })
+if #prompt == 0 then prompt = { tok.eot } end
+
+io.write(cfg.prompt)
+io.stdout:flush()
+local dec = tok:decoder()
+local t0 = lt.clock()
+local ids, reason = lt.generate(model, prompt, {
+  max_tokens = cfg.max_tokens, temperature = cfg.temperature, top_k = cfg.top_k, top_p = cfg.top_p,
+  seed = cfg.seed, stop = { tok.eot }, cache = cfg.cache, truncate = cfg.truncate and "left" or false,
+  on_token = function(id)
+    if id ~= tok.eot then
+      io.write(dec:push(id))
+      io.stdout:flush()
+    end
+  end,
+})
+io.write(dec:flush(), "\n")
+local dt = lt.clock() - t0
+io.stderr:write(("sample: %d tokens in %.2f s (%.1f tokens/s), stopped at %s\n"):format(#ids, dt, #ids / dt,
+  reason == "stop" and "<|endoftext|>" or "max_tokens"))

@@ -1,0 +1,233 @@
+-- tests/lua/ckpt_spec.lua: lt.ckpt and lt.train's checkpoints: a save and
+-- load round trip continues exactly (the Adam update after a load equals
+-- the uninterrupted one); a job killed with SIGKILL right after its step-10
+-- checkpoint and resumed gives bit-identical losses, rates, gradient norms
+-- and final weights to an uninterrupted one; SIGTERM saves and exits 0;
+-- partial checkpoints are never picked; bad checkpoints are rejected with
+-- the file and field named; keep_last.
+local lt = require "lutra"
+local C = require("lutra.capi").C
+
+local function sh(cmd)
+  local p = io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1; echo \"[rc=$?]\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
+  return out:gsub("%[rc=%d+%]%s*$", ""), rc
+end
+
+local ROOT = os.tmpname() .. "-ckpt"
+os.remove(ROOT:gsub("%-ckpt$", ""))
+assert(os.execute("mkdir -p " .. ROOT) == 0)
+local DATA = ROOT .. "/data"
+
+-- shards of random tokens for the jobs (a vocabulary of 512, as gpt2-tiny)
+do
+  os.execute("mkdir -p " .. DATA)
+  local ids = lt.randint(0, 512, { 6000 }, { generator = lt.Generator(2) })
+  lt.data.write_shard(DATA .. "/train_000000.bin", ids, 512)
+end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- step -> {loss, lr, grad_norm} from a metrics file (the last line of each step wins)
+local function metrics(path)
+  local out = {}
+  for line in (read(path) or ""):gmatch("[^\n]+") do
+    local r = lt.json.decode(line)
+    if r.loss and r.step then out[r.step] = { r.loss, r.lr, r.grad_norm } end
+  end
+  return out
+end
+
+local function job(args)
+  return sh("./lutra tests/lua/jobs/resume_job.lua --data=" .. DATA .. " --out=" .. ROOT .. " " .. args)
+end
+
+local function tiny(seed)
+  return lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(seed) })
+end
+
+describe("lt.ckpt", function()
+  it("saves and loads so that the next Adam update equals the uninterrupted one", function()
+    local g = lt.Generator(4)
+    local x = lt.randint(0, 512, { 2, 16 }, { generator = g })
+    local y = lt.randint(0, 512, { 2, 16 }, { generator = g })
+    local function step(m, o)
+      o:zero_grad()
+      m:loss(x, y):backward()
+      o:step()
+    end
+    local a = tiny(1)
+    local oa = lt.optim.AdamW(a, { lr = 1e-2 })
+    for _ = 1, 3 do step(a, oa) end
+    local path = lt.ckpt.save(ROOT .. "/roundtrip", { model = a, opt = oa, step = 3 })
+    assert.are.equal(ROOT .. "/roundtrip/step_00000003", path)
+    assert.are.equal("step_00000003\n", read(ROOT .. "/roundtrip/latest"))
+    step(a, oa)
+
+    local b = tiny(99)
+    local ob = lt.optim.AdamW(b, { lr = 1e-2 })
+    local st = lt.ckpt.load(lt.ckpt.latest(ROOT .. "/roundtrip"), { model = b, opt = ob })
+    assert.are.equal(3, st.step)
+    assert.are.equal(3, ob.step_count)
+    step(b, ob)
+    local pa, pb = a:parameters(), b:parameters()
+    for i = 1, #pa do assert.are.equal(0, (pa[i] - pb[i]):abs():max():item()) end
+  end)
+
+  it("restores generator states exactly", function()
+    local g = lt.Generator(5)
+    lt.rand({ 10 }, { generator = g })
+    local m = tiny(1)
+    lt.ckpt.save(ROOT .. "/rng", { model = m, step = 1, rng = { g = g } })
+    local want = lt.rand({ 4 }, { generator = g }):totable()
+    local h = lt.Generator(0)
+    lt.ckpt.load(ROOT .. "/rng/step_00000001", { rng = { g = h } })
+    assert.are.same(want, lt.rand({ 4 }, { generator = h }):totable())
+  end)
+
+  it("resumes after SIGKILL bit-identically: losses, rates, norms and final weights", function()
+    local out, rc = job("--name=whole --steps=20 --ckpt_every=5")
+    assert.are.equal(0, rc, out)
+    out, rc = job("--name=killed --steps=20 --ckpt_every=5 --kill_after=10")
+    assert.are_not.equal(0, rc, "the job should have died by SIGKILL: " .. out)
+    assert.is_nil(lt.ckpt.list(ROOT .. "/killed/ckpt")[3], "no checkpoint after step 10")
+    out, rc = job("--name=killed --steps=20 --ckpt_every=5 --resume=auto")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("resumed from " .. ROOT .. "/killed/ckpt/step_00000010", 1, true), out)
+    local a = metrics(ROOT .. "/whole/metrics.jsonl")
+    local b = metrics(ROOT .. "/killed/metrics.jsonl")
+    for step = 1, 20 do
+      assert(a[step] and b[step], "missing step " .. step)
+      for k = 1, 3 do
+        assert(a[step][k] == b[step][k], ("step %d, field %d: %.17g vs %.17g"):format(step, k, a[step][k], b[step][k]))
+      end
+    end
+    assert.are.equal(read(ROOT .. "/whole/ckpt/step_00000020/model.safetensors"),
+      read(ROOT .. "/killed/ckpt/step_00000020/model.safetensors"))
+    assert.are.equal(read(ROOT .. "/whole/ckpt/step_00000020/optimizer.safetensors"),
+      read(ROOT .. "/killed/ckpt/step_00000020/optimizer.safetensors"))
+  end)
+
+  it("saves and exits 0 on SIGTERM, and the resumed run matches", function()
+    local out, rc = job("--name=term --steps=20 --ckpt_every=0 --term_at=7")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("preempted SIGTERM", 1, true), out)
+    assert.are.equal(ROOT .. "/term/ckpt/step_00000007", lt.ckpt.latest(ROOT .. "/term/ckpt"))
+    out, rc = job("--name=term --steps=20 --ckpt_every=0 --resume=auto")
+    assert.are.equal(0, rc, out)
+    local a = metrics(ROOT .. "/whole/metrics.jsonl")
+    local b = metrics(ROOT .. "/term/metrics.jsonl")
+    for step = 1, 20 do assert(a[step][1] == b[step][1], "loss differs at step " .. step) end
+  end)
+
+  it("saves and exits 0 on SIGUSR1 as well", function()
+    local out, rc = job("--name=usr1 --steps=20 --ckpt_every=0 --term_at=3 --signal=10")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("preempted SIGUSR1", 1, true), out)
+    assert.are.equal(ROOT .. "/usr1/ckpt/step_00000003", lt.ckpt.latest(ROOT .. "/usr1/ckpt"))
+  end)
+
+  it("never picks a partial checkpoint, and a later save cleans up", function()
+    local dir = ROOT .. "/partial"
+    local m = tiny(1)
+    lt.ckpt.save(dir, { model = m, step = 2 })
+    -- a kill during a save leaves a hidden temporary directory
+    os.execute(("mkdir -p %s/.tmp-step_00000004-1 && echo junk > %s/.tmp-step_00000004-1/model.safetensors"):format(dir,
+      dir))
+    -- a copied-in directory without state.json, and one with a truncated file
+    os.execute(("mkdir -p %s/step_00000005"):format(dir))
+    lt.ckpt.save(dir, { model = m, step = 6 })
+    local f = assert(io.open(dir .. "/step_00000006/model.safetensors", "r+b"))
+    local size = f:seek("end")
+    f:close()
+    os.execute(("truncate -s %d %s/step_00000006/model.safetensors"):format(size - 10, dir))
+    assert.are.equal(dir .. "/step_00000002", lt.ckpt.latest(dir))
+    local ok, why = lt.ckpt.is_complete(dir .. "/step_00000006")
+    assert.is_false(ok)
+    assert.truthy(why:find("model.safetensors has", 1, true), why)
+    local ok2, err = pcall(lt.ckpt.load, dir .. "/step_00000005", { model = m })
+    assert.is_false(ok2)
+    assert.truthy(tostring(err):find("step_00000005/state.json is missing", 1, true), err)
+    lt.ckpt.save(dir, { model = m, step = 8 })
+    assert.are.equal(0, C.lt_path_kind(dir .. "/.tmp-step_00000004-1"))
+  end)
+
+  it("keeps the newest keep_last checkpoints", function()
+    local dir = ROOT .. "/keep"
+    local m = tiny(1)
+    for s = 1, 5 do lt.ckpt.save(dir, { model = m, step = s, keep_last = 2 }) end
+    local all = lt.ckpt.list(dir)
+    assert.are.equal(2, #all)
+    assert.are.equal(4, all[1].step)
+    assert.are.equal(5, all[2].step)
+  end)
+
+  it("replaces a checkpoint of the same step only once the new one is complete", function()
+    local dir = ROOT .. "/same"
+    local a, b = tiny(1), tiny(2)
+    lt.ckpt.save(dir, { model = a, step = 3 })
+    lt.ckpt.save(dir, { model = b, step = 3 })
+    local c = tiny(3)
+    lt.ckpt.load(dir .. "/step_00000003", { model = c })
+    assert.are.equal(0, (c:parameters()[1] - b:parameters()[1]):abs():max():item())
+    -- a save that fails (a tensor safetensors cannot hold) leaves the old one
+    local ok = pcall(lt.ckpt.save, dir, { model = { state_dict = function() return { x = 1 } end }, step = 3 })
+    assert.is_false(ok)
+    assert.is_true((lt.ckpt.is_complete(dir .. "/step_00000003")))
+    lt.ckpt.load(dir .. "/step_00000003", { model = c })
+    assert.are.equal(0, (c:parameters()[1] - b:parameters()[1]):abs():max():item())
+  end)
+
+  it("rejects another model config, another world size and missing state, naming file and field", function()
+    local dir = ROOT .. "/bad"
+    local m = tiny(1)
+    local o = lt.optim.AdamW(m, { lr = 1e-3 })
+    local path = lt.ckpt.save(dir, { model = m, opt = o, step = 1 })
+    local other = lt.models.gpt2("gpt2-tiny", { n_layer = 3, generator = lt.Generator(1) })
+    local ok, err = pcall(lt.ckpt.load, path, { model = other })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("state.json: model_config.n_layer is 2, the model's is 3", 1, true), err)
+    ok, err = pcall(lt.ckpt.load, path, { model = m, world_size = 4 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("layout.world_size is 1, this job has 4 ranks", 1, true), err)
+    local no_opt = lt.ckpt.save(dir, { model = m, step = 2 })
+    ok, err = pcall(lt.ckpt.load, no_opt, { model = m, opt = o })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("holds no optimizer state", 1, true), err)
+    ok, err = pcall(lt.ckpt.load, no_opt, { rng = { default = lt.Generator(1) } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("rng.default is missing", 1, true), err)
+    ok, err = pcall(lt.ckpt.load, ROOT .. "/nowhere", { model = m })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("is not a checkpoint directory", 1, true), err)
+  end)
+
+  it("names the tensor when the weights do not fit the model", function()
+    local dir = ROOT .. "/shape"
+    local m = tiny(1)
+    local path = lt.ckpt.save(dir, { model = m, step = 1 })
+    -- the same config, but a tensor of another shape written into the file
+    local sd = m:state_dict()
+    sd["transformer.ln_f.weight"] = lt.zeros({ 3 })
+    lt.save(path .. "/model.safetensors", sd)
+    local f = io.open(path .. "/state.json")
+    local st = lt.json.decode(f:read("*a"))
+    f:close()
+    local g = io.open(path .. "/model.safetensors", "rb")
+    st.files["model.safetensors"] = g:seek("end")
+    g:close()
+    local text = lt.json.encode(st)
+    assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    local ok, err = pcall(lt.ckpt.load, path, { model = m })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("model.safetensors: wrong shape or dtype: transformer.ln_f.weight", 1, true), err)
+  end)
+end)

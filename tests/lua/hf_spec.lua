@@ -1,0 +1,151 @@
+-- tests/lua/hf_spec.lua: lt.hf against Hugging Face-layout files written by
+-- PyTorch (tests/ref/gen_hf.py write tests/ref/hf): lutra loads GPT-2 (in
+-- the original release's layout) and Llama and reproduces their logits;
+-- exports reload to the same logits; where /usr/bin/python3 has torch,
+-- gen_hf.py check reloads lutra's export (and, with transformers, through
+-- from_pretrained) and reproduces lutra's logits; bad directories are
+-- rejected naming the file and field or tensor.
+local lt = require "lutra"
+local H = require "tests.lua.helpers"
+
+local REF = H.load_json("tests/ref/hf/hf.json")
+local TMP = os.tmpname() .. "-hf"
+
+local function ids()
+  return lt.tensor(REF.ids, { dtype = "i64" })
+end
+
+local function max_diff(logits, ref)
+  local want = lt.tensor(ref.logits, { dtype = "f64" }):reshape(ref.shape)
+  return (logits:to("f64") - want):abs():max():item()
+end
+
+local function sh(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"[rc=$?]\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
+  return out:gsub("%[rc=%d+%]%s*$", ""), rc
+end
+
+local function copy_dir(from, to)
+  os.execute(("rm -rf %s && mkdir -p %s && cp %s/* %s/"):format(to, to, from, to))
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
+
+local function has_torch()
+  local _, rc = sh("/usr/bin/python3 -c 'import torch' >/dev/null")
+  return rc == 0
+end
+
+describe("lt.hf", function()
+  for _, kind in ipairs { "gpt2", "llama" } do
+    it("loads " .. kind .. " from Hugging Face files and reproduces PyTorch's logits", function()
+      local model = lt.hf.load("tests/ref/hf/" .. kind)
+      local d = max_diff(lt.no_grad(function() return model(ids()) end), REF[kind])
+      assert(d < 1e-4, ("max abs difference %g"):format(d))
+    end)
+
+    it("exports " .. kind .. " so that it loads back to the same logits", function()
+      local model = lt.hf.load("tests/ref/hf/" .. kind)
+      local dir = TMP .. "/" .. kind
+      lt.hf.export(model, dir)
+      local back = lt.hf.load(dir)
+      local a = lt.no_grad(function() return model(ids()) end)
+      local b = lt.no_grad(function() return back(ids()) end)
+      assert.are.equal(0, (a - b):abs():max():item())
+      local cfg = H.load_json(dir .. "/config.json")
+      assert.are.equal(kind == "gpt2" and "GPT2LMHeadModel" or "LlamaForCausalLM", cfg.architectures[1])
+    end)
+  end
+
+  it("stores GPT-2 as GPT2LMHeadModel does: Conv1D weights (in, out), the tied head once, the vocabulary unpadded", function()
+    local model = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 50,
+      pad_vocab = 64, generator = lt.Generator(3) }
+    local dir = TMP .. "/padded"
+    lt.hf.export(model, dir)
+    local t = lt.load(dir .. "/model.safetensors")
+    assert.is_nil(t["lm_head.weight"])
+    assert.are.same({ 50, 16 }, t["transformer.wte.weight"]:shape())
+    assert.are.same({ 16, 48 }, t["transformer.h.0.attn.c_attn.weight"]:shape())
+    assert.are.same({ 64, 16 }, t["transformer.h.0.mlp.c_proj.weight"]:shape())
+    local back = lt.hf.load(dir, { pad_vocab = 64 })
+    local x = lt.tensor({ { 1, 2, 3, 49 } }, { dtype = "i64" })
+    local a = lt.no_grad(function() return model(x) end)
+    local b = lt.no_grad(function() return back(x) end)
+    assert.are.equal(0, (a - b):abs():max():item())
+  end)
+
+  it("is read back by PyTorch (and transformers where installed) to lutra's logits", function()
+    if not has_torch() then
+      pending("skipped: /usr/bin/python3 has no torch")
+      return
+    end
+    for _, case in ipairs {
+      { "gpt2", lt.models.gpt2 { n_layer = 2, n_head = 4, n_embd = 32, block_size = 16, vocab_size = 96,
+        pad_vocab = 64, generator = lt.Generator(8) } },
+      { "llama", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(9) }) },
+    } do
+      local name, model = case[1], case[2]
+      local dir = TMP .. "/torch-" .. name
+      lt.hf.export(model, dir)
+      local logits = lt.no_grad(function() return model(ids()) end)
+      write(dir .. "-logits.json", lt.json.encode { ids = REF.ids, shape = logits:shape(),
+        logits = logits:reshape(-1):to("f64"):totable() })
+      local out, rc = sh(("/usr/bin/python3 tests/ref/gen_hf.py check %s %s-logits.json"):format(dir, dir))
+      assert.are.equal(0, rc, out)
+      assert.truthy(out:find("torch forward vs lutra logits", 1, true), out)
+      assert.truthy(out:find("from_pretrained", 1, true), out)
+    end
+  end)
+
+  it("names the file and field of a bad config.json", function()
+    local dir = TMP .. "/badcfg"
+    copy_dir("tests/ref/hf/gpt2", dir)
+    local cfg = H.load_json(dir .. "/config.json")
+    cfg.n_embd = nil
+    write(dir .. "/config.json", lt.json.encode(cfg))
+    local ok, err = pcall(lt.hf.load, dir)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(dir .. "/config.json: the field 'n_embd' is missing", 1, true), err)
+    cfg.n_embd, cfg.architectures, cfg.model_type = 32, { "BertModel" }, "bert"
+    write(dir .. "/config.json", lt.json.encode(cfg))
+    ok, err = pcall(lt.hf.load, dir)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("architectures BertModel", 1, true), err)
+    write(dir .. "/config.json", "{not json")
+    ok, err = pcall(lt.hf.load, dir)
+    assert.truthy(tostring(err):find("config.json is not a JSON object", 1, true), err)
+    os.remove(dir .. "/config.json")
+    ok, err = pcall(lt.hf.load, dir)
+    assert.truthy(tostring(err):find(dir .. "/config.json is missing", 1, true), err)
+  end)
+
+  it("names the tensor that is missing, unexpected or mis-shaped", function()
+    local dir = TMP .. "/badw"
+    copy_dir("tests/ref/hf/llama", dir)
+    local t = lt.load(dir .. "/model.safetensors")
+    t["model.norm.weight"] = nil
+    t["model.layers.0.mlp.up_proj.weight"] = lt.zeros({ 3, 3 })
+    t["model.extra.weight"] = lt.zeros({ 2 })
+    t["model.layers.1.self_attn.q_proj.weight"] = lt.zeros({ 32, 32 }, { dtype = "i32" })
+    lt.save(dir .. "/model.safetensors", t)
+    local ok, err = pcall(lt.hf.load, dir)
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.truthy(err:find(dir .. "/model.safetensors", 1, true), err)
+    assert.truthy(err:find("missing: model.norm.weight", 1, true), err)
+    assert.truthy(err:find("unexpected: model.extra.weight", 1, true), err)
+    assert.truthy(err:find("wrong shape or dtype: model.layers.0.mlp.up_proj.weight", 1, true), err)
+    assert.truthy(err:find("model.layers.1.self_attn.q_proj.weight (checkpoint dtype i32, model f32)", 1, true), err)
+    os.remove(dir .. "/model.safetensors")
+    ok, err = pcall(lt.hf.load, dir)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("model.safetensors", 1, true), err)
+  end)
+end)
