@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
@@ -146,6 +147,45 @@ lt_status lt_remove_tree(const char *path) {
     return lt_fail(LT_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
   return LT_OK;
 }
+
+lt_status lt_dir_entries(const char *path, char **names, int64_t *len) {
+  *names = NULL;
+  *len = 0;
+  DIR *d = opendir(path);
+  if (!d)
+    return lt_fail(LT_ERR_IO, "cannot list the directory %s: %s", path, strerror(errno));
+  size_t cap = 256, n = 0;
+  char *buf = malloc(cap);
+  lt_status st = buf ? LT_OK : lt_fail(LT_ERR_OOM, "listing %s: out of memory", path);
+  struct dirent *e;
+  while (st == LT_OK && (e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    size_t l = strlen(e->d_name) + 1;
+    if (n + l > cap) {
+      while (n + l > cap)
+        cap *= 2;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        st = lt_fail(LT_ERR_OOM, "listing %s: out of memory", path);
+        break;
+      }
+      buf = nb;
+    }
+    memcpy(buf + n, e->d_name, l);
+    n += l;
+  }
+  closedir(d);
+  if (st != LT_OK) {
+    free(buf);
+    return st;
+  }
+  *names = buf;
+  *len = (int64_t)n;
+  return LT_OK;
+}
+
+int lt_process_alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 int lt_path_kind(const char *path) {
   struct stat sb;

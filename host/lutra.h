@@ -463,6 +463,11 @@ lt_status lt_mkdir_p(const char *path);
 lt_status lt_rename(const char *from, const char *to);
 /* rm -rf of path (not following symbolic links); absent is not an error. */
 lt_status lt_remove_tree(const char *path);
+/* The names in a directory (not . and ..), each NUL-terminated, back to
+   back in *names (len bytes in all; free with lt_free). */
+lt_status lt_dir_entries(const char *path, char **names, int64_t *len);
+/* Whether a process with this id exists (kill(pid, 0)). */
+int lt_process_alive(int pid);
 /* 0: absent, 1: a file (or other non-directory), 2: a directory. */
 int lt_path_kind(const char *path);
 /* Catch SIGTERM and SIGUSR1 (on = 1) into a flag, or restore the previous

@@ -27,6 +27,13 @@ end
 local tok = lt.tokenizer.load(cfg.vocab)
 local prompt = tok:encode(cfg.prompt, { allowed_special = "all" })
 if #prompt == 0 then prompt = { tok.eot } end
+local vocab = model.config.vocab_size
+for _, id in ipairs(prompt) do
+  if id >= vocab then
+    error(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab)")
+      :format(cfg.vocab, id, vocab), 0)
+  end
+end
 
 io.write(cfg.prompt)
 io.stdout:flush()

@@ -48,17 +48,20 @@ local function step_of(name)
   return digits and tonumber(digits) or nil
 end
 
+local names_box, len_box = ffi.new("char*[1]"), ffi.new("int64_t[1]")
+
 local function list_dir(dir)
   local out = {}
   if C.lt_path_kind(dir) ~= 2 then return out end
-  local q = "'" .. dir:gsub("'", "'\\''") .. "'"
-  local p = io.popen("ls -1a " .. q .. " 2>/dev/null")
-  if not p then return out end
-  for name in p:lines() do
-    if name ~= "." and name ~= ".." then out[#out + 1] = name end
-  end
-  p:close()
+  if C.lt_dir_entries(dir, names_box, len_box) ~= 0 then return out end
+  local raw = ffi.string(names_box[0], len_box[0])
+  C.lt_free(names_box[0])
+  for name in raw:gmatch("([^%z]+)%z") do out[#out + 1] = name end
   return out
+end
+
+local function whole(v, lo)
+  return type(v) == "number" and v == math.floor(v) and v >= (lo or 0) and v < 2 ^ 53
 end
 
 -- Parsed state.json of a checkpoint directory, or nil and why it is not complete.
@@ -70,9 +73,33 @@ local function read_state(path)
   if st.format ~= M.FORMAT then
     return nil, ("%s/state.json: format is %s, expected %s"):format(path, tostring(st.format), M.FORMAT)
   end
-  if type(st.step) ~= "number" then return nil, path .. "/state.json: the field 'step' is missing" end
-  if type(st.files) ~= "table" then return nil, path .. "/state.json: the field 'files' is missing" end
+  local function bad(field, what) return nil, ("%s/state.json: the field '%s' %s"):format(path, field, what) end
+  if st.step == nil then return bad("step", "is missing") end
+  if not whole(st.step) then return bad("step", "must be a whole number >= 0, got " .. tostring(st.step)) end
+  if st.optimizer_steps ~= nil and not whole(st.optimizer_steps) then
+    return bad("optimizer_steps", "must be a whole number >= 0, got " .. tostring(st.optimizer_steps))
+  end
+  if type(st.files) ~= "table" then return bad("files", "is missing") end
+  if st.layout ~= nil and (type(st.layout) ~= "table" or not whole(st.layout.world_size or 1, 1)) then
+    return bad("layout", "must be {world_size = n >= 1, ...}")
+  end
+  if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
+  if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
+  if st.extra and st.extra.skipped ~= nil and not whole(st.extra.skipped) then
+    return bad("extra.skipped", "must be a whole number >= 0")
+  end
+  if st.rng ~= nil and type(st.rng) ~= "table" then return bad("rng", "must be an object") end
+  for name, g in pairs(st.rng or {}) do
+    if type(g) ~= "table" or not whole(g.seed) or not whole(g.offset) then
+      return bad("rng." .. tostring(name), "must be {seed =, offset =} with whole numbers >= 0")
+    end
+  end
   for name, size in pairs(st.files) do
+    if type(name) ~= "string" or name:find("/", 1, true) or name:sub(1, 1) == "." then
+      return bad("files", "names a file outside the checkpoint: " .. tostring(name))
+    end
+    if not whole(size) then return bad("files." .. name, "must be a byte count, got " .. tostring(size)) end
+    if C.lt_path_kind(path .. "/" .. name) ~= 1 then return nil, ("%s/%s is missing (state.json lists it)"):format(path, name) end
     local f = io.open(path .. "/" .. name, "rb")
     if not f then return nil, ("%s/%s is missing (state.json lists it)"):format(path, name) end
     local actual = f:seek("end")
@@ -154,8 +181,11 @@ function M.save(dir, o)
   if type(dir) ~= "string" or dir == "" then error("ckpt.save: dir must be a non-empty string", 2) end
   if type(o) ~= "table" or not o.model then error("ckpt.save: expects {model =, opt =, step =, ...}", 2) end
   local step = o.step
-  if type(step) ~= "number" or step < 0 or step ~= math.floor(step) then
-    error("ckpt.save: step must be a whole number >= 0, got " .. tostring(step), 2)
+  if not whole(step) or step > 99999999 then
+    error("ckpt.save: step must be a whole number in [0, 99999999], got " .. tostring(step), 2)
+  end
+  if o.keep_last ~= nil and not whole(o.keep_last) then
+    error("ckpt.save: keep_last must be a whole number >= 0 (0 keeps all), got " .. tostring(o.keep_last), 2)
   end
   check(C.lt_mkdir_p(dir), 2)
   local name = M.step_name(step)
@@ -209,13 +239,21 @@ function M.save(dir, o)
   if aside then C.lt_remove_tree(aside) end
   local pointer = name .. "\n"
   check(C.lt_write_file_atomic(dir .. "/latest", pointer, #pointer), 2)
-  -- leftovers of killed saves, and checkpoints beyond keep_last
+  -- leftovers of killed saves (not those of a live process saving here)
   for _, entry in ipairs(list_dir(dir)) do
-    if entry:match("^%.tmp%-step_") or entry:match("^%.old%-step_") then C.lt_remove_tree(dir .. "/" .. entry) end
+    local pid = entry:match("^%.tmp%-step_%d+%-(%d+)$") or entry:match("^%.old%-step_%d+%-(%d+)$")
+    if pid and (tonumber(pid) == C.getpid() or C.lt_process_alive(tonumber(pid)) == 0) then
+      C.lt_remove_tree(dir .. "/" .. entry)
+    end
   end
+  -- keep_last: the one just written and the newest keep_last - 1 before it;
+  -- checkpoints of later steps (another history) are never touched here
   if o.keep_last and o.keep_last > 0 then
-    local all = M.list(dir)
-    for i = 1, #all - o.keep_last do C.lt_remove_tree(all[i].path) end
+    local older = {}
+    for _, c in ipairs(M.list(dir)) do
+      if c.step < step then older[#older + 1] = c end
+    end
+    for i = 1, #older - (o.keep_last - 1) do C.lt_remove_tree(older[i].path) end
   end
   return final
 end
@@ -276,8 +314,10 @@ end
 --- lt.ckpt.load(path, {model =, opt =, loader =, rng = {name = generator}, world_size = 1}) -> state
 -- Restores what save wrote into the given objects (each optional) and
 -- returns state.json's table (step, optimizer_steps, config, extra, ...).
--- Raises, naming the file and field, on a partial checkpoint, a model of
--- another config, missing or mis-shaped tensors, another world size.
+-- Everything is read and checked before anything is changed, so a refused
+-- checkpoint leaves the objects as they were. Raises, naming the file and
+-- field, on a partial checkpoint, a model of another config, missing or
+-- mis-shaped tensors, optimizer state of another kind, another world size.
 function M.load(path, o)
   o = o or {}
   if type(path) ~= "string" then error("ckpt.load: path must be a string", 2) end
@@ -290,22 +330,41 @@ function M.load(path, o)
     error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet)")
       :format(path, saved_world, world), 2)
   end
+  for name in pairs(o.rng or {}) do
+    if not (st.rng and st.rng[name]) then
+      error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)
+    end
+  end
+  if o.loader and type(st.loader) ~= "table" then
+    error(("ckpt.load: %s/state.json: the field 'loader' is missing"):format(path), 2)
+  end
+  if o.loader then
+    for _, k in ipairs { "seed", "rank", "world" } do
+      local want, have = st.loader[k], o.loader[k]
+      if want ~= nil and have ~= nil and want ~= have then
+        error(("ckpt.load: %s/state.json: loader.%s is %s, this loader's is %s"):format(path, k, tostring(want),
+          tostring(have)), 2)
+      end
+    end
+    if not whole(st.loader.epoch) or not whole(st.loader.index) then
+      error(("ckpt.load: %s/state.json: loader must hold whole numbers epoch and index"):format(path), 2)
+    end
+  end
+  local model_tensors, opt_sd
   if o.model then
     local mine = model_config(o.model)
     if mine and st.model_config then
       for k, v in pairs(mine) do
         local s = st.model_config[k]
-        if s ~= nil and s ~= v and k ~= "dropout" then
+        if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" then
           error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
             :format(path, k, tostring(s), tostring(v)), 2)
         end
       end
     end
-    local ok, err = pcall(function()
-      local tensors = lt.load(path .. "/model.safetensors")
-      o.model:load_state_dict(tensors)
-    end)
-    if not ok then error(("ckpt.load: %s/model.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+    local ok, t = pcall(lt.load, path .. "/model.safetensors")
+    if not ok then error(("ckpt.load: %s"):format(tostring(t):gsub("^.-safetensors ", "safetensors ")), 2) end
+    model_tensors = t
   end
   if o.opt then
     if not st.files["optimizer.safetensors"] then
@@ -313,16 +372,27 @@ function M.load(path, o)
     end
     local ok, err = pcall(function()
       local tensors, meta = lt.load(path .. "/optimizer.safetensors")
-      local s = json.decode(meta.state or "null")
-      if type(s) ~= "table" then error("the metadata field 'state' is missing", 0) end
-      o.opt:load_state_dict { kind = s.kind, step = s.step, groups = s.groups, tensors = tensors }
+      local ok2, s = pcall(json.decode, meta.state or "null")
+      if not ok2 or type(s) ~= "table" or type(s.groups) ~= "table" then
+        error("the metadata field 'state' is missing or malformed", 0)
+      end
+      opt_sd = { kind = s.kind, step = s.step, groups = s.groups, tensors = tensors }
+      o.opt:check_state_dict(opt_sd)
     end)
-    if not ok then error(("ckpt.load: %s/optimizer.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+    if not ok then
+      error(("ckpt.load: %s/optimizer.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
+    end
   end
+  if o.model then
+    local ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
+    if not ok then
+      error(("ckpt.load: %s/model.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
+    end
+  end
+  if opt_sd then o.opt:load_state_dict(opt_sd) end
   if o.loader then
-    if not st.loader then error(("ckpt.load: %s/state.json: the field 'loader' is missing"):format(path), 2) end
     local ok, err = pcall(o.loader.load_state, o.loader, st.loader)
-    if not ok then error(("ckpt.load: %s/state.json: loader: %s"):format(path, tostring(err)), 2) end
+    if not ok then error(("ckpt.load: %s/state.json: loader: %s"):format(path, tostring(err):gsub("^.-load_state: ", "")), 2) end
   end
   set_generators(o.rng, st.rng, path)
   return st

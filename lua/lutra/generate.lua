@@ -15,8 +15,10 @@
 --
 -- With the cache (the default) the prompt is run once and every new token
 -- costs one position; when the context is full, the cache is rebuilt from
--- the newest half of it. Without the cache every token reruns the whole
--- window of the last block_size ids (what the cache is measured against).
+-- the newest half of it, so past the context the two ways differ. Without
+-- the cache every token reruns the window of the last block_size ids (the
+-- same tokens as the cache while the context has room; what bench/generate.lua
+-- measures the cache against).
 local lt = require "lutra"
 local F = lt.F
 
@@ -75,6 +77,10 @@ local function pick(p, top_k, top_p, u)
     end
   end
   local total = 0
+  for i = 1, n do
+    local v = p[i]
+    if v ~= v or v == math.huge then return nil end
+  end
   if keep then
     for _, i in ipairs(keep) do total = total + p[i] end
     local target, acc = u * total, 0
@@ -98,7 +104,21 @@ local function argmax(logits)
   return idx:item() + 1
 end
 
+local KNOWN = { max_tokens = true, temperature = true, top_k = true, top_p = true, seed = true, generator = true,
+  stop = true, cache = true, truncate = true, on_token = true, device = true }
+
 local function check_opts(o)
+  for k in pairs(o) do
+    if not KNOWN[k] then
+      local names = {}
+      for n in pairs(KNOWN) do names[#names + 1] = n end
+      table.sort(names)
+      error(("generate: unknown option '%s' (known: %s)"):format(tostring(k), table.concat(names, ", ")), 4)
+    end
+  end
+  if type(o.cache) ~= "boolean" then error("generate: cache must be true or false, got " .. tostring(o.cache), 4) end
+  if o.stop ~= nil and type(o.stop) ~= "table" then error("generate: stop must be a table of token ids", 4) end
+  if o.on_token ~= nil and type(o.on_token) ~= "function" then error("generate: on_token must be a function", 4) end
   local function number(k, lo, hi)
     local v = o[k]
     if type(v) ~= "number" or v ~= v or v < lo or v > hi then
@@ -173,18 +193,28 @@ function M.generate(model, prompt, opts)
     for i = first, #ids do w[#w + 1] = ids[i] end
     return w
   end
-  lt.no_grad(function()
+  local ok, err = pcall(lt.no_grad, function()
     local logits
     if kv then logits = run(ids) end
     for _ = 1, o.max_tokens do
       if not kv then logits = run(window_of(math.max(1, #ids - block + 1))) end
       local id
+      local row = logits:to("cpu", "f64")
+      local top = row:max():item()
+      if top ~= top or top == math.huge or top == -math.huge then
+        error(("generate: the model's logits for token %d are not finite (max %s)"):format(#out + 1, tostring(top)), 0)
+      end
       if o.temperature == 0 then
-        id = argmax(logits:to("cpu", "f64")) - 1
+        id = argmax(row) - 1
       else
-        local p = F.softmax(logits:to("cpu", "f64") / o.temperature, -1):totable()
+        local p = F.softmax(row / o.temperature, -1):totable()
         local u = lt.rand({ 1 }, { dtype = "f64", generator = gen }):item()
-        id = pick(p, o.top_k, o.top_p, u) - 1
+        local k = pick(p, o.top_k, o.top_p, u)
+        if not k then
+          error(("generate: temperature %g makes the probabilities overflow; use temperature = 0 for greedy decoding")
+            :format(o.temperature), 0)
+        end
+        id = k - 1
       end
       ids[#ids + 1] = id
       out[#out + 1] = id
@@ -198,7 +228,7 @@ function M.generate(model, prompt, opts)
         if kv.len + 1 > kv.size then
           -- full: rebuild from the newest half of the context
           kv:reset()
-          logits = run(window_of(#ids - math.floor(kv.size / 2) + 1))
+          logits = run(window_of(#ids - math.max(1, math.floor(kv.size / 2)) + 1))
         else
           logits = run({ id })
         end
@@ -206,6 +236,7 @@ function M.generate(model, prompt, opts)
     end
   end)
   if was_training then model:train() end
+  if not ok then error(err, 2) end
   return out, reason
 end
 

@@ -50,7 +50,7 @@ end
 -- GPT-2 vocabulary is cut back to vocab_size rows. Returns dir.
 function M.export(model, dir, opts)
   opts = opts or {}
-  local kind = kind_of(model)
+  local kind = type(model) == "table" and kind_of(model)
   if not kind then error("hf.export: expects a lutra GPT-2 or Llama model (one with a config)", 2) end
   if type(dir) ~= "string" or dir == "" then error("hf.export: dir must be a non-empty string", 2) end
   if C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. require("lutra.capi").ffi.string(C.lt_last_error()), 2) end
@@ -82,8 +82,9 @@ function M.export(model, dir, opts)
       n_positions = cfg.block_size, n_ctx = cfg.block_size, n_embd = cfg.n_embd, n_layer = cfg.n_layer,
       n_head = cfg.n_head, activation_function = "gelu_new", layer_norm_epsilon = 1e-5,
       resid_pdrop = cfg.dropout or 0, embd_pdrop = cfg.dropout or 0, attn_pdrop = 0, tie_word_embeddings = true,
-      bos_token_id = 50256, eos_token_id = 50256, torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
+      torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
     }
+    if cfg.vocab_size > 50256 then config.bos_token_id, config.eos_token_id = 50256, 50256 end -- <|endoftext|>
   else
     config = {
       architectures = { "LlamaForCausalLM" }, model_type = "llama", vocab_size = cfg.vocab_size,
@@ -109,22 +110,42 @@ local function read_config(dir)
   return cfg, path
 end
 
-local function field(cfg, path, name, default)
+-- a numeric field: whole sizes (kind "size", >= 1) or positive reals ("real")
+local function field(cfg, path, name, default, kind)
   local v = cfg[name]
   if v == nil or v == json.null then
     if default ~= nil then return default end
     error(("hf.load: %s: the field '%s' is missing"):format(path, name), 4)
   end
-  if type(v) ~= "number" then
+  if type(v) ~= "number" or v ~= v then
     error(("hf.load: %s: the field '%s' must be a number, got %s"):format(path, name, tostring(v)), 4)
+  end
+  if (kind or "size") == "size" and (v < 1 or v ~= math.floor(v) or v > 2 ^ 31) then
+    error(("hf.load: %s: the field '%s' must be a whole number in 1..2^31, got %s"):format(path, name, tostring(v)), 4)
+  end
+  if kind == "real" and not (v > 0 and v < math.huge) then
+    error(("hf.load: %s: the field '%s' must be a positive number, got %s"):format(path, name, tostring(v)), 4)
   end
   return v
 end
 
+local function flag(cfg, path, name)
+  local v = cfg[name]
+  if v ~= nil and v ~= json.null and type(v) ~= "boolean" then
+    error(("hf.load: %s: the field '%s' must be true or false, got %s"):format(path, name, tostring(v)), 4)
+  end
+  return v == true
+end
+
 local function architecture(cfg, path)
-  local arch = type(cfg.architectures) == "table" and cfg.architectures[1] or nil
-  if arch == "GPT2LMHeadModel" or cfg.model_type == "gpt2" then return "gpt2" end
-  if arch == "LlamaForCausalLM" or cfg.model_type == "llama" then return "llama" end
+  local archs = cfg.architectures
+  if type(archs) == "string" then archs = { archs } end
+  if archs ~= nil and archs ~= json.null and type(archs) ~= "table" then
+    error(("hf.load: %s: the field 'architectures' must be a list of names"):format(path), 3)
+  end
+  local arch = archs and archs ~= json.null and archs[1] or nil
+  if arch == "GPT2LMHeadModel" or (arch == nil and cfg.model_type == "gpt2") then return "gpt2" end
+  if arch == "LlamaForCausalLM" or (arch == nil and cfg.model_type == "llama") then return "llama" end
   error(("hf.load: %s: architectures %s, model_type %s: lutra reads GPT2LMHeadModel and LlamaForCausalLM")
     :format(path, tostring(arch), tostring(cfg.model_type)), 3)
 end
@@ -141,35 +162,52 @@ function M.config(dir)
       error(("hf.load: %s: activation_function %s is not supported (lutra's GPT-2 uses the tanh GELU, gelu_new)")
         :format(path, tostring(act)), 2)
     end
-    local eps = field(cfg, path, "layer_norm_epsilon", 1e-5)
+    local eps = field(cfg, path, "layer_norm_epsilon", 1e-5, "real")
     if math.abs(eps - 1e-5) > 1e-12 then
       error(("hf.load: %s: layer_norm_epsilon %g is not supported (lutra's GPT-2 uses 1e-5)"):format(path, eps), 2)
     end
-    if cfg.tie_word_embeddings == false then
+    if cfg.tie_word_embeddings ~= nil and not flag(cfg, path, "tie_word_embeddings") then
       error(("hf.load: %s: tie_word_embeddings is false; lutra's GPT-2 ties the head to wte"):format(path), 2)
     end
-    return kind, {
+    local out = {
       n_layer = field(cfg, path, "n_layer"), n_head = field(cfg, path, "n_head"), n_embd = field(cfg, path, "n_embd"),
       vocab_size = field(cfg, path, "vocab_size"), block_size = field(cfg, path, "n_positions"),
     }
+    if out.n_embd % out.n_head ~= 0 then
+      error(("hf.load: %s: n_embd %d is not a multiple of n_head %d"):format(path, out.n_embd, out.n_head), 2)
+    end
+    return kind, out
   end
   if cfg.rope_scaling ~= nil and cfg.rope_scaling ~= json.null then
     error(("hf.load: %s: rope_scaling is not supported yet"):format(path), 2)
   end
-  if cfg.attention_bias == true or cfg.mlp_bias == true then
+  if flag(cfg, path, "attention_bias") or flag(cfg, path, "mlp_bias") then
     error(("hf.load: %s: attention_bias / mlp_bias are not supported (lutra's Llama has no biases)"):format(path), 2)
   end
   if cfg.hidden_act and cfg.hidden_act ~= "silu" then
     error(("hf.load: %s: hidden_act %s is not supported (SwiGLU with silu)"):format(path, tostring(cfg.hidden_act)), 2)
   end
+  for _, k in ipairs { "sliding_window", "head_dim" } do
+    local v = cfg[k]
+    if v ~= nil and v ~= json.null and not (k == "head_dim" and type(v) == "number" and
+        type(cfg.num_attention_heads) == "number" and v * cfg.num_attention_heads == cfg.hidden_size) then
+      error(("hf.load: %s: %s is not supported (lutra's Llama has full attention and head_dim = hidden_size / heads)")
+        :format(path, k), 2)
+    end
+  end
   local heads = field(cfg, path, "num_attention_heads")
-  return kind, {
+  local out = {
     dim = field(cfg, path, "hidden_size"), ffn_dim = field(cfg, path, "intermediate_size"),
     n_layers = field(cfg, path, "num_hidden_layers"), n_heads = heads,
     n_kv_heads = field(cfg, path, "num_key_value_heads", heads), vocab_size = field(cfg, path, "vocab_size"),
     max_seq_len = field(cfg, path, "max_position_embeddings", 2048),
-    norm_eps = field(cfg, path, "rms_norm_eps", 1e-6), rope_theta = field(cfg, path, "rope_theta", 10000),
-  }, cfg.tie_word_embeddings == true
+    norm_eps = field(cfg, path, "rms_norm_eps", 1e-6, "real"), rope_theta = field(cfg, path, "rope_theta", 10000, "real"),
+  }
+  if out.dim % out.n_heads ~= 0 or out.n_heads % out.n_kv_heads ~= 0 or (out.dim / out.n_heads) % 2 ~= 0 then
+    error(("hf.load: %s: hidden_size %d, num_attention_heads %d and num_key_value_heads %d do not fit (an even head size, key/value heads dividing heads)")
+      :format(path, out.dim, out.n_heads, out.n_kv_heads), 2)
+  end
+  return kind, out, flag(cfg, path, "tie_word_embeddings")
 end
 
 -- the file's tensors under lutra's names, in lutra's layout
@@ -177,7 +215,12 @@ local function gpt2_tensors(file, path)
   local out = {}
   for name, t in pairs(file) do
     local full = name
-    if not name:match("^transformer%.") and name ~= "lm_head.weight" then full = "transformer." .. name end
+    if not name:match("^transformer%.") and name ~= "lm_head.weight" then
+      full = "transformer." .. name
+      if file[full] ~= nil then
+        error(("hf.load: %s holds both %s and %s"):format(path, name, full), 4)
+      end
+    end
     if full:match("%.attn%.bias$") and t:dim() == 4 or full:match("%.attn%.masked_bias$") then
       full = nil -- the causal-mask buffers of older files
     elseif full == "lm_head.weight" then
@@ -197,14 +240,29 @@ end
 function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" then error("hf.load: dir must be a string", 2) end
+  if opts.dtype ~= nil and not (DTYPE_NAMES[opts.dtype] or opts.dtype == "f64") then
+    error(("hf.load: dtype must be f32, bf16, f16 or f64, got %s"):format(tostring(opts.dtype)), 2)
+  end
   local kind, mcfg, tied = M.config(dir)
   local wpath = dir .. "/model.safetensors"
   local ok, file = pcall(lt.load, wpath)
-  if not ok then error(("hf.load: %s"):format(tostring(file)), 2) end
+  if not ok then error(("hf.load: %s"):format(tostring(file):gsub("^.-safetensors ", "safetensors ")), 2) end
+  -- the number of layers the file holds, before building a model of the config's size
+  local layers, pattern = -1, kind == "gpt2" and "h%.(%d+)%." or "^model%.layers%.(%d+)%."
+  for name, t in pairs(file) do
+    local i = tonumber(name:match(pattern))
+    if i and i > layers then layers = i end
+    if kind == "llama" and name:match("rotary_emb%.inv_freq$") then file[name] = nil end -- a buffer older files hold
+  end
+  local want = kind == "gpt2" and mcfg.n_layer or mcfg.n_layers
+  if layers + 1 ~= want then
+    error(("hf.load: %s/config.json: %s is %d but %s holds %d layers"):format(dir,
+      kind == "gpt2" and "n_layer" or "num_hidden_layers", want, wpath, layers + 1), 2)
+  end
   local model, tensors
   if kind == "gpt2" then
     mcfg.pad_vocab = opts.pad_vocab
-    model = lt.models.gpt2(mcfg)
+    model = lt.models.gpt2(mcfg) -- config.json's values were checked above
     tensors = gpt2_tensors(file, wpath)
     local wte = tensors["transformer.wte.weight"]
     if wte and mcfg.pad_vocab and wte:size(1) == mcfg.vocab_size then
@@ -213,7 +271,9 @@ function M.load(dir, opts)
       tensors["transformer.wte.weight"] = padded
     end
     local head = file["lm_head.weight"]
-    if head and wte and (head:size(1) ~= wte:size(1) or (head:to("f32") - wte:to("f32")):abs():max():item() ~= 0) then
+    if head and wte and (tostring(head:shape()) ~= tostring(file["transformer.wte.weight"] and
+        file["transformer.wte.weight"]:shape() or file["wte.weight"]:shape()) or
+        (head:to("f64") - (file["transformer.wte.weight"] or file["wte.weight"]):to("f64")):abs():max():item() ~= 0) then
       error(("hf.load: %s: lm_head.weight differs from transformer.wte.weight; lutra's GPT-2 ties them"):format(wpath), 2)
     end
     tensors["lm_head.weight"] = nil
@@ -223,7 +283,8 @@ function M.load(dir, opts)
     if tied and not tensors["lm_head.weight"] then tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] end
   end
   local ok2, err = pcall(model.load_state_dict, model, tensors)
-  if not ok2 then error(("hf.load: %s: %s"):format(wpath, tostring(err):gsub("^.-load_state_dict: ", "")), 2) end
+  if not ok2 then err = tostring(err):gsub("^.-load_state_dict: ", "") end
+  if not ok2 then error(("hf.load: %s: %s"):format(wpath, err), 2) end
   if opts.dtype or opts.device then model:to(opts.device or "cpu", opts.dtype or "f32") end
   return model
 end

@@ -203,15 +203,31 @@ function M.run(settings)
   local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
   local start_step = o.start_step
   local resumed_from
+  -- what checkpoints need, checked before any step: a loader with a state,
+  -- a config that JSON can hold, and a directory that holds no other history
+  local can_save = type(o.train.state) == "function" and type(o.train.load_state) == "function"
+  if (o.ckpt_every > 0 or o.resume ~= "none") and not can_save then
+    error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)
+  end
+  if o.config then
+    local bad = lt.json.find_unencodable(o.config)
+    if bad then error(("train: config.%s cannot be saved in a checkpoint (%s)"):format(bad.path, bad.why), 2) end
+  end
+  local existing = lt.ckpt.list(ckpt_dir)
+  local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
-    if o.resume == "auto" then path = lt.ckpt.latest(ckpt_dir) end
+    if o.resume == "auto" then path = newest and newest.path end
     if path then
       local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_from = path
     end
+  end
+  if o.ckpt_every > 0 and newest and newest.step > start_step then
+    error(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
+      :format(ckpt_dir, newest.step), 2)
   end
   if resumed_from and start_step >= o.steps then
     if not o.quiet then print(("train: %s is at step %d, the last step: nothing to do"):format(resumed_from, start_step)) end
@@ -356,8 +372,9 @@ function M.run(settings)
     end
   end
 
+  -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
   C.lt_preempt_clear()
-  C.lt_preempt_watch(1)
+  if can_save then C.lt_preempt_watch(1) end
   local ok_all, err_all = pcall(function()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)

@@ -7,6 +7,7 @@
 -- the file and field named; keep_last.
 local lt = require "lutra"
 local C = require("lutra.capi").C
+local H = require "tests.lua.helpers"
 
 local function sh(cmd)
   local p = io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1; echo \"[rc=$?]\"")
@@ -140,7 +141,7 @@ describe("lt.ckpt", function()
     local m = tiny(1)
     lt.ckpt.save(dir, { model = m, step = 2 })
     -- a kill during a save leaves a hidden temporary directory
-    os.execute(("mkdir -p %s/.tmp-step_00000004-1 && echo junk > %s/.tmp-step_00000004-1/model.safetensors"):format(dir,
+    os.execute(("mkdir -p %s/.tmp-step_00000004-999999999 && echo junk > %s/.tmp-step_00000004-999999999/model.safetensors"):format(dir,
       dir))
     -- a copied-in directory without state.json, and one with a truncated file
     os.execute(("mkdir -p %s/step_00000005"):format(dir))
@@ -157,7 +158,7 @@ describe("lt.ckpt", function()
     assert.is_false(ok2)
     assert.truthy(tostring(err):find("step_00000005/state.json is missing", 1, true), err)
     lt.ckpt.save(dir, { model = m, step = 8 })
-    assert.are.equal(0, C.lt_path_kind(dir .. "/.tmp-step_00000004-1"))
+    assert.are.equal(0, C.lt_path_kind(dir .. "/.tmp-step_00000004-999999999"))
   end)
 
   it("keeps the newest keep_last checkpoints", function()
@@ -168,6 +169,95 @@ describe("lt.ckpt", function()
     assert.are.equal(2, #all)
     assert.are.equal(4, all[1].step)
     assert.are.equal(5, all[2].step)
+  end)
+
+  it("keep_last never removes the checkpoint just written, nor later steps", function()
+    local dir = ROOT .. "/keep2"
+    local m = tiny(1)
+    for _, st in ipairs { 40, 50 } do lt.ckpt.save(dir, { model = m, step = st }) end
+    local path = lt.ckpt.save(dir, { model = m, step = 5, keep_last = 1 })
+    assert.is_true((lt.ckpt.is_complete(path)))
+    assert.are.equal(3, #lt.ckpt.list(dir))
+    H.assert_error(function() lt.ckpt.save(dir, { model = m, step = 6, keep_last = 1.5 }) end, "keep_last must be")
+    H.assert_error(function() lt.ckpt.save(dir, { model = m, step = 1e20 }) end, "step must be a whole number")
+  end)
+
+  it("lists directories whose names start with a dash", function()
+    local dir = ROOT .. "/-dash"
+    lt.ckpt.save(dir, { model = tiny(1), step = 3 })
+    assert.are.equal(dir .. "/step_00000003", lt.ckpt.latest(dir))
+  end)
+
+  it("skips checkpoints whose state.json has fields of the wrong type, naming the field", function()
+    local dir = ROOT .. "/types"
+    local m = tiny(1)
+    local path = lt.ckpt.save(dir, { model = m, step = 2 })
+    local function rewrite(edit)
+      local st = lt.json.decode(read(path .. "/state.json"))
+      edit(st)
+      local text = lt.json.encode(st)
+      assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    end
+    local good = read(path .. "/state.json")
+    for _, case in ipairs {
+      { function(st) st.files["model.safetensors"] = "abc" end, "files.model.safetensors' must be a byte count" },
+      { function(st) st.step = -3 end, "'step' must be a whole number >= 0" },
+      { function(st) st.step = 6.5 end, "'step' must be a whole number >= 0" },
+      { function(st) st.optimizer_steps = "x" end, "'optimizer_steps' must be" },
+      { function(st) st.layout = 5 end, "'layout' must be" },
+      { function(st) st.rng = { default = { seed = -1, offset = 0 } } end, "'rng.default' must be" },
+      { function(st) st.files["../x"] = 1 end, "names a file outside the checkpoint" },
+    } do
+      rewrite(case[1])
+      assert.is_nil(lt.ckpt.latest(dir))
+      H.assert_error(function() lt.ckpt.load(path, { model = m }) end, path .. "/state.json", case[2])
+      assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", good, #good))
+    end
+  end)
+
+  it("refuses bad optimizer state before changing the model or the optimizer", function()
+    local dir = ROOT .. "/badopt"
+    local a = tiny(1)
+    local oa = lt.optim.AdamW(a, { lr = 1e-2 })
+    local x = lt.randint(0, 512, { 2, 8 }, { generator = lt.Generator(1) })
+    oa:zero_grad()
+    a:loss(x, x):backward()
+    oa:step()
+    local path = lt.ckpt.save(dir, { model = a, opt = oa, step = 1 })
+    local t, meta = lt.load(path .. "/optimizer.safetensors")
+    t["1.exp_avg_sq"] = t["1.exp_avg_sq"] - 1
+    lt.save(path .. "/optimizer.safetensors", t, meta)
+    local st = lt.json.decode(read(path .. "/state.json"))
+    local f = io.open(path .. "/optimizer.safetensors", "rb")
+    st.files["optimizer.safetensors"] = f:seek("end")
+    f:close()
+    local text = lt.json.encode(st)
+    assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    local b = tiny(2)
+    local before = b:parameters()[1]:clone()
+    local ob = lt.optim.AdamW(b, { lr = 1e-2 })
+    H.assert_error(function() lt.ckpt.load(path, { model = b, opt = ob }) end, "optimizer.safetensors",
+      "exp_avg_sq of parameter 1 holds negative values")
+    assert.are.equal(0, (b:parameters()[1] - before):abs():max():item())
+    assert.are.equal(0, ob.step_count)
+  end)
+
+  it("lt.train refuses a checkpoint directory holding another history, and configs JSON cannot hold", function()
+    local out, rc = job("--name=history --steps=6 --ckpt_every=3")
+    assert.are.equal(0, rc, out)
+    out, rc = job("--name=history --steps=4 --ckpt_every=2")
+    assert.are_not.equal(0, rc)
+    assert.truthy(out:find("already holds checkpoints up to step 6", 1, true), out)
+    local m = tiny(1)
+    local loader = lt.data.shards { path = DATA .. "/train", batch = 2, seq = 16 }
+    H.assert_error(function()
+      lt.train { model = m, optimizer = lt.optim.AdamW(m), train = loader, steps = 2, ckpt_every = 1, quiet = true,
+        out_dir = ROOT, name = "cfg", config = { warmup = 0 / 0 } }
+    end, "config.warmup cannot be saved in a checkpoint (NaN or infinite)")
+    H.assert_error(function()
+      lt.train { model = m, optimizer = lt.optim.AdamW(m), steps = 2, ckpt_every = 1, quiet = true, out_dir = ROOT,
+        name = "noload", train = { next = function() return loader:next() end } }
+    end, "checkpoints need a training loader with state() and load_state()")
   end)
 
   it("replaces a checkpoint of the same step only once the new one is complete", function()

@@ -128,6 +128,25 @@ describe("lt.generate", function()
     H.assert_error(function() lt.generate(model, { 1 }, { temperature = -1 }) end, "temperature must be")
     H.assert_error(function() lt.generate(model, { 1 }, { top_k = 1.5 }) end, "whole numbers")
     H.assert_error(function() lt.generate(model, { 1 }, { truncate = "right" }) end, "truncate must be")
+    H.assert_error(function() lt.generate(model, { 1 }, { max_tokenz = 3 }) end, "unknown option 'max_tokenz'")
+    H.assert_error(function() lt.generate(model, { 1 }, { stop = 5 }) end, "stop must be a table")
+    H.assert_error(function() lt.generate(model, { 1 }, { cache = "no" }) end, "cache must be true or false")
+    H.assert_error(function() lt.generate(model, { 1 }, { temperature = 1e-320, top_p = 0.9 }) end,
+      "use temperature = 0 for greedy")
+    assert.is_true(model.training)
+  end)
+
+  it("stops with a message when the logits are not finite, and leaves the model's mode", function()
+    local model = gpt2()
+    lt.no_grad(function() model.transformer.ln_f.weight:fill_(0 / 0) end)
+    H.assert_error(function() lt.generate(model, { 1 }, { max_tokens = 2 }) end, "logits for token 1 are not finite")
+    assert.is_true(model.training)
+  end)
+
+  it("generates with a context of one position", function()
+    local model = lt.models.gpt2 { n_layer = 1, n_head = 1, n_embd = 8, block_size = 1, vocab_size = 16,
+      generator = lt.Generator(1) }
+    assert.are.equal(3, #lt.generate(model, { 1 }, { temperature = 0, max_tokens = 3 }))
   end)
 
   it("recipes/sample.lua streams text from a training checkpoint", function()

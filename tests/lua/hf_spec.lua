@@ -126,6 +126,37 @@ describe("lt.hf", function()
     assert.truthy(tostring(err):find(dir .. "/config.json is missing", 1, true), err)
   end)
 
+  it("checks config values and the file's layers before building a model", function()
+    local dir = TMP .. "/badvals"
+    local function with(edit, ...)
+      copy_dir("tests/ref/hf/gpt2", dir)
+      local cfg = H.load_json(dir .. "/config.json")
+      edit(cfg)
+      write(dir .. "/config.json", lt.json.encode(cfg))
+      H.assert_error(function() lt.hf.load(dir) end, ...)
+    end
+    with(function(c) c.n_layer = 100000 end, "config.json: n_layer is 100000 but", "holds 2 layers")
+    with(function(c) c.n_positions = 0 end, "config.json: the field 'n_positions' must be a whole number")
+    with(function(c) c.n_embd = "32" end, "the field 'n_embd' must be a number")
+    with(function(c) c.n_head = 5 end, "n_embd 32 is not a multiple of n_head 5")
+    with(function(c) c.tie_word_embeddings = "false" end, "'tie_word_embeddings' must be true or false")
+    with(function(c) c.architectures = { "MistralForCausalLM" } end, "architectures MistralForCausalLM")
+    H.assert_error(function() lt.hf.load("tests/ref/hf/gpt2", { dtype = "f8" }) end, "dtype must be")
+  end)
+
+  it("refuses a GPT-2 file with both name forms or an untied head", function()
+    local dir = TMP .. "/twice"
+    copy_dir("tests/ref/hf/gpt2", dir)
+    local t = lt.load(dir .. "/model.safetensors")
+    t["transformer.wte.weight"] = t["wte.weight"]
+    lt.save(dir .. "/model.safetensors", t)
+    H.assert_error(function() lt.hf.load(dir) end, "holds both wte.weight and transformer.wte.weight")
+    t["transformer.wte.weight"] = nil
+    t["lm_head.weight"] = lt.zeros({ 96, 16 })
+    lt.save(dir .. "/model.safetensors", t)
+    H.assert_error(function() lt.hf.load(dir) end, "lm_head.weight differs from transformer.wte.weight")
+  end)
+
   it("names the tensor that is missing, unexpected or mis-shaped", function()
     local dir = TMP .. "/badw"
     copy_dir("tests/ref/hf/llama", dir)

@@ -5,8 +5,10 @@
 -- layers ran. GPT-2 and Llama take it as model(idx, kv).
 --
 --   local kv = lt.models.KVCache(model.config.block_size)
---   local logits = model(prompt, kv)           -- fills positions 1..#prompt
---   logits = model(next_id, kv)                -- one more position
+--   lt.no_grad(function()                      -- the cache is for inference
+--     local logits = model(prompt, kv)         -- fills positions 1..#prompt
+--     logits = model(next_id, kv)              -- one more position
+--   end)
 local lt = require "lutra"
 
 local M = {}
@@ -29,6 +31,10 @@ function KV:append(layer, k, v)
     error(("KVCache: %d cached + %d new positions exceed its size %d"):format(self.len, T, self.size), 3)
   end
   local K, V = self.k[layer], self.v[layer]
+  if K and (K:size(1) ~= k:size(1) or K:size(2) ~= k:size(2) or K:size(4) ~= k:size(4)) then
+    error(("KVCache: keys of batch %d, %d heads of %d do not fit the cached batch %d, %d heads of %d (kv:reset() keeps the shape; make a new cache)")
+      :format(k:size(1), k:size(2), k:size(4), K:size(1), K:size(2), K:size(4)), 3)
+  end
   if not K then
     local shape = { k:size(1), k:size(2), self.size, k:size(4) }
     K = lt.zeros(shape, { dtype = k.dtype, device = k.device })

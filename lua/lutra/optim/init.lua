@@ -276,25 +276,74 @@ function Optimizer:state_dict()
   return { kind = self.kind, step = self.step_count, groups = groups, tensors = tensors }
 end
 
---- opt:load_state_dict(sd): restores what state_dict returned, copying the
--- tensors onto each parameter's device. The groups must have as many
--- parameters as when it was saved, with the same shapes.
-function Optimizer:load_state_dict(sd)
+--- opt:check_state_dict(sd): raises (naming the group, parameter and
+-- tensor) unless sd is state this optimizer can load: its kind, group and
+-- parameter counts, a whole step count, tensors of each parameter's shape
+-- in the state dtype (f32; f64 for f64 parameters), a complete AdamW state
+-- per parameter, and no negative second moments. Changes nothing.
+function Optimizer:check_state_dict(sd)
   if type(sd) ~= "table" or type(sd.groups) ~= "table" or type(sd.tensors) ~= "table" then
     error("load_state_dict: expected the table opt:state_dict() returns", 2)
   end
   if sd.kind and sd.kind ~= self.kind then
-    error(("load_state_dict: the state is %s's, this optimizer is %s"):format(sd.kind, self.kind), 2)
+    error(("load_state_dict: the state is %s's, this optimizer is %s"):format(tostring(sd.kind), self.kind), 2)
+  end
+  local step = sd.step or 0
+  if type(step) ~= "number" or step ~= math.floor(step) or step < 0 or step >= 2 ^ 53 then
+    error(("load_state_dict: the step count must be a whole number >= 0, got %s"):format(tostring(sd.step)), 2)
   end
   if #sd.groups ~= #self.groups then
     error(("load_state_dict: %d groups saved, this optimizer has %d"):format(#sd.groups, #self.groups), 2)
   end
   for gi, g in ipairs(self.groups) do
-    if sd.groups[gi].num_params ~= #g.params then
-      error(("load_state_dict: group %d had %s parameters, now %d"):format(gi, tostring(sd.groups[gi].num_params),
-        #g.params), 2)
+    local sg = sd.groups[gi]
+    if type(sg) ~= "table" then error(("load_state_dict: group %d is not a table"):format(gi), 2) end
+    if sg.num_params ~= #g.params then
+      error(("load_state_dict: group %d had %s parameters, now %d"):format(gi, tostring(sg.num_params), #g.params), 2)
+    end
+    local trial = {}
+    for k, v in pairs(g) do trial[k] = v end
+    for k, v in pairs(sg) do
+      if k ~= "num_params" and k ~= "params" then trial[k] = type(v) == "table" and { unpack(v) } or v end
+    end
+    local ok, err = pcall(self.check_group, self, trial)
+    if not ok then error(("load_state_dict: group %d: %s"):format(gi, tostring(err):gsub("^.-: ", "", 1)), 2) end
+  end
+  for i, p in ipairs(self:parameters()) do
+    local sdt = p.dtype == "f64" and "f64" or "f32"
+    local n = 0
+    for _, k in ipairs(STATE_KEYS) do
+      local t = sd.tensors[i .. "." .. k]
+      if t ~= nil then
+        n = n + 1
+        if table.concat(t:shape(), "x") ~= table.concat(p:shape(), "x") then
+          error(("load_state_dict: %s of parameter %d has shape [%s], the parameter [%s]"):format(k, i,
+            table.concat(t:shape(), ", "), table.concat(p:shape(), ", ")), 2)
+        end
+        if t.dtype ~= sdt then
+          error(("load_state_dict: %s of parameter %d is %s, expected %s"):format(k, i, t.dtype, sdt), 2)
+        end
+        if k == "exp_avg_sq" and t:numel() > 0 and t:min():item() < 0 then
+          error(("load_state_dict: exp_avg_sq of parameter %d holds negative values"):format(i), 2)
+        end
+      end
+    end
+    if self.kind == "AdamW" and n > 0 and (sd.tensors[i .. ".exp_avg"] == nil or sd.tensors[i .. ".exp_avg_sq"] == nil) then
+      error(("load_state_dict: parameter %d has only part of its AdamW state (exp_avg and exp_avg_sq go together)")
+        :format(i), 2)
+    end
+    if (p.dtype == "bf16" or p.dtype == "f16") and n > 0 and sd.tensors[i .. ".master"] == nil then
+      error(("load_state_dict: parameter %d is %s but its f32 master weights are missing"):format(i, p.dtype), 2)
     end
   end
+end
+
+--- opt:load_state_dict(sd): restores what state_dict returned, copying the
+-- tensors onto each parameter's device, after check_state_dict (so a
+-- refused state changes nothing).
+function Optimizer:load_state_dict(sd)
+  local ok, err = pcall(self.check_state_dict, self, sd)
+  if not ok then error(err, 2) end
   local params = self:parameters()
   local new_state = {}
   for i, p in ipairs(params) do
@@ -302,10 +351,6 @@ function Optimizer:load_state_dict(sd)
     for _, k in ipairs(STATE_KEYS) do
       local t = sd.tensors[i .. "." .. k]
       if t ~= nil then
-        if table.concat(t:shape(), "x") ~= table.concat(p:shape(), "x") then
-          error(("load_state_dict: %s of parameter %d has shape [%s], the parameter [%s]"):format(k, i,
-            table.concat(t:shape(), ", "), table.concat(p:shape(), ", ")), 2)
-        end
         s = s or {}
         s[k] = lt.no_grad(function() return t:to { device = p.device }:clone() end)
       end
@@ -315,9 +360,8 @@ function Optimizer:load_state_dict(sd)
   end
   for gi, g in ipairs(self.groups) do
     for k, v in pairs(sd.groups[gi]) do
-      if k ~= "num_params" then g[k] = type(v) == "table" and { unpack(v) } or v end
+      if k ~= "num_params" and k ~= "params" then g[k] = type(v) == "table" and { unpack(v) } or v end
     end
-    self:check_group(g)
   end
   self.state = new_state
   self.step_count = sd.step or 0
