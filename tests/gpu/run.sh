@@ -45,6 +45,14 @@ step "GPU checks (CUDA against PyTorch fixtures and the CPU)"
 timeout 180 ./lutra tests/gpu/checks.lua
 gpu_status=$?
 
+step "the main job on the GPU, short (needs data/pydocs carried or made)"
+if [ -f data/pydocs/train_000000.bin ]; then
+  timeout 120 ./lutra recipes/gpt2.lua --device=cuda --dtype=bf16 --steps=200 --batch=16 --pad_vocab=128 \
+    --eval_every=100 --sample_every=200 --log_every=20 --name=gpu-smoke
+else
+  echo "no data/pydocs here: skipped"
+fi
+
 step "benchmark: the ops of a GPT-2 step, one by one"
 timeout 90 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16
 
