@@ -476,6 +476,54 @@ int lt_path_kind(const char *path);
 void lt_preempt_watch(int on);
 int lt_preempt_signal(void);
 void lt_preempt_clear(void);
+/* ---- process groups and collectives (host/comm.c) ------------------------------------
+
+   One interface over MPI (CPU tensors, under mpirun) and a single process
+   (every collective the identity); semantics as torch.distributed. Tensors
+   are contiguous CPU tensors (f32, f64, bf16, f16 reduced in f32, i32, i64,
+   u8). Each collective checks with the group that every rank passes the same
+   op, dtype and size (LUTRA_COMM_CHECK=0 skips it) and fails on every rank
+   naming the rank that differs. With work != NULL it returns a handle to
+   lt_work_wait on; with NULL it completes before returning. A collective not
+   complete after LUTRA_COMM_TIMEOUT seconds (default 600) prints rank, op,
+   group, call number and size, and aborts the job. */
+typedef struct lt_comm lt_comm;
+typedef struct lt_work lt_work;
+typedef enum lt_comm_op { LT_COMM_SUM = 0, LT_COMM_AVG = 1, LT_COMM_MAX = 2, LT_COMM_MIN = 3 } lt_comm_op;
+/* MPI_Init_thread under mpirun (OMPI_COMM_WORLD_SIZE > 1), else a single
+   process; an error when mpirun started several ranks of a build without MPI. */
+lt_status lt_dist_init(void);
+int lt_dist_initialised(void);
+int lt_dist_rank(void);
+int lt_dist_world_size(void);
+int lt_dist_local_rank(void);
+/* MPI_Abort of the whole job (or _exit alone). */
+void lt_dist_abort(int code);
+void lt_dist_finalize(void);
+void lt_comm_set_timeout(double seconds);
+lt_comm *lt_comm_world(void);
+/* MPI_Comm_split: ranks with the same color form a group, ordered by key. */
+lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out);
+void lt_comm_free(lt_comm *c);
+int lt_comm_rank(const lt_comm *c);
+int lt_comm_size(const lt_comm *c);
+int lt_comm_id(const lt_comm *c);
+lt_status lt_comm_barrier(lt_comm *c);
+/* in place over the group */
+lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **work);
+lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **work);
+/* counts[r] (size entries) = the dim-0 rows rank r passes to all_gather;
+   out then holds their sum of rows, in rank order */
+lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *counts);
+lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *out, const lt_tensor *t, const int64_t *counts, lt_work **work);
+/* rank r gets chunk r of t's dim-0 rows (lt_comm_chunk's split) reduced over the group */
+lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *out, lt_tensor *t, lt_comm_op op, lt_work **work);
+/* rows split into size chunks, the first rows % size one longer (torch.tensor_split) */
+void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *len);
+lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst);
+lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src);
+lt_status lt_work_wait(lt_work *w);
+void lt_work_free(lt_work *w);
 /* LT_FFI_END */
 
 /*

@@ -5,7 +5,8 @@
  * and enters the REPL (repl.c) when asked or when nothing else is given.
  *
  * Errors: an uncaught Lua error prints "lutra: <message>" and a traceback on
- * stderr and exits with status 1. SIGINT during a call raises "interrupted!"
+ * stderr and exits with status 1 (under mpirun with several ranks: "[rank N]
+ * lutra: <message>", then MPI_Abort ends the whole job). SIGINT during a call raises "interrupted!"
  * (from a hook in interpreted code, or from the next lutra op: compiled
  * loops that call nothing cannot be stopped this way; a second Ctrl-C ends
  * the process).
@@ -88,6 +89,12 @@ void lt_report(lua_State *L, int status) {
   if (status == 0 || lua_isnil(L, -1))
     return;
   const char *msg = lua_tostring(L, -1);
+  if (lt_dist_world_size() > 1) {
+    /* one rank's error ends the whole job: the others would wait forever */
+    fprintf(stderr, "[rank %d] lutra: %s\n", lt_dist_rank(), msg ? msg : "(error object is not a string)");
+    fflush(stderr);
+    lt_dist_abort(1);
+  }
   fprintf(stderr, "lutra: %s\n", msg ? msg : "(error object is not a string)");
   fflush(stderr);
   lua_pop(L, 1);
@@ -308,5 +315,6 @@ int main(int argc, char **argv) {
   }
   fflush(stdout);
   lua_close(L);
+  lt_dist_finalize();
   return pa.status;
 }

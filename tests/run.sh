@@ -54,11 +54,23 @@ else
   echo "== REPL tests: skipped: python3 is not installed (make deps installs it)"
 fi
 
-# Distributed specs under mpirun
-if ls tests/dist/*_spec.lua >/dev/null 2>&1; then
-  echo "== distributed specs: present but not wired yet"
+# Distributed specs under mpirun (tests/dist/run.sh: 2 and 4 ranks, job-ending checks)
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "== distributed specs: skipped: mpirun is not installed (make deps installs openmpi-bin)"
+elif ! ./lutra --version 2>/dev/null | grep -q 'mpi: compiled in'; then
+  echo "== distributed specs: skipped: this lutra was built without MPI"
 else
-  echo "== distributed specs: none yet (the distributed issue adds tests/dist/)"
+  bash tests/dist/run.sh >"$log" 2>&1
+  grep -A16 '^not ok' "$log" | sed 's/^/   /'
+  line=$(grep -E '^dist: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  if [ -z "$line" ]; then
+    echo "   distributed specs did not finish:"; tail -20 "$log" | sed 's/^/   /'
+    count "distributed specs" 0 1
+  else
+    dp=$(echo "$line" | sed -E 's/dist: ([0-9]+) passed.*/\1/')
+    df=$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed/\1/')
+    count "distributed specs" "$dp" "$df"
+  fi
 fi
 
 # GPU checks

@@ -9,13 +9,7 @@ local lt = require "lutra"
 local C = require("lutra.capi").C
 local H = require "tests.lua.helpers"
 
-local function sh(cmd)
-  local p = io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1; echo \"[rc=$?]\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
-  return out:gsub("%[rc=%d+%]%s*$", ""), rc
-end
+local sh = H.sh
 
 local ROOT = os.tmpname() .. "-ckpt"
 os.remove(ROOT:gsub("%-ckpt$", ""))

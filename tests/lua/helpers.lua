@@ -143,4 +143,13 @@ function H.b64decode(s)
   return table.concat(out)
 end
 
+--- Runs a shell command; returns its output (stdout and stderr) and exit status.
+function H.sh(cmd)
+  local p = io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1; echo \"[rc=$?]\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
+  return out:gsub("%[rc=%d+%]%s*$", ""), rc
+end
+
 return H

@@ -20,13 +20,7 @@ local function max_diff(logits, ref)
   return (logits:to("f64") - want):abs():max():item()
 end
 
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"[rc=$?]\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
-  return out:gsub("%[rc=%d+%]%s*$", ""), rc
-end
+local sh = H.sh
 
 local function copy_dir(from, to)
   os.execute(("rm -rf %s && mkdir -p %s && cp %s/* %s/"):format(to, to, from, to))

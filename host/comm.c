@@ -1,0 +1,625 @@
+/*
+ * comm.c: process groups and collectives (lt_dist_*, lt_comm_*), one
+ * interface over two implementations chosen at lt_dist_init: MPI for CPU
+ * tensors when the process runs under mpirun (OMPI_COMM_WORLD_SIZE set), and
+ * a single process otherwise (every collective is the identity or a copy).
+ * NCCL for CUDA tensors sits behind the same calls (comm-nccl, a later step).
+ *
+ * Semantics follow torch.distributed: all_reduce in place (sum, avg, max,
+ * min); broadcast in place from a root; all_gather concatenates each rank's
+ * tensor along dim 0 (ranks may hold different lengths); reduce_scatter
+ * reduces a tensor that every rank holds whole and gives rank r the r-th of
+ * world_size chunks along dim 0, the first (n mod world) chunks one row
+ * longer (torch.tensor_split's rule), so sizes need not divide. bf16 and f16
+ * are reduced in f32 (converted on the way in and out).
+ *
+ * Every collective first exchanges (op, dtype, element count) with the
+ * group, so a rank that passes another size or dtype gets an error naming
+ * the rank and sizes on every rank, not a hang or garbage (LUTRA_COMM_CHECK=0
+ * skips this). Waiting polls the request; a collective still incomplete
+ * after the watchdog timeout (LUTRA_COMM_TIMEOUT seconds, default 600)
+ * prints rank, op, group, sequence number and sizes and aborts the job.
+ * The asynchronous forms return an lt_work to wait on.
+ */
+#include "lutra.h"
+#include "status.h"
+#include "tensor-impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef LT_WITH_MPI
+#include <mpi.h>
+#endif
+
+struct lt_comm {
+  int rank, size;
+  int id; /* 0 for the world, then in creation order */
+  uint64_t seq;
+#ifdef LT_WITH_MPI
+  MPI_Comm mpi;
+#endif
+};
+
+struct lt_work {
+  lt_comm *comm;
+  const char *op;
+  uint64_t seq;
+  int64_t numel;
+  int done;
+#ifdef LT_WITH_MPI
+  MPI_Request req;
+#endif
+  /* a bf16/f16 collective works on an f32 copy, converted back at wait */
+  lt_tensor *f32, *target;
+  double scale; /* avg: the sum is divided by the group size at wait */
+};
+
+static int initialised, use_mpi, next_id = 1, local_rank;
+static lt_comm world = {0, 1, 0, 0
+#ifdef LT_WITH_MPI
+                        ,
+                        0
+#endif
+};
+static double timeout_s = -1;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double comm_timeout(void) {
+  if (timeout_s < 0) {
+    const char *env = getenv("LUTRA_COMM_TIMEOUT");
+    timeout_s = env && atof(env) > 0 ? atof(env) : 600;
+  }
+  return timeout_s;
+}
+
+void lt_comm_set_timeout(double seconds) { timeout_s = seconds > 0 ? seconds : 600; }
+
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+lt_status lt_dist_init(void) {
+  if (initialised)
+    return LT_OK;
+  int size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+  local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+  if (size > 1) {
+#ifdef LT_WITH_MPI
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+      return lt_fail(LT_ERR_IO, "dist.init: MPI_Init_thread failed");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    world.mpi = MPI_COMM_WORLD;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    use_mpi = 1;
+#else
+    return lt_fail(LT_ERR_UNSUPPORTED,
+                   "dist.init: running under mpirun with %d ranks, but this lutra was built without MPI "
+                   "(install libopenmpi-dev and rebuild, or build with MPI=1)",
+                   size);
+#endif
+  }
+  initialised = 1;
+  return LT_OK;
+}
+
+int lt_dist_initialised(void) { return initialised; }
+int lt_dist_rank(void) { return world.rank; }
+int lt_dist_world_size(void) { return world.size; }
+int lt_dist_local_rank(void) { return local_rank; }
+
+void lt_dist_abort(int code) {
+#ifdef LT_WITH_MPI
+  if (use_mpi)
+    MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+  _exit(code);
+}
+
+void lt_dist_finalize(void) {
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin)
+      MPI_Finalize();
+  }
+#endif
+}
+
+lt_comm *lt_comm_world(void) { return &world; }
+int lt_comm_rank(const lt_comm *c) { return c->rank; }
+int lt_comm_size(const lt_comm *c) { return c->size; }
+int lt_comm_id(const lt_comm *c) { return c->id; }
+
+lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out) {
+  *out = NULL;
+  lt_comm *c = calloc(1, sizeof *c);
+  if (!c)
+    return lt_fail(LT_ERR_OOM, "comm split: out of memory");
+  c->id = next_id++;
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    if (MPI_Comm_split(parent->mpi, color, key, &c->mpi) != MPI_SUCCESS) {
+      free(c);
+      return lt_fail(LT_ERR_IO, "comm split: MPI_Comm_split failed on rank %d", world.rank);
+    }
+    MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->mpi, &c->rank);
+    MPI_Comm_size(c->mpi, &c->size);
+    *out = c;
+    return LT_OK;
+  }
+#endif
+  (void)parent, (void)color, (void)key;
+  c->rank = 0;
+  c->size = 1;
+  *out = c;
+  return LT_OK;
+}
+
+void lt_comm_free(lt_comm *c) {
+  if (!c || c == &world)
+    return;
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin)
+      MPI_Comm_free(&c->mpi);
+  }
+#endif
+  free(c);
+}
+
+#ifdef LT_WITH_MPI
+/* Polls a request to completion under the watchdog: past the timeout it
+   reports what this rank waits for and aborts the job (a rank that skipped
+   the collective, or died without MPI noticing). */
+static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c, uint64_t seq, int64_t numel) {
+  double start = now_s(), limit = comm_timeout();
+  int flag = 0;
+  long spins = 0;
+  while (!flag) {
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return lt_fail(LT_ERR_IO, "%s (group %d, call %llu) failed on rank %d", op, c->id, (unsigned long long)seq,
+                     world.rank);
+    if (!flag && (++spins & 1023) == 0) {
+      if (now_s() - start > limit) {
+        fprintf(stderr,
+                "[rank %d] lutra: watchdog: %s (group %d of %d ranks, call %llu, %lld elements) not complete after "
+                "%.0f s: another rank is not taking part; aborting the job\n",
+                world.rank, op, c->id, c->size, (unsigned long long)seq, (long long)numel, limit);
+        fflush(stderr);
+        lt_dist_abort(3);
+      }
+      usleep(50);
+    }
+  }
+  return LT_OK;
+}
+#endif
+
+/* ---- checks ----------------------------------------------------------------------- */
+
+enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER };
+
+static lt_status check_tensor(const char *op, const lt_tensor *t) {
+  if (!t)
+    return lt_fail(LT_ERR_ARG, "%s: no tensor", op);
+  if (t->storage->device != LT_DEVICE_CPU)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: CUDA tensors go through NCCL, which this build does not use yet", op);
+  if (!lt_tensor_is_contiguous(t))
+    return lt_fail(LT_ERR_ARG, "%s: the tensor must be contiguous", op);
+  lt_dtype d = t->dtype;
+  if (d != LT_DTYPE_F32 && d != LT_DTYPE_F64 && d != LT_DTYPE_BF16 && d != LT_DTYPE_F16 && d != LT_DTYPE_I32 &&
+      d != LT_DTYPE_I64 && d != LT_DTYPE_U8)
+    return lt_fail(LT_ERR_DTYPE, "%s: dtype %s is not supported", op, lt_dtype_name(d));
+  return LT_OK;
+}
+
+#ifdef LT_WITH_MPI
+static int check_enabled(void) {
+  static int on = -1;
+  if (on < 0)
+    on = env_int("LUTRA_COMM_CHECK", 1);
+  return on;
+}
+
+/* Every rank of the group gives (op code, dtype, count, root); all must
+   agree on the op and dtype, and on the count unless counts may differ. */
+static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
+                       int counts_may_differ, int64_t *all_counts) {
+  int64_t mine[4] = {opcode, dt, count, root};
+  int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
+  if (!all)
+    return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
+  MPI_Request req;
+  lt_status st = LT_OK;
+  if (MPI_Iallgather(mine, 4, MPI_INT64_T, all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
+    st = lt_fail(LT_ERR_IO, "%s: exchanging sizes failed on rank %d", op, world.rank);
+  else
+    st = wait_request(&req, op, c, seq, count);
+  if (st != LT_OK) {
+    free(all);
+    return st;
+  }
+  for (int r = 0; r < c->size && st == LT_OK; r++) {
+    int64_t *o = all + 4 * r;
+    if (o[0] != opcode)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group called another collective", op, c->id,
+                   (unsigned long long)seq, r);
+    else if (o[1] != dt)
+      st = lt_fail(LT_ERR_DTYPE, "%s (group %d): rank %d passes %s, rank %d passes %s", op, c->id, r,
+                   lt_dtype_name((lt_dtype)o[1]), c->rank, lt_dtype_name(dt));
+    else if (!counts_may_differ && o[2] != count)
+      st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes %lld elements, rank %d passes %lld", op, c->id, r,
+                   (long long)o[2], c->rank, (long long)count);
+    else if (o[3] != root && opcode == OP_ALL_GATHER)
+      st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes rows of %lld elements, rank %d rows of %d", op, c->id,
+                   r, (long long)o[3], c->rank, root);
+    else if (o[3] != root)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d): rank %d names root %lld, rank %d names %d", op, c->id, r,
+                   (long long)o[3], c->rank, root);
+    if (all_counts)
+      all_counts[r] = o[2];
+  }
+  free(all);
+  return st;
+}
+
+static MPI_Datatype mpi_type(lt_dtype d) {
+  switch (d) {
+  case LT_DTYPE_F64: return MPI_DOUBLE;
+  case LT_DTYPE_I32: return MPI_INT32_T;
+  case LT_DTYPE_I64: return MPI_INT64_T;
+  case LT_DTYPE_U8: return MPI_UINT8_T;
+  default: return MPI_FLOAT; /* f32, and bf16/f16 through f32 copies */
+  }
+}
+
+static MPI_Op mpi_op(lt_comm_op op) {
+  switch (op) {
+  case LT_COMM_MAX: return MPI_MAX;
+  case LT_COMM_MIN: return MPI_MIN;
+  default: return MPI_SUM;
+  }
+}
+#endif
+
+static int is_half(lt_dtype d) { return d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
+
+static lt_status new_work(lt_comm *c, const char *op, int64_t numel, lt_work **out) {
+  lt_work *w = calloc(1, sizeof *w);
+  if (!w)
+    return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
+  w->comm = c;
+  w->op = op;
+  w->seq = c->seq++;
+  w->numel = numel;
+  w->scale = 1;
+#ifdef LT_WITH_MPI
+  w->req = MPI_REQUEST_NULL;
+#endif
+  *out = w;
+  return LT_OK;
+}
+
+/* completes the conversions of a finished collective */
+static lt_status finish(lt_work *w) {
+  lt_status st = LT_OK;
+  if (w->scale != 1 && w->f32) {
+    lt_tensor *r = NULL;
+    st = lt_binary_scalar(LT_BINARY_MUL, w->f32, w->scale, 0, NULL, &r);
+    if (st == LT_OK) {
+      st = lt_tensor_copy_(w->target, r);
+      lt_tensor_release(r);
+    }
+  } else if (w->f32 && w->target) {
+    st = lt_tensor_copy_(w->target, w->f32);
+  }
+  return st;
+}
+
+lt_status lt_work_wait(lt_work *w) {
+  if (!w || w->done)
+    return LT_OK;
+#ifdef LT_WITH_MPI
+  if (use_mpi && w->req != MPI_REQUEST_NULL)
+    LT_TRY(wait_request(&w->req, w->op, w->comm, w->seq, w->numel));
+#endif
+  w->done = 1;
+  return finish(w);
+}
+
+void lt_work_free(lt_work *w) {
+  if (!w)
+    return;
+  if (!w->done)
+    lt_work_wait(w);
+  lt_tensor_release(w->f32);
+  lt_tensor_release(w->target);
+  free(w);
+}
+
+/* runs a work to completion when the caller did not ask for a handle */
+static lt_status complete(lt_status st, lt_work *w, lt_work **out) {
+  if (st != LT_OK) {
+    if (w)
+      w->done = 1;
+    lt_work_free(w);
+    return st;
+  }
+  if (out) {
+    *out = w;
+    return LT_OK;
+  }
+  st = lt_work_wait(w);
+  lt_work_free(w);
+  return st;
+}
+
+/* the buffer a reduction works on: t itself, or an f32 copy of a bf16/f16 t */
+static lt_status work_buffer(lt_work *w, lt_tensor *t, lt_tensor **buf) {
+  if (!is_half(t->dtype)) {
+    *buf = t;
+    return LT_OK;
+  }
+  LT_TRY(lt_tensor_to(t, LT_DTYPE_F32, LT_DEVICE_CPU, &w->f32));
+  lt_tensor_retain(t);
+  w->target = t;
+  *buf = w->f32;
+  return LT_OK;
+}
+
+lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **out) {
+  if (out)
+    *out = NULL;
+  LT_TRY(check_tensor("all_reduce", t));
+  if (op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
+    return lt_fail(LT_ERR_DTYPE, "all_reduce: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
+  lt_work *w = NULL;
+  LT_TRY(new_work(c, "all_reduce", lt_tensor_numel(t), &w));
+  lt_status st = LT_OK;
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    if (check_enabled())
+      st = agree(c, w->seq, "all_reduce", OP_ALL_REDUCE * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL);
+    lt_tensor *buf = NULL;
+    if (st == LT_OK)
+      st = work_buffer(w, t, &buf);
+    if (st == LT_OK && op == LT_COMM_AVG) {
+      if (!w->f32) { /* the sum is divided in place at wait: keep t as both */
+        lt_tensor_retain(t);
+        lt_tensor_retain(t);
+        w->f32 = t;
+        w->target = t;
+      }
+      w->scale = 1.0 / c->size;
+    }
+    if (st == LT_OK && MPI_Iallreduce(MPI_IN_PLACE, lt_tensor_data(buf), (int)lt_tensor_numel(buf), mpi_type(buf->dtype),
+                                      mpi_op(op), c->mpi, &w->req) != MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "all_reduce: MPI_Iallreduce failed on rank %d", world.rank);
+  }
+#endif
+  (void)op;
+  return complete(st, w, out);
+}
+
+lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
+  if (out)
+    *out = NULL;
+  LT_TRY(check_tensor("broadcast", t));
+  if (root < 0 || root >= c->size)
+    return lt_fail(LT_ERR_ARG, "broadcast: root %d is not a rank of the group (0..%d)", root, c->size - 1);
+  lt_work *w = NULL;
+  LT_TRY(new_work(c, "broadcast", lt_tensor_numel(t), &w));
+  lt_status st = LT_OK;
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    if (check_enabled())
+      st = agree(c, w->seq, "broadcast", OP_BROADCAST, t->dtype, lt_tensor_numel(t), root, 0, NULL);
+    int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
+    if (st == LT_OK && MPI_Ibcast(lt_tensor_data(t), (int)bytes, MPI_BYTE, root, c->mpi, &w->req) != MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "broadcast: MPI_Ibcast failed on rank %d", world.rank);
+  }
+#endif
+  return complete(st, w, out);
+}
+
+/* rows along dim 0 and the elements in one row */
+static void rows_of(const lt_tensor *t, int64_t *rows, int64_t *row_elems) {
+  *rows = t->ndim ? t->sizes[0] : 1;
+  int64_t n = 1;
+  for (int d = 1; d < t->ndim; d++)
+    n *= t->sizes[d];
+  *row_elems = n;
+}
+
+lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *counts) {
+  /* counts[r] = rows of rank r (filled for the caller to size the output) */
+  LT_TRY(check_tensor("all_gather", t));
+  int64_t rows, re;
+  rows_of(t, &rows, &re);
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    lt_status st = agree(c, c->seq, "all_gather", OP_ALL_GATHER, t->dtype, rows, re, 1, counts);
+    return st;
+  }
+#endif
+  counts[0] = rows;
+  return LT_OK;
+}
+
+lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *outp, const lt_tensor *t, const int64_t *counts, lt_work **out) {
+  if (out)
+    *out = NULL;
+  LT_TRY(check_tensor("all_gather", t));
+  LT_TRY(check_tensor("all_gather", outp));
+  int64_t rows, re, total = 0;
+  rows_of(t, &rows, &re);
+  for (int r = 0; r < c->size; r++)
+    total += counts[r];
+  if (outp->dtype != t->dtype || lt_tensor_numel(outp) != total * re)
+    return lt_fail(LT_ERR_SHAPE, "all_gather: the output must hold %lld elements of %s", (long long)(total * re),
+                   lt_dtype_name(t->dtype));
+  lt_work *w = NULL;
+  LT_TRY(new_work(c, "all_gather", lt_tensor_numel(t), &w));
+  lt_status st = LT_OK;
+  int64_t es = lt_dtype_size(t->dtype);
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    int *rc = malloc(sizeof(int) * (size_t)c->size * 2);
+    if (!rc)
+      st = lt_fail(LT_ERR_OOM, "all_gather: out of memory");
+    int64_t at = 0;
+    for (int r = 0; st == LT_OK && r < c->size; r++) {
+      if (counts[r] * re * es > 2147483647LL || at > 2147483647LL)
+        st = lt_fail(LT_ERR_ARG, "all_gather: more than 2 GiB per rank is not supported yet");
+      rc[r] = (int)(counts[r] * re * es);
+      rc[c->size + r] = (int)at;
+      at += counts[r] * re * es;
+    }
+    if (st == LT_OK && MPI_Iallgatherv(lt_tensor_data(t), (int)(rows * re * es), MPI_BYTE, lt_tensor_data(outp), rc,
+                                       rc + c->size, MPI_BYTE, c->mpi, &w->req) != MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "all_gather: MPI_Iallgatherv failed on rank %d", world.rank);
+    /* the count arrays must live until completion (MPI-3, the v-forms): the
+       work completes here, under the watchdog, and a handle is already done */
+    if (st == LT_OK)
+      st = lt_work_wait(w);
+    free(rc);
+    return complete(st, w, out);
+  }
+#endif
+  memcpy(lt_tensor_data(outp), lt_tensor_data(t), (size_t)(rows * re * es));
+  return complete(st, w, out);
+}
+
+void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *len) {
+  int64_t base = rows / size, extra = rows % size;
+  *len = base + (rank < extra ? 1 : 0);
+  *start = rank * base + (rank < extra ? rank : extra);
+}
+
+lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_comm_op op, lt_work **out) {
+  if (out)
+    *out = NULL;
+  LT_TRY(check_tensor("reduce_scatter", t));
+  LT_TRY(check_tensor("reduce_scatter", outp));
+  int64_t rows, re, start, len;
+  rows_of(t, &rows, &re);
+  lt_comm_chunk(rows, c->size, c->rank, &start, &len);
+  if (outp->dtype != t->dtype || lt_tensor_numel(outp) != len * re)
+    return lt_fail(LT_ERR_SHAPE, "reduce_scatter: rank %d's output must hold %lld elements (rows %lld..%lld of %lld)",
+                   c->rank, (long long)(len * re), (long long)start, (long long)(start + len), (long long)rows);
+  lt_work *w = NULL;
+  LT_TRY(new_work(c, "reduce_scatter", lt_tensor_numel(t), &w));
+  lt_status st = LT_OK;
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    if (check_enabled())
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL);
+    /* the reduction on a working copy (t stays as given), f32 for bf16/f16 */
+    lt_tensor *buf = NULL, *res = NULL;
+    if (st == LT_OK)
+      st = lt_tensor_to(t, is_half(t->dtype) ? LT_DTYPE_F32 : t->dtype, LT_DEVICE_CPU, &buf);
+    if (st == LT_OK && buf == t) { /* lt_tensor_to may return t itself */
+      lt_tensor_release(buf);
+      buf = NULL;
+      st = lt_tensor_clone(t, &buf);
+    }
+    if (st == LT_OK)
+      st = lt_tensor_empty(outp->ndim, outp->sizes, buf->dtype, LT_DEVICE_CPU, &res);
+    int *rc = st == LT_OK ? malloc(sizeof(int) * (size_t)c->size) : NULL;
+    if (st == LT_OK && !rc)
+      st = lt_fail(LT_ERR_OOM, "reduce_scatter: out of memory");
+    for (int r = 0; st == LT_OK && r < c->size; r++) {
+      int64_t s0, l0;
+      lt_comm_chunk(rows, c->size, r, &s0, &l0);
+      rc[r] = (int)(l0 * re);
+    }
+    if (st == LT_OK && MPI_Ireduce_scatter(lt_tensor_data(buf), lt_tensor_data(res), rc, mpi_type(buf->dtype),
+                                           mpi_op(op), c->mpi, &w->req) != MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "reduce_scatter: MPI_Ireduce_scatter failed on rank %d", world.rank);
+    if (st == LT_OK) /* as for all_gather: complete here, under the watchdog */
+      st = lt_work_wait(w);
+    free(rc);
+    if (st == LT_OK && op == LT_COMM_AVG) {
+      lt_tensor *r2 = NULL;
+      st = lt_binary_scalar(LT_BINARY_MUL, res, 1.0 / c->size, 0, NULL, &r2);
+      lt_tensor_release(res);
+      res = r2;
+    }
+    if (st == LT_OK)
+      st = lt_tensor_copy_(outp, res);
+    lt_tensor_release(buf);
+    lt_tensor_release(res);
+    return complete(st, w, out);
+  }
+#endif
+  (void)op;
+  st = lt_tensor_copy_(outp, t);
+  return complete(st, w, out);
+}
+
+lt_status lt_comm_barrier(lt_comm *c) {
+#ifdef LT_WITH_MPI
+  if (use_mpi) {
+    lt_work *w = NULL;
+    LT_TRY(new_work(c, "barrier", 0, &w));
+    lt_status st = LT_OK;
+    if (MPI_Ibarrier(c->mpi, &w->req) != MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "barrier: MPI_Ibarrier failed on rank %d", world.rank);
+    return complete(st, w, NULL);
+  }
+#endif
+  (void)c;
+  return LT_OK;
+}
+
+lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst) {
+  LT_TRY(check_tensor("send", t));
+  if (dst < 0 || dst >= c->size || dst == c->rank)
+    return lt_fail(LT_ERR_ARG, "send: destination %d is not another rank of the group (0..%d)", dst, c->size - 1);
+#ifdef LT_WITH_MPI
+  int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
+  int64_t head[2] = {bytes, t->dtype};
+  if (MPI_Send(head, 2, MPI_INT64_T, dst, 1, c->mpi) != MPI_SUCCESS ||
+      MPI_Send(lt_tensor_data(t), (int)bytes, MPI_BYTE, dst, 2, c->mpi) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "send: MPI_Send to rank %d failed", dst);
+#endif
+  return LT_OK;
+}
+
+lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
+  LT_TRY(check_tensor("recv", t));
+  if (src < 0 || src >= c->size || src == c->rank)
+    return lt_fail(LT_ERR_ARG, "recv: source %d is not another rank of the group (0..%d)", src, c->size - 1);
+#ifdef LT_WITH_MPI
+  int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype), head[2];
+  if (MPI_Recv(head, 2, MPI_INT64_T, src, 1, c->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "recv: MPI_Recv from rank %d failed", src);
+  if (head[0] != bytes || head[1] != t->dtype) {
+    /* drain the payload so the pair stays in step, then report */
+    void *junk = malloc((size_t)head[0] + 1);
+    MPI_Recv(junk, (int)head[0], MPI_BYTE, src, 2, c->mpi, MPI_STATUS_IGNORE);
+    free(junk);
+    return lt_fail(LT_ERR_SHAPE, "recv: rank %d sent %lld bytes of %s, this rank expects %lld bytes of %s", src,
+                   (long long)head[0], lt_dtype_name((lt_dtype)head[1]), (long long)bytes, lt_dtype_name(t->dtype));
+  }
+  if (MPI_Recv(lt_tensor_data(t), (int)bytes, MPI_BYTE, src, 2, c->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "recv: MPI_Recv from rank %d failed", src);
+#endif
+  return LT_OK;
+}

@@ -1,0 +1,243 @@
+--- lutra.dist (lt.dist): processes and collectives (host/comm.c).
+--
+--   lt.dist.init()                               -- MPI under mpirun, else one process
+--   print(lt.dist.rank(), lt.dist.world_size())
+--   lt.dist.all_reduce(grad, { op = "avg" })     -- in place; returns the tensor
+--   local h = lt.dist.all_reduce(grad, { async = true }); ...; h:wait()
+--   local whole = lt.dist.all_gather(shard)      -- ranks' tensors concatenated along dim 1
+--   local mine = lt.dist.reduce_scatter(full)    -- this rank's chunk of the sum
+--   local mesh = lt.dist.mesh { dp = 2, tp = 2 } -- groups, tensor-parallel ranks adjacent
+--
+-- Collectives take CPU tensors (any float dtype; bf16/f16 are reduced in
+-- f32; i32, i64, u8) and an optional {group = g} (default: every rank).
+-- Semantics as torch.distributed. Every rank checks with the others that
+-- they call the same collective with the same dtype and size, and raises on
+-- all of them when one differs (naming it); an uncaught error on any rank
+-- prints "[rank N] ..." and ends the job. A collective that waits past the
+-- watchdog timeout (set_timeout, default 600 s) reports and aborts the job.
+local lt = require "lutra"
+local capi = require "lutra.capi"
+local C, ffi, fail = capi.C, capi.ffi, capi.fail
+local tensor = require "lutra.tensor"
+
+local M = {}
+
+local OPS = { sum = 0, avg = 1, max = 2, min = 3 }
+local work_box = ffi.new("lt_work*[1]")
+local comm_box = ffi.new("lt_comm*[1]")
+
+--- lt.dist.init(): joins the job (MPI_Init under mpirun) or stays a single
+-- process; returns rank, world_size. Raises when mpirun started several
+-- ranks of a lutra built without MPI. Safe to call more than once.
+function M.init()
+  if C.lt_dist_init() ~= 0 then fail(2) end
+  return M.rank(), M.world_size()
+end
+
+local function need_init(op)
+  if C.lt_dist_initialised() == 0 then
+    if C.lt_dist_init() ~= 0 then fail(3) end
+  end
+end
+
+--- This process's rank in the job (0-based), the job's size, and the rank among this node's processes.
+function M.rank() return C.lt_dist_rank() end
+function M.world_size() return C.lt_dist_world_size() end
+function M.local_rank() return C.lt_dist_local_rank() end
+
+--- The device this rank should use: cuda:<local_rank> when CUDA devices are present, else cpu.
+function M.device()
+  local n = lt.cuda and lt.cuda.device_count and lt.cuda.device_count() or 0
+  if n > 0 then return ("cuda:%d"):format(M.local_rank() % n) end
+  return "cpu"
+end
+
+--- lt.dist.set_timeout(seconds): the watchdog's limit for one collective.
+function M.set_timeout(seconds)
+  if type(seconds) ~= "number" or not (seconds > 0) then error("set_timeout: seconds must be > 0", 2) end
+  C.lt_comm_set_timeout(seconds)
+end
+
+local Group = {}
+Group.__index = Group
+
+local world_group
+local function group_of(opts)
+  local g = opts and opts.group
+  if g == nil then
+    if not world_group then world_group = setmetatable({ c = C.lt_comm_world() }, Group) end
+    return world_group
+  end
+  if getmetatable(g) ~= Group then error("dist: group must be a group from lt.dist.new_group or lt.dist.mesh", 3) end
+  return g
+end
+
+function Group:rank() return C.lt_comm_rank(self.c) end
+function Group:size() return C.lt_comm_size(self.c) end
+function Group:__tostring() return ("Group(%d of %d)"):format(self:rank(), self:size()) end
+
+--- lt.dist.new_group(color[, key]): ranks passing the same color form a group
+-- (MPI_Comm_split), ordered by key (default: the world rank). Every rank calls it.
+function M.new_group(color, key)
+  need_init()
+  if type(color) ~= "number" or color < 0 or color ~= math.floor(color) then
+    error("new_group: color must be a whole number >= 0", 2)
+  end
+  if C.lt_comm_split(C.lt_comm_world(), color, key or M.rank(), comm_box) ~= 0 then fail(2) end
+  return setmetatable({ c = ffi.gc(comm_box[0], C.lt_comm_free) }, Group)
+end
+
+local Work = {}
+Work.__index = Work
+--- handle:wait() -> the collective's result (the tensor), once complete.
+function Work:wait()
+  if self.w ~= nil then
+    local st = C.lt_work_wait(self.w)
+    C.lt_work_free(ffi.gc(self.w, nil))
+    self.w = nil
+    if st ~= 0 then fail(2) end
+  end
+  return self.result
+end
+
+local function finish(opts, result, level)
+  if opts and opts.async then
+    return setmetatable({ w = ffi.gc(work_box[0], C.lt_work_free), result = result }, Work)
+  end
+  return result
+end
+
+local function check_tensor(op, t)
+  if not tensor.is_tensor(t) then error(("%s: expected a tensor, got %s"):format(op, type(t)), 3) end
+end
+
+local function op_code(op, opts)
+  local name = opts and opts.op or "sum"
+  local code = OPS[name]
+  if not code then error(("%s: op must be sum, avg, max or min, got %s"):format(op, tostring(name)), 3) end
+  return code
+end
+
+--- lt.dist.all_reduce(t[, {op = "sum"|"avg"|"max"|"min", group =, async = false}]) -> t (in place), or a handle.
+function M.all_reduce(t, opts)
+  check_tensor("all_reduce", t)
+  need_init()
+  local g = group_of(opts)
+  if C.lt_comm_all_reduce(g.c, t, op_code("all_reduce", opts), opts and opts.async and work_box or nil) ~= 0 then
+    fail(2)
+  end
+  return finish(opts, t)
+end
+
+--- lt.dist.broadcast(t[, {src = 0, group =, async =}]) -> t, rank src's values on every rank.
+function M.broadcast(t, opts)
+  check_tensor("broadcast", t)
+  need_init()
+  local g = group_of(opts)
+  local src = opts and opts.src or 0
+  if C.lt_comm_broadcast(g.c, t, src, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
+  return finish(opts, t)
+end
+
+--- lt.dist.all_gather(t[, {group =}]) -> every rank's t concatenated along
+-- dim 1 in rank order (ranks may pass different lengths along dim 1; the
+-- other dims must agree).
+function M.all_gather(t, opts)
+  check_tensor("all_gather", t)
+  need_init()
+  local g = group_of(opts)
+  t = t:contiguous()
+  local n = g:size()
+  local counts = ffi.new("int64_t[?]", n)
+  if C.lt_comm_all_gather_rows(g.c, t, counts) ~= 0 then fail(2) end
+  local rows = 0
+  for r = 0, n - 1 do rows = rows + tonumber(counts[r]) end
+  local shape = t:dim() > 0 and t:shape() or { 1 }
+  shape[1] = rows
+  local out = lt.empty(shape, { dtype = t.dtype })
+  if C.lt_comm_all_gather(g.c, out, t, counts, nil) ~= 0 then fail(2) end
+  return out
+end
+
+--- lt.dist.chunk(rows, size, rank) -> start (1-based), length: the rows of
+-- chunk `rank` (0-based) when rows are split into size chunks, the first
+-- rows % size one longer (torch.tensor_split).
+function M.chunk(rows, size, rank)
+  local s, l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  C.lt_comm_chunk(rows, size, rank, s, l)
+  return tonumber(s[0]) + 1, tonumber(l[0])
+end
+
+--- lt.dist.reduce_scatter(t[, {op = "sum", group =}]) -> this rank's chunk
+-- (lt.dist.chunk of t's dim-1 rows) of the reduction of every rank's t.
+function M.reduce_scatter(t, opts)
+  check_tensor("reduce_scatter", t)
+  need_init()
+  local g = group_of(opts)
+  t = t:contiguous()
+  local rows = t:dim() > 0 and t:size(1) or 1
+  local _, len = M.chunk(rows, g:size(), g:rank())
+  local shape = t:dim() > 0 and t:shape() or { 1 }
+  shape[1] = len
+  local out = lt.empty(shape, { dtype = t.dtype })
+  if C.lt_comm_reduce_scatter(g.c, out, t, op_code("reduce_scatter", opts), nil) ~= 0 then fail(2) end
+  return out
+end
+
+--- lt.dist.barrier([{group =}]): waits until every rank of the group arrives.
+function M.barrier(opts)
+  need_init()
+  if C.lt_comm_barrier(group_of(opts).c) ~= 0 then fail(2) end
+end
+
+--- lt.dist.send(t, dst[, {group =}]) and lt.dist.recv(t, src[, {group =}]):
+-- point to point; recv fills t, which must match what was sent (else an error naming both).
+function M.send(t, dst, opts)
+  check_tensor("send", t)
+  need_init()
+  if C.lt_comm_send(group_of(opts).c, t:contiguous(), dst) ~= 0 then fail(2) end
+end
+
+function M.recv(t, src, opts)
+  check_tensor("recv", t)
+  need_init()
+  if not t:is_contiguous() then error("recv: the tensor must be contiguous", 2) end
+  if C.lt_comm_recv(group_of(opts).c, t, src) ~= 0 then fail(2) end
+  return t
+end
+
+--- lt.dist.mesh{dp =, tp = 1, pp = 1} -> {dp = group, tp = group, pp = group, coords = {dp =, tp =, pp =}}:
+-- the world's ranks laid out as Megatron-LM orders them, tensor-parallel
+-- ranks adjacent, then data parallel, then pipeline stages:
+-- rank = tp_rank + tp * (dp_rank + dp * pp_rank). dp defaults to what the
+-- others leave; the product must equal the world size.
+function M.mesh(o)
+  need_init()
+  o = o or {}
+  local world = M.world_size()
+  local tp, pp = o.tp or 1, o.pp or 1
+  for _, k in ipairs { "dp", "tp", "pp" } do
+    local v = o[k]
+    if v ~= nil and (type(v) ~= "number" or v < 1 or v ~= math.floor(v)) then
+      error(("mesh: %s must be a whole number >= 1, got %s"):format(k, tostring(v)), 2)
+    end
+  end
+  local dp = o.dp or world / (tp * pp)
+  if dp ~= math.floor(dp) or dp * tp * pp ~= world then
+    error(("mesh: dp %s x tp %d x pp %d = %s, but the job has %d ranks"):format(tostring(o.dp or dp), tp, pp,
+      tostring((o.dp or dp) * tp * pp), world), 2)
+  end
+  local r = M.rank()
+  local t_rank, d_rank, p_rank = r % tp, math.floor(r / tp) % dp, math.floor(r / (tp * dp))
+  -- every rank takes part in every split, in the same order
+  local groups = {
+    tp = M.new_group(d_rank + dp * p_rank, t_rank),
+    dp = M.new_group(t_rank + tp * p_rank, d_rank),
+    pp = M.new_group(t_rank + tp * d_rank, p_rank),
+  }
+  groups.coords = { dp = d_rank, tp = t_rank, pp = p_rank }
+  groups.sizes = { dp = dp, tp = tp, pp = pp }
+  return groups
+end
+
+return M

@@ -1,0 +1,51 @@
+-- tests/dist/harness.lua: a small test runner for specs that run on every
+-- rank of an mpirun job. Each test runs on all ranks; a rank's failure is
+-- shared with all_reduce (max), so every rank agrees on each result. Rank 0
+-- prints "ok N - name" / "not ok N - name" (with each failing rank's
+-- message) and, at the end, "dist <file> np=<n>: P passed, F failed".
+local lt = require "lutra"
+
+local H = { tests = {} }
+
+function H.test(name, fn) H.tests[#H.tests + 1] = { name, fn } end
+
+--- asserts that fn raises on this rank with every fragment in its message
+function H.raises(fn, ...)
+  local ok, err = pcall(fn)
+  assert(not ok, "expected an error, got none")
+  err = tostring(err)
+  for _, frag in ipairs { ... } do
+    assert(err:find(frag, 1, true), ("error %q lacks %q"):format(err, frag))
+  end
+  return err
+end
+
+function H.close(a, b, tol, what)
+  local d = (a:to("f64") - b:to("f64")):abs():max():item()
+  assert(d <= (tol or 0), ("%s: max abs difference %g"):format(what or "values", d))
+end
+
+function H.run(file)
+  local rank, world = lt.dist.init()
+  local passed, failed = 0, 0
+  for i, t in ipairs(H.tests) do
+    local ok, err = pcall(t[2], rank, world)
+    local flag = lt.tensor({ ok and 0 or 1 }, { dtype = "i32" })
+    lt.dist.all_reduce(flag, { op = "max" })
+    -- every rank reports its message in turn, so failures name the rank
+    for r = 0, world - 1 do
+      if r == rank and not ok then io.stderr:write(("[rank %d] %s: %s\n"):format(rank, t[1], tostring(err))) end
+      lt.dist.barrier()
+    end
+    if flag:item() == 0 then
+      passed = passed + 1
+      if rank == 0 then print(("ok %d - %s"):format(i, t[1])) end
+    else
+      failed = failed + 1
+      if rank == 0 then print(("not ok %d - %s"):format(i, t[1])) end
+    end
+  end
+  if rank == 0 then print(("dist %s np=%d: %d passed, %d failed"):format(file, world, passed, failed)) end
+end
+
+return H

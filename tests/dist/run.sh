@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
+# (--oversubscribe: this machine may have fewer cores), plus the job-ending
+# checks: an error on one rank ends the job within seconds with a non-zero
+# status; a rank that skips a collective is reported by the watchdog. Prints
+# "ok"/"not ok" lines and ends with "dist: P passed, F failed".
+set -u
+cd "$(dirname "$0")/../.."
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" -eq 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+passed=0
+failed=0
+ok() { echo "ok - $1"; passed=$((passed + 1)); }
+notok() { echo "not ok - $1"; echo "$2" | tail -15 | sed 's/^/     /'; failed=$((failed + 1)); }
+
+for spec in tests/dist/*_spec.lua; do
+  for np in 2 4; do
+    out=$(timeout 300 $MPIRUN -np $np ./lutra "$spec" 2>&1)
+    line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+    if [ -z "$line" ]; then
+      notok "$spec on $np ranks did not finish" "$out"
+      continue
+    fi
+    echo "$out" | grep -E '^(not )?ok ' | sed "s/^/  [np=$np] /"
+    echo "$out" | grep '^\[rank' | sed 's/^/     /'
+    p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed$/\1/')
+    passed=$((passed + p))
+    failed=$((failed + f))
+  done
+done
+
+start=$(date +%s)
+out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/error_on_one_rank.lua 2>&1); rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && echo "$out" | grep -q '^\[rank 1\] lutra: .*a deliberate failure on rank 1' \
+   && ! echo "$out" | grep -q unreachable; then
+  ok "an error on rank 1 ends the job (status $rc, $took s) with [rank 1] and the message"
+else
+  notok "an error on rank 1 ends the job (status $rc, $took s)" "$out"
+fi
+
+start=$(date +%s)
+out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/skip_collective.lua 2>&1); rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 25 ] \
+   && echo "$out" | grep -q '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s'; then
+  ok "the watchdog reports a skipped collective and aborts the job (status $rc, $took s)"
+else
+  notok "the watchdog reports a skipped collective (status $rc, $took s)" "$out"
+fi
+
+echo "dist: $passed passed, $failed failed"
