@@ -161,7 +161,8 @@ deps:
 	@tools/install-deps
 
 demo: deps
-	$(MAKE) lutra data
+	$(MAKE) -j$$(nproc) lutra
+	$(MAKE) data
 	./lutra recipes/gpt2.lua
 
 ref:

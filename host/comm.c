@@ -343,6 +343,20 @@ lt_status lt_work_wait(lt_work *w) {
   return finish(w);
 }
 
+int lt_work_test(lt_work *w) {
+  if (!w || w->done)
+    return 1;
+#ifdef LT_WITH_MPI
+  if (use_mpi && w->req != MPI_REQUEST_NULL) {
+    int flag = 0;
+    if (MPI_Test(&w->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return 1; /* the error surfaces at wait */
+    return flag;
+  }
+#endif
+  return 1;
+}
+
 void lt_work_free(lt_work *w) {
   if (!w)
     return;

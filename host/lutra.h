@@ -523,6 +523,9 @@ void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *le
 lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst);
 lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src);
 lt_status lt_work_wait(lt_work *w);
+/* One poll: 1 when complete (MPI moves data only inside its calls, so
+   polling in-flight work during backward makes it progress). */
+int lt_work_test(lt_work *w);
 void lt_work_free(lt_work *w);
 /* LT_FFI_END */
 

@@ -34,22 +34,30 @@ if cfg.lr <= 0 then error(("--lr must be > 0, got %g"):format(cfg.lr), 0) end
 if cfg.accum < 1 or cfg.accum ~= math.floor(cfg.accum) then error("--accum must be a whole number >= 1", 0) end
 if cfg.batch < 1 or cfg.seq < 1 then error("--batch and --seq must be >= 1", 0) end
 
+-- under mpirun: data parallel, each rank reading its own part of the data
+-- (--batch is per rank; the global batch is batch x ranks); rank 0 prints
+local rank, world = lt.dist.init()
+local function say(...) if rank == 0 then print(...) end end
+
 lt.manual_seed(cfg.seed)
 local tok = lt.tokenizer.load(cfg.vocab)
-local train = lt.data.shards { path = cfg.data .. "/train", batch = cfg.batch, seq = cfg.seq, seed = cfg.seed }
+local train = lt.data.shards { path = cfg.data .. "/train", batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
+  rank = rank, world = world }
 local val = lt.data.shards { path = cfg.data .. "/val", batch = cfg.batch, seq = cfg.seq, shuffle = false }
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
 
 local baseline, ntrain, nval = lt.data.unigram_entropy(cfg.data .. "/train", cfg.data .. "/val", tok.n_vocab)
-print(("data: %d training and %d validation tokens; unigram baseline %.3f nats/token"):format(ntrain, nval, baseline))
+say(("data: %d training and %d validation tokens; unigram baseline %.3f nats/token"):format(ntrain, nval, baseline))
 
 local model = lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
   block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = cfg.pad_vocab > 0 and cfg.pad_vocab or nil,
   generator = lt.Generator(cfg.seed) }
 model:to(cfg.device, cfg.dtype)
-print(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s"):format(
-  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype))
+say(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
+  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype,
+  world > 1 and (", data parallel over %d ranks"):format(world) or ""))
+local ddp = world > 1 and lt.dist.DataParallel(model) or nil
 
 local opt = lt.optim.AdamW(model, { lr = cfg.lr, betas = { 0.9, cfg.beta2 }, weight_decay = cfg.weight_decay })
 local schedules = lt.optim.schedules
@@ -63,13 +71,13 @@ local summary = lt.train {
   model = model, optimizer = opt, train = train, steps = cfg.steps, accum = cfg.accum, schedule = schedule,
   clip = cfg.clip, val = val, eval_every = cfg.eval_every, eval_batches = eval_batches,
   sample_every = cfg.sample_every, name = cfg.name, log_every = cfg.log_every,
-  ckpt_every = cfg.ckpt_every, keep_last = cfg.keep_last, resume = cfg.resume, config = cfg,
+  ckpt_every = cfg.ckpt_every, keep_last = cfg.keep_last, resume = cfg.resume, config = cfg, ddp = ddp,
   sample = { tokenizer = tok, prompt = cfg.prompt, tokens = cfg.sample_tokens, temperature = cfg.temperature,
     generator = lt.Generator(cfg.seed) },
 }
 
 local vl = summary.val_loss or 0 / 0
-print(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
+say(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
   summary.steps, summary.seconds, summary.tokens / summary.seconds, vl, baseline, baseline - vl,
   summary.interrupted and " (interrupted)" or summary.preempted and (" (" .. summary.preempted .. ": saved " ..
     summary.checkpoint .. ")") or ""))

@@ -30,6 +30,12 @@
 -- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
 -- with summary.preempted set (recipes then end, exiting 0).
 --
+-- Data parallel (ddp = lt.dist.DataParallel(model)): each rank's loader
+-- gives its slice of the global batch; token counts and loss sums are
+-- reduced over ranks, gradients all-reduced in buckets during the last
+-- micro-batch's backward, so the logged loss is the single-process loss of
+-- the global batch; rank 0 alone logs and samples.
+--
 -- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
 -- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
 -- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
@@ -45,7 +51,7 @@ local DEFAULTS = {
   accum = 1, schedule = false, clip = 0, val = false, eval_every = 0, eval_batches = 20,
   sample_every = 0, sample = false, name = "run", log_every = 1, ignore_index = -100,
   skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
-  on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none",
+  on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none", ddp = false,
   config = false, rng = false, on_checkpoint = false,
 }
 
@@ -191,6 +197,9 @@ function M.run(settings)
   local device = params[1] and params[1].device or "cpu"
   local peak, peak_text = default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
+  if o.ddp and lt.dist.world_size() > 1 then -- tokens/s are the job's: so is the peak
+    peak, peak_text = peak * lt.dist.world_size(), ("%d ranks x %s"):format(lt.dist.world_size(), peak_text)
+  end
 
   local dir = o.out_dir .. "/" .. o.name
   local ckpt_dir = o.ckpt_dir or (dir .. "/ckpt")
@@ -205,7 +214,11 @@ function M.run(settings)
   local resumed_from
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
-  local can_save = type(o.train.state) == "function" and type(o.train.load_state) == "function"
+  local ddp = o.ddp or nil
+  if ddp and (o.ckpt_every > 0 or o.resume ~= "none") then
+    error("train: checkpoints with data parallelism are not supported yet (each rank's loader state must be saved)", 2)
+  end
+  local can_save = not ddp and type(o.train.state) == "function" and type(o.train.load_state) == "function"
   if (o.ckpt_every > 0 or o.resume ~= "none") and not can_save then
     error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)
   end
@@ -249,14 +262,19 @@ function M.run(settings)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
 
-  mkdir_p(dir)
-  local metrics = assert(io.open(dir .. "/metrics.jsonl", "a"))
+  -- under data parallelism rank 0 alone prints and writes the metrics
+  local lead = not ddp or lt.dist.rank() == 0
+  local metrics = { write = function() end, flush = function() end, close = function() end }
+  if lead then
+    mkdir_p(dir)
+    metrics = assert(io.open(dir .. "/metrics.jsonl", "a"))
+  end
   local function record(t)
     metrics:write(json_line(t), "\n")
     metrics:flush()
   end
   local function say(line)
-    if not o.quiet then
+    if not o.quiet and lead then
       print(line)
       io.stdout:flush()
     end
@@ -303,15 +321,23 @@ function M.run(settings)
       xs[k], ys[k] = x, y
       total = total + y:ne(o.ignore_index):to("i64"):sum():item()
     end
+    -- data parallel: every rank divides by the global batch's count, and the
+    -- summed gradients are those of the global batch
+    if ddp then total = ddp:reduce_number(total) end
     opt:zero_grad()
     local loss_sum, tokens = 0, 0
     for k = 1, o.accum do
+      if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
       local logits = model(xs[k])
       local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index })
       if total > 0 then (l / total):backward() end
       loss_sum = loss_sum + l:item()
       tokens = tokens + xs[k]:numel()
       xs[k], ys[k] = nil, nil
+    end
+    if ddp then
+      ddp:finish()
+      loss_sum, tokens = ddp:reduce_number(loss_sum), ddp:reduce_number(tokens)
     end
     local loss = total > 0 and loss_sum / total or 0
     local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
@@ -361,7 +387,7 @@ function M.run(settings)
       record({ step = step, val_loss = vl })
       say(("step %5d/%d | val loss %.4f"):format(step, o.steps, vl))
     end
-    if o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps) then
+    if lead and o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps) then
       local s = o.sample
       local ids = s.tokenizer:encode(s.prompt or "\n")
       local out = M.generate(model, ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,

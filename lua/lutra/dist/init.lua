@@ -100,7 +100,13 @@ function Work:wait()
   return self.result
 end
 
-local function finish(opts, result, level)
+--- handle:test() -> true when complete (one poll; it also moves the transfer along).
+function Work:test()
+  if self.w == nil then return true end
+  return C.lt_work_test(self.w) ~= 0
+end
+
+local function finish(opts, result)
   if opts and opts.async then
     return setmetatable({ w = ffi.gc(work_box[0], C.lt_work_free), result = result }, Work)
   end
@@ -239,5 +245,7 @@ function M.mesh(o)
   groups.sizes = { dp = dp, tp = tp, pp = pp }
   return groups
 end
+
+M.DataParallel = require("lutra.dist.ddp").DataParallel
 
 return M

@@ -1,0 +1,126 @@
+--- lutra.dist.ddp: data parallelism (lt.dist.DataParallel), as PyTorch's
+-- DistributedDataParallel does it: the same model on every rank, each rank
+-- a different slice of the global batch, gradients summed over ranks.
+--
+--   local ddp = lt.dist.DataParallel(model, { bucket_mb = 25 })  -- broadcasts rank 0's weights
+--   ddp:set_sync(false) ... backward ...   -- micro-batches before the last: no communication
+--   ddp:set_sync(true)  ... backward ...   -- buckets all-reduce as their gradients complete
+--   ddp:finish()                           -- waits, and leaves the summed gradients in p.grad
+--
+-- lt.train does all of this when given ddp = ... (with the token counts and
+-- the logged loss reduced over ranks, so the loss is the single-process
+-- loss of the global batch). Parameters are grouped into buckets of about
+-- bucket_mb MiB in reverse order (the order backward completes them); when
+-- every gradient of a bucket is complete (a gradient-ready hook), the
+-- bucket is copied into one flat buffer and all-reduced asynchronously while
+-- backward goes on. The sum is what is reduced: each rank divides its loss
+-- by the global token count itself. MPI progresses the transfers when it is
+-- called, so each hook also polls the buckets in flight.
+local lt = require "lutra"
+
+local M = {}
+local DDP = {}
+DDP.__index = DDP
+
+--- lt.dist.DataParallel(model or params, {bucket_mb = 25, group = world, broadcast = true}) -> ddp
+function M.DataParallel(what, opts)
+  opts = opts or {}
+  local params = type(what) == "table" and what.parameters and what:parameters() or what
+  if type(params) ~= "table" or #params == 0 then
+    error("DataParallel: expects a model or a list of parameters", 2)
+  end
+  local bucket_mb = opts.bucket_mb or 25
+  if type(bucket_mb) ~= "number" or not (bucket_mb > 0) then error("DataParallel: bucket_mb must be > 0", 2) end
+  local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {},
+    stats = { launched = 0, bytes = 0 } }, DDP)
+  lt.dist.init()
+  -- the same starting weights everywhere: rank 0's
+  if opts.broadcast ~= false then
+    lt.no_grad(function()
+      for _, p in ipairs(params) do
+        local buf = p:contiguous()
+        lt.dist.broadcast(buf, { src = 0, group = opts.group })
+        if buf ~= p then p:copy_(buf) end
+      end
+    end)
+  end
+  -- buckets in reverse order, one dtype each
+  local limit = bucket_mb * 2 ^ 20
+  local cur
+  for i = #params, 1, -1 do
+    local p = params[i]
+    local bytes = p:numel() * (p.dtype == "f64" and 8 or (p.dtype == "f32" and 4 or 2))
+    if not cur or cur.dtype ~= p.dtype or (cur.bytes > 0 and cur.bytes + bytes > limit) then
+      cur = { params = {}, offsets = {}, numel = 0, bytes = 0, dtype = p.dtype, ready = 0 }
+      self.buckets[#self.buckets + 1] = cur
+    end
+    cur.params[#cur.params + 1] = p
+    cur.offsets[#cur.offsets + 1] = cur.numel
+    cur.numel = cur.numel + p:numel()
+    cur.bytes = cur.bytes + bytes
+  end
+  self.bucket_of = {}
+  for _, b in ipairs(self.buckets) do
+    b.flat = lt.zeros({ b.numel }, { dtype = b.dtype })
+    for _, p in ipairs(b.params) do self.bucket_of[p] = b end
+  end
+  for _, p in ipairs(params) do
+    p:register_hook(function() self:_ready(p) end)
+  end
+  return self
+end
+
+function DDP:_launch(b)
+  lt.no_grad(function()
+    for k, p in ipairs(b.params) do
+      local view = b.flat:narrow(1, b.offsets[k] + 1, p:numel())
+      if p.grad ~= nil then view:copy_(p.grad:reshape(-1)) else view:zero_() end
+    end
+  end)
+  b.handle = lt.dist.all_reduce(b.flat, { async = true, group = self.group })
+  self.stats.launched = self.stats.launched + 1
+  self.stats.bytes = self.stats.bytes + b.bytes
+end
+
+function DDP:_ready(p)
+  if not self.sync then return end
+  local b = self.bucket_of[p]
+  b.ready = b.ready + 1
+  if b.ready == #b.params then self:_launch(b) end
+  for _, other in ipairs(self.buckets) do
+    if other.handle then other.handle:test() end
+  end
+end
+
+--- ddp:set_sync(on): whether the coming backward communicates (off for the
+-- micro-batches before the last of an optimizer step).
+function DDP:set_sync(on) self.sync = on and true or false end
+
+--- ddp:finish(): after the synchronising backward: launches buckets whose
+-- gradients did not all arrive (unused parameters count as zeros, so every
+-- rank joins every bucket), waits for all, and writes the summed gradients
+-- into each parameter's grad.
+function DDP:finish()
+  for _, b in ipairs(self.buckets) do
+    if not b.handle then self:_launch(b) end
+  end
+  lt.no_grad(function()
+    for _, b in ipairs(self.buckets) do
+      b.handle:wait()
+      b.handle, b.ready = nil, 0
+      for k, p in ipairs(b.params) do
+        local view = b.flat:narrow(1, b.offsets[k] + 1, p:numel()):view(p:shape())
+        if p.grad ~= nil then p.grad:copy_(view) else p.grad = view:clone() end
+      end
+    end
+  end)
+end
+
+--- ddp:reduce_number(x) -> the sum of x over the ranks (token counts, loss sums).
+function DDP:reduce_number(x)
+  local t = lt.tensor({ x }, { dtype = "f64" })
+  lt.dist.all_reduce(t, { group = self.group })
+  return t:item()
+end
+
+return M
