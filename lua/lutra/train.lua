@@ -341,11 +341,12 @@ function M.run(settings)
     end
     local loss = total > 0 and loss_sum / total or 0
     local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
-    if finite and o.clip > 0 then
-      norm = lt.optim.clip_grad_norm(params, o.clip)
-      finite = norm == norm and norm ~= math.huge
-    elseif finite then
-      norm = lt.optim.clip_grad_norm(params, math.huge)
+    -- a sharded optimizer (lt.dist.Zero) reduces and clips its own chunks, over all ranks
+    if opt.reduce_gradients then opt:reduce_gradients() end
+    local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
+      or function(m) return lt.optim.clip_grad_norm(params, m) end
+    if finite then
+      norm = clip(o.clip > 0 and o.clip or math.huge)
       finite = norm == norm and norm ~= math.huge
     end
     local lr

@@ -22,7 +22,9 @@ local M = {}
 local DDP = {}
 DDP.__index = DDP
 
---- lt.dist.DataParallel(model or params, {bucket_mb = 25, group = world, broadcast = true}) -> ddp
+--- lt.dist.DataParallel(model or params, {bucket_mb = 25, group = world, broadcast = true,
+-- gradients = "all_reduce" or "none"}) -> ddp ("none": the optimizer reduces
+-- them, as lt.dist.Zero's stage 2 does with reduce_scatter)
 function M.DataParallel(what, opts)
   opts = opts or {}
   local params = type(what) == "table" and what.parameters and what:parameters() or what
@@ -31,8 +33,12 @@ function M.DataParallel(what, opts)
   end
   local bucket_mb = opts.bucket_mb or 25
   if type(bucket_mb) ~= "number" or not (bucket_mb > 0) then error("DataParallel: bucket_mb must be > 0", 2) end
+  local mode = opts.gradients or "all_reduce"
+  if mode ~= "all_reduce" and mode ~= "none" then
+    error("DataParallel: gradients must be \"all_reduce\" or \"none\" (a ZeRO-2 optimizer reduces them)", 2)
+  end
   local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {},
-    stats = { launched = 0, bytes = 0 } }, DDP)
+    stats = { launched = 0, bytes = 0 }, reduce = mode == "all_reduce" }, DDP)
   lt.dist.init()
   -- the same starting weights everywhere: rank 0's
   if opts.broadcast ~= false then
@@ -83,7 +89,7 @@ function DDP:_launch(b)
 end
 
 function DDP:_ready(p)
-  if not self.sync then return end
+  if not self.sync or not self.reduce then return end
   local b = self.bucket_of[p]
   b.ready = b.ready + 1
   if b.ready == #b.params then self:_launch(b) end
@@ -101,6 +107,7 @@ function DDP:set_sync(on) self.sync = on and true or false end
 -- rank joins every bucket), waits for all, and writes the summed gradients
 -- into each parameter's grad.
 function DDP:finish()
+  if not self.reduce then return end
   for _, b in ipairs(self.buckets) do
     if not b.handle then self:_launch(b) end
   end

@@ -247,5 +247,6 @@ function M.mesh(o)
 end
 
 M.DataParallel = require("lutra.dist.ddp").DataParallel
+M.Zero = require("lutra.dist.zero").Zero
 
 return M

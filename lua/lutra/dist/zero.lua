@@ -1,0 +1,164 @@
+--- lutra.dist.zero: ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO:
+-- Memory Optimizations Toward Training Trillion Parameter Models") as an
+-- optimizer that lt.train drives like any other.
+--
+--   local ddp = lt.dist.DataParallel(model, { gradients = stage == 2 and "none" or "all_reduce" })
+--   local opt = lt.dist.Zero(model, { stage = 1, optimizer = "AdamW", lr = 6e-4, weight_decay = 0.1 })
+--   lt.train { model = model, optimizer = opt, ddp = ddp, ... }
+--
+-- The parameters of each group (weight decay on dims >= 2, as lt.optim) are
+-- laid end to end in one flat vector; rank r owns chunk r of it
+-- (lt.dist.chunk) and keeps the optimizer state (moments, f32 master
+-- weights for bf16/f16) for that chunk alone: about 1/world of it per rank.
+-- Stage 1: gradients arrive all-reduced (DataParallel) and each rank takes
+-- its chunk. Stage 2: DataParallel does not reduce them; each rank
+-- reduce-scatters the flat gradient and so holds only its chunk's sum.
+-- Either way the rank updates its chunk and all_gather puts the updated
+-- parameters back everywhere. Clipping uses the norm over all chunks.
+local lt = require "lutra"
+
+local M = {}
+local Zero = {}
+Zero.__index = Zero
+
+local function flat_groups(params, wd)
+  -- decayed (dim >= 2) and not, and one dtype per flat vector
+  local out, by = {}, {}
+  for _, p in ipairs(params) do
+    local decay = p:dim() >= 2
+    local key = (decay and "d" or "n") .. p.dtype
+    if not by[key] then
+      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, weight_decay = decay and wd or 0 }
+      out[#out + 1] = by[key]
+    end
+    local g = by[key]
+    g.params[#g.params + 1] = p
+    g.offsets[#g.offsets + 1] = g.numel
+    g.numel = g.numel + p:numel()
+  end
+  return out
+end
+
+--- lt.dist.Zero(model, {stage = 1 or 2, optimizer = "AdamW" or "SGD", group =, <the optimizer's settings>})
+function M.Zero(model, opts)
+  opts = opts or {}
+  local stage = opts.stage or 1
+  if stage ~= 1 and stage ~= 2 then
+    error(("Zero: stage must be 1 or 2 (3, sharded parameters, is not implemented yet), got %s"):format(tostring(stage)), 2)
+  end
+  local kind = opts.optimizer or "AdamW"
+  if kind ~= "AdamW" and kind ~= "SGD" then error("Zero: optimizer must be AdamW or SGD, got " .. tostring(kind), 2) end
+  if type(model) ~= "table" or type(model.parameters) ~= "function" then error("Zero: expects a model", 2) end
+  lt.dist.init()
+  local settings = {}
+  for k, v in pairs(opts) do
+    if k ~= "stage" and k ~= "optimizer" and k ~= "group" then settings[k] = v end
+  end
+  local group = opts.group
+  local size = group and group:size() or lt.dist.world_size()
+  local rank = group and group:rank() or lt.dist.rank()
+  local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank },
+    Zero)
+  self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0))
+  local inner_groups = {}
+  lt.no_grad(function()
+    for gi, f in ipairs(self.flats) do
+      f.start, f.len = lt.dist.chunk(f.numel, size, rank)
+      -- this rank's chunk of the parameters, as one 1-D leaf the inner optimizer updates
+      local flat = self:_flatten(f, function(p) return p end)
+      f.shard = flat:narrow(1, f.start, math.max(f.len, 0)):clone():requires_grad_()
+      inner_groups[gi] = { params = { f.shard }, weight_decay = f.weight_decay }
+    end
+  end)
+  settings.weight_decay = nil
+  self.inner = lt.optim[kind](inner_groups, settings)
+  self.groups = self.inner.groups
+  self.kind = kind
+  return self
+end
+
+-- one flat vector of f's params (values of get(p), zeros where it gives nil)
+function Zero:_flatten(f, get)
+  local flat = lt.zeros({ f.numel }, { dtype = f.dtype })
+  for k, p in ipairs(f.params) do
+    local v = get(p)
+    if v ~= nil then flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(v:reshape(-1)) end
+  end
+  return flat
+end
+
+--- opt:parameters() -> the model's parameters (lt.train reads devices from them).
+function Zero:parameters() return self.params end
+
+function Zero:zero_grad()
+  for _, p in ipairs(self.params) do p.grad = nil end
+  for _, f in ipairs(self.flats) do f.shard.grad = nil end
+end
+
+function Zero:set_lr(lr) self.inner:set_lr(lr) end
+
+--- opt:reduce_gradients(): each rank's chunk of the summed gradient into
+-- its shard (stage 1: a slice of the all-reduced gradient; stage 2: a
+-- reduce_scatter of the local one). lt.train calls it before clipping.
+function Zero:reduce_gradients()
+  lt.no_grad(function()
+    for _, f in ipairs(self.flats) do
+      local g = self:_flatten(f, function(p) return p.grad end)
+      if self.stage == 2 then
+        f.shard.grad = lt.dist.reduce_scatter(g, { group = self.comm })
+      else
+        f.shard.grad = g:narrow(1, f.start, f.len):clone()
+      end
+    end
+  end)
+  self.reduced = true
+end
+
+--- opt:clip_grad_norm(max_norm) -> the global gradient norm (over every
+-- rank's chunk), scaling the chunks when it is above max_norm.
+function Zero:clip_grad_norm(max_norm)
+  if not self.reduced then self:reduce_gradients() end
+  local shards = {}
+  for _, f in ipairs(self.flats) do shards[#shards + 1] = f.shard end
+  local mine = lt.optim.clip_grad_norm(shards, math.huge) -- this rank's part, summed in f64
+  local t = lt.tensor({ mine * mine }, { dtype = "f64" })
+  lt.dist.all_reduce(t, { group = self.comm })
+  local norm = math.sqrt(t:item())
+  if max_norm and max_norm < math.huge and norm > max_norm and norm == norm then
+    local scale = max_norm / (norm + 1e-6)
+    lt.no_grad(function()
+      for _, s in ipairs(shards) do if s.grad ~= nil then s.grad:mul_(scale) end end
+    end)
+  end
+  return norm
+end
+
+--- opt:step(): updates this rank's chunks, then all_gather writes every
+-- chunk back into every rank's parameters.
+function Zero:step()
+  if not self.reduced then self:reduce_gradients() end
+  self.inner:step()
+  self.step_count = self.inner.step_count
+  lt.no_grad(function()
+    for _, f in ipairs(self.flats) do
+      local full = lt.dist.all_gather(f.shard:detach(), { group = self.comm })
+      for k, p in ipairs(f.params) do
+        p:copy_(full:narrow(1, f.offsets[k] + 1, p:numel()):view(p:shape()))
+      end
+    end
+  end)
+  self.reduced = false
+end
+
+--- opt:state_bytes() -> bytes of optimizer state this rank holds (moments, masters).
+function Zero:state_bytes()
+  local n = 0
+  for _, s in pairs(self.inner.state) do
+    for _, t in pairs(s) do
+      if type(t) ~= "boolean" then n = n + t:numel() * (t.dtype == "f64" and 8 or 4) end
+    end
+  end
+  return n
+end
+
+return M
