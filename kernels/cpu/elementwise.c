@@ -77,6 +77,16 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
 #define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 #define GELU_C 0.044715
 
+/* sigmoid(2u) for GELU's u = sqrt(2/pi) (x + 0.044715 x^3), from exp(-|2u|)
+   so that it neither overflows nor loses its tail: 1 / (1 + e) for u >= 0,
+   e / (1 + e) below (an infinite u gives exactly 1 or 0) */
+#define SIGMOID2U(T, GEXP, x)                                                                 \
+  ({                                                                                          \
+    T z_ = (T)(2 * GELU_K) * ((x) + (T)GELU_C * (x) * (x) * (x));                              \
+    T e_ = GEXP(z_ < 0 ? z_ : -z_);                                                           \
+    z_ >= 0 ? (T)1 / ((T)1 + e_) : e_ / ((T)1 + e_);                                          \
+  })
+
 #define UNARY_CASES(T, EXP, GEXP, LOG, SQRT, TANH, ONE)                                  \
   switch (op) {                                                                    \
   case LT_UNARY_NEG: for (int64_t i = 0; i < n; i++) o[i] = -a[i]; break;          \
@@ -91,7 +101,7 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
   case LT_UNARY_GELU: /* 0.5 x (1 + tanh u) = x sigmoid(2u): one exp, no tanh */ \
     for (int64_t i = 0; i < n; i++) {                                              \
       T x = a[i];                                                                  \
-      o[i] = x / (ONE + GEXP((T)(-2 * GELU_K) * (x + (T)GELU_C * x * x * x)));      \
+      o[i] = x * SIGMOID2U(T, GEXP, x);                                            \
     }                                                                              \
     break;                                                                         \
   case LT_UNARY_SILU: for (int64_t i = 0; i < n; i++) o[i] = a[i] / (ONE + EXP(-a[i])); break; \
@@ -210,7 +220,7 @@ typedef struct {
 #define ACTIVATION_GRADS(T, EXP, GEXP, ONE)                                          \
   case LT_BINARY_GELU_GRAD: /* s = sigmoid(2u) = (1 + tanh u) / 2, 1 - tanh^2 u = 4 s (1 - s) */ \
     for (int64_t i = 0; i < n; i++) {                                                \
-      T x = a[i], s = ONE / (ONE + GEXP((T)(-2 * GELU_K) * (x + (T)GELU_C * x * x * x))); \
+      T x = a[i], s = SIGMOID2U(T, GEXP, x);                                         \
       T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x);                            \
       o[i] = b[i] * (s + (T)2 * x * s * (ONE - s) * du);                             \
     }                                                                                \

@@ -17,6 +17,7 @@
 static inline float lt_fast_expf(float x) {
   float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
   xc = xc < -87.3365447505531f ? -87.3365447505531f : xc;
+  xc = xc != xc ? 0.0f : xc; /* NaN: converting it to int below would be undefined; returned as NaN at the end */
   /* round(xc / ln2) by truncating a positive number: SSE2 has that, not floor */
   float k = (float)((int32_t)(xc * 1.44269504088896341f + 128.5f) - 128);
   float r = xc - k * 0.693359375f;
