@@ -10,15 +10,7 @@ local H = { tests = {} }
 function H.test(name, fn) H.tests[#H.tests + 1] = { name, fn } end
 
 --- asserts that fn raises on this rank with every fragment in its message
-function H.raises(fn, ...)
-  local ok, err = pcall(fn)
-  assert(not ok, "expected an error, got none")
-  err = tostring(err)
-  for _, frag in ipairs { ... } do
-    assert(err:find(frag, 1, true), ("error %q lacks %q"):format(err, frag))
-  end
-  return err
-end
+H.raises = require("tests.lua.helpers").assert_error
 
 function H.close(a, b, tol, what)
   local d = (a:to("f64") - b:to("f64")):abs():max():item()

@@ -1,13 +1,7 @@
 -- tests/lua/cli_spec.lua: the lutra executable as a process: running scripts
 -- with arg, -e, -l, -i, --version, exit status and traceback on errors,
 -- strict globals in scripts, SIGINT, piped REPL input, LUTRA_PATH.
-local function sh(cmd)
-  local p = io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1; echo \"[rc=$?]\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("%[rc=(%d+)%]%s*$"))
-  return out:gsub("%[rc=%d+%]%s*$", ""), rc
-end
+local sh = require("tests.lua.helpers").sh
 
 local function tmpfile(text)
   local name = os.tmpname()
