@@ -177,7 +177,7 @@ end
 -- keep_last = N > 0 then removes all but the newest N complete checkpoints.
 -- Saving a step that exists replaces it only once the new one is complete.
 -- Errors: I/O failures name the file; nothing half-written is left visible.
-function M.save(dir, o)
+local function save_local(dir, o)
   if type(dir) ~= "string" or dir == "" then error("ckpt.save: dir must be a non-empty string", 2) end
   if type(o) ~= "table" or not o.model then error("ckpt.save: expects {model =, opt =, step =, ...}", 2) end
   local step = o.step
@@ -190,24 +190,30 @@ function M.save(dir, o)
   check(C.lt_mkdir_p(dir), 2)
   local name = M.step_name(step)
   local final = dir .. "/" .. name
-  local tmp = ("%s/.tmp-%s-%d"):format(dir, name, C.getpid())
-  check(C.lt_remove_tree(tmp), 2)
-  check(C.lt_mkdir_p(tmp), 2)
+  local tmp = o._tmp or ("%s/.tmp-%s-%d"):format(dir, name, C.getpid())
+  if not o._tmp then
+    check(C.lt_remove_tree(tmp), 2)
+    check(C.lt_mkdir_p(tmp), 2)
+  end
   local ok, err = pcall(function()
     local files = {}
     local mcfg = model_config(o.model)
-    lt.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
-    files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
     local opt_sd
-    if o.opt then
-      opt_sd = o.opt:state_dict()
-      lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
-      files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+    if o._write_shared then
+      opt_sd = o._write_shared(tmp, files) -- the ranks of a job wrote their files; sizes in files
+    else
+      lt.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
+      files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
+      if o.opt then
+        opt_sd = o.opt:state_dict()
+        lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
+        files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+      end
     end
     local state = {
       format = M.FORMAT, version = M.VERSION, step = step,
       optimizer_steps = o.optimizer_steps or (opt_sd and opt_sd.step) or step,
-      loader = o.loader and o.loader:state() or nil,
+      loader = o.loader and o.loader:state() or nil, loaders = o._loaders,
       rng = generator_states(o.rng),
       config = o.config, model_config = mcfg, extra = o.extra,
       layout = o.layout or { world_size = 1, zero = 0 },
@@ -256,6 +262,94 @@ function M.save(dir, o)
     for i = 1, #older - (o.keep_last - 1) do C.lt_remove_tree(older[i].path) end
   end
   return final
+end
+
+local function shard_file(rank) return ("optimizer-rank%05d.safetensors"):format(rank) end
+
+-- Under a job of several ranks: rank 0 makes the temporary directory; rank 0
+-- writes the weights (the same on every rank), the optimizer state is
+-- written by rank 0 or, for a sharded optimizer (lt.dist.Zero), by every
+-- rank into its own file; every rank's loader state goes to state.json; then
+-- rank 0 completes the checkpoint as alone. Every rank learns whether any
+-- failed, so all raise together.
+local function save_job(dir, o)
+  local rank, world = lt.dist.rank(), lt.dist.world_size()
+  local sharded = o.opt and o.opt.sharded
+  local pid = lt.tensor({ C.getpid() }, { dtype = "i64" })
+  lt.dist.broadcast(pid, { src = 0 })
+  local name = M.step_name(o.step or 0)
+  local tmp = ("%s/.tmp-%s-%d"):format(dir, name, pid:item())
+  local function agree(ok, err)
+    local flag = lt.tensor({ ok and 0 or 1 }, { dtype = "i32" })
+    lt.dist.all_reduce(flag, { op = "max" })
+    if flag:item() ~= 0 then
+      if rank == 0 then C.lt_remove_tree(tmp) end
+      error(ok and "ckpt.save: another rank failed to write its part of the checkpoint" or err, 3)
+    end
+  end
+  local ok, err = true, nil
+  if rank == 0 then
+    ok, err = pcall(function()
+      check(C.lt_mkdir_p(dir), 1)
+      check(C.lt_remove_tree(tmp), 1)
+      check(C.lt_mkdir_p(tmp), 1)
+    end)
+  end
+  agree(ok, err)
+  local opt_sd
+  ok, err = pcall(function()
+    if rank == 0 then
+      lt.save(tmp .. "/model.safetensors", o.model:state_dict(),
+        { format = "lutra", config = json.encode(model_config(o.model) or {}) })
+    end
+    if o.opt then
+      opt_sd = o.opt:state_dict()
+      local meta = { format = "lutra-optimizer", state = tensor_meta(opt_sd) }
+      if sharded then lt.save(tmp .. "/" .. shard_file(rank), opt_sd.tensors, meta)
+      elseif rank == 0 then lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, meta) end
+    end
+  end)
+  agree(ok, err)
+  -- every rank's loader position, in rank order
+  local loaders
+  if o.loader then
+    local s = o.loader:state()
+    local all = lt.dist.all_gather(lt.tensor({ { s.epoch, s.index } }, { dtype = "i64" })):totable()
+    loaders = {}
+    for r = 1, world do
+      loaders[r] = { epoch = all[r][1], index = all[r][2], seed = s.seed, rank = r - 1, world = world }
+    end
+  end
+  local path
+  ok, err = true, nil
+  if rank == 0 then
+    local o2 = {}
+    for k, v in pairs(o) do o2[k] = v end
+    o2._tmp, o2._loaders, o2.loader = tmp, loaders, nil
+    o2.layout = { world_size = world, zero = sharded and o.opt.stage or 0 }
+    o2._write_shared = function(_, files)
+      files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
+      if o.opt then
+        if sharded then
+          for r = 0, world - 1 do files[shard_file(r)] = file_size(tmp .. "/" .. shard_file(r)) end
+        else
+          files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+        end
+      end
+      return opt_sd
+    end
+    ok, err = pcall(save_local, dir, o2)
+    path = ok and err or nil
+  end
+  agree(ok, err)
+  return dir .. "/" .. name
+end
+
+--- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
+-- ranks (lt.dist) with dist = true every rank calls it and each writes its part.
+function M.save(dir, o)
+  if type(o) == "table" and o.dist and lt.dist.world_size() > 1 then return save_job(dir, o) end
+  return save_local(dir, o)
 end
 
 local function set_generators(rng, saved, path)
@@ -324,7 +418,7 @@ function M.load(path, o)
   if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
   local st, why = read_state(path)
   if not st then error("ckpt.load: " .. why, 2) end
-  local world = o.world_size or 1
+  local world = o.world_size or (o.dist and lt.dist.world_size()) or 1
   local saved_world = st.layout and st.layout.world_size or 1
   if saved_world ~= world then
     error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet)")
@@ -334,6 +428,13 @@ function M.load(path, o)
     if not (st.rng and st.rng[name]) then
       error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)
     end
+  end
+  local rank = world > 1 and lt.dist.rank() or 0
+  if type(st.loaders) == "table" then
+    if type(st.loaders[rank + 1]) ~= "table" then
+      error(("ckpt.load: %s/state.json: loaders holds no state for rank %d"):format(path, rank), 2)
+    end
+    st.loader = st.loaders[rank + 1]
   end
   if o.loader and type(st.loader) ~= "table" then
     error(("ckpt.load: %s/state.json: the field 'loader' is missing"):format(path), 2)
@@ -367,11 +468,17 @@ function M.load(path, o)
     model_tensors = t
   end
   if o.opt then
-    if not st.files["optimizer.safetensors"] then
-      error(("ckpt.load: %s holds no optimizer state (state.json lists no optimizer.safetensors)"):format(path), 2)
+    local zero = st.layout and st.layout.zero or 0
+    local opt_file = zero > 0 and shard_file(rank) or "optimizer.safetensors"
+    if (zero > 0) ~= (o.opt.sharded and true or false) then
+      error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is %s"):format(path, zero,
+        o.opt.sharded and ("ZeRO stage " .. o.opt.stage) or "not sharded"), 2)
+    end
+    if not st.files[opt_file] then
+      error(("ckpt.load: %s holds no optimizer state (state.json lists no %s)"):format(path, opt_file), 2)
     end
     local ok, err = pcall(function()
-      local tensors, meta = lt.load(path .. "/optimizer.safetensors")
+      local tensors, meta = lt.load(path .. "/" .. opt_file)
       local ok2, s = pcall(json.decode, meta.state or "null")
       if not ok2 or type(s) ~= "table" or type(s.groups) ~= "table" then
         error("the metadata field 'state' is missing or malformed", 0)
@@ -380,7 +487,7 @@ function M.load(path, o)
       o.opt:check_state_dict(opt_sd)
     end)
     if not ok then
-      error(("ckpt.load: %s/optimizer.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
+      error(("ckpt.load: %s/%s: %s"):format(path, opt_file, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
     end
   end
   if o.model then
@@ -390,6 +497,7 @@ function M.load(path, o)
     end
   end
   if opt_sd then o.opt:load_state_dict(opt_sd) end
+  if o.opt and o.opt.after_load then o.opt:after_load() end -- a sharded optimizer re-reads its chunks
   if o.loader then
     local ok, err = pcall(o.loader.load_state, o.loader, st.loader)
     if not ok then error(("ckpt.load: %s/state.json: loader: %s"):format(path, tostring(err):gsub("^.-load_state: ", "")), 2) end

@@ -215,10 +215,7 @@ function M.run(settings)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
-  if ddp and (o.ckpt_every > 0 or o.resume ~= "none") then
-    error("train: checkpoints with data parallelism are not supported yet (each rank's loader state must be saved)", 2)
-  end
-  local can_save = not ddp and type(o.train.state) == "function" and type(o.train.load_state) == "function"
+  local can_save = type(o.train.state) == "function" and type(o.train.load_state) == "function"
   if (o.ckpt_every > 0 or o.resume ~= "none") and not can_save then
     error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)
   end
@@ -232,7 +229,7 @@ function M.run(settings)
     local path = o.resume
     if o.resume == "auto" then path = newest and newest.path end
     if path then
-      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng })
+      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_from = path
@@ -303,7 +300,7 @@ function M.run(settings)
   local function save(step)
     local t0 = lt.clock()
     local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
-      config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last,
+      config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
       extra = { skipped = summary.skipped } })
     record({ step = step, checkpoint = path })
     say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
@@ -401,7 +398,7 @@ function M.run(settings)
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
   C.lt_preempt_clear()
-  if can_save then C.lt_preempt_watch(1) end
+  if can_save and not ddp then C.lt_preempt_watch(1) end -- under a job the ranks would stop at different steps
   local ok_all, err_all = pcall(function()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)

@@ -73,7 +73,7 @@ H.test("DataParallel broadcasts rank 0's weights and rejects bad settings", func
   H.raises(function()
     lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.1 }), train = loader(global_batches(w)), steps = 1,
       ddp = ddp, ckpt_every = 1, quiet = true }
-  end, "checkpoints with data parallelism are not supported yet")
+  end, "checkpoints need a training loader with state() and load_state()")
 end)
 
 H.run("dp_spec")

@@ -57,8 +57,8 @@ function M.Zero(model, opts)
   local group = opts.group
   local size = group and group:size() or lt.dist.world_size()
   local rank = group and group:rank() or lt.dist.rank()
-  local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank },
-    Zero)
+  local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank,
+    sharded = true }, Zero)
   self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0))
   local inner_groups = {}
   lt.no_grad(function()
@@ -148,6 +148,29 @@ function Zero:step()
     end
   end)
   self.reduced = false
+end
+
+--- opt:state_dict() / opt:check_state_dict(sd) / opt:load_state_dict(sd):
+-- this rank's chunk of the state (lt.ckpt writes one file per rank).
+function Zero:state_dict()
+  local sd = self.inner:state_dict()
+  sd.zero_stage, sd.zero_rank, sd.zero_world = self.stage, self.rank, self.size
+  return sd
+end
+function Zero:check_state_dict(sd) return self.inner:check_state_dict(sd) end
+function Zero:load_state_dict(sd)
+  self.inner:load_state_dict(sd)
+  self.step_count = self.inner.step_count
+end
+
+--- opt:after_load(): the chunks re-read from the parameters (after a checkpoint restored them).
+function Zero:after_load()
+  lt.no_grad(function()
+    for _, f in ipairs(self.flats) do
+      local flat = self:_flatten(f, function(p) return p end)
+      f.shard:copy_(flat:narrow(1, f.start, math.max(f.len, 0)))
+    end
+  end)
 end
 
 --- opt:state_bytes() -> bytes of optimizer state this rank holds (moments, masters).

@@ -1,0 +1,70 @@
+-- tests/dist/ckpt_spec.lua: checkpoints of a job: data parallelism and
+-- ZeRO stages 1 and 2 save (weights once, optimizer state once or one file
+-- per rank, every rank's loader position) and resume: 4 steps, a
+-- checkpoint, a fresh job resuming to step 8 gives the losses and weights
+-- of 8 uninterrupted steps; a checkpoint of another world size is refused.
+local lt = require "lutra"
+package.path = "tests/dist/?.lua;" .. package.path
+local H = require "harness"
+
+local ROOT
+local function root()
+  if ROOT then return ROOT end
+  -- a fresh directory named by rank 0 (shared by the ranks of this node)
+  local name = lt.dist.rank() == 0 and os.tmpname() or ""
+  local id = lt.tensor({ #name > 0 and tonumber(name:match("(%w+)$"), 36) or 0 }, { dtype = "i64" })
+  lt.dist.broadcast(id)
+  ROOT = ("/tmp/lutra-dist-ckpt-%d"):format(id:item())
+  if lt.dist.rank() == 0 then
+    os.execute("mkdir -p " .. ROOT .. "/data")
+    lt.data.write_shard(ROOT .. "/data/train_000000.bin", lt.randint(0, 512, { 8000 }, { generator = lt.Generator(3) }), 512)
+  end
+  lt.dist.barrier()
+  return ROOT
+end
+
+local function run(stage, name, steps, resume)
+  local dir = root()
+  local model = lt.models.gpt2("gpt2-tiny", { dropout = 0.1, generator = lt.Generator(5) })
+  local ddp = lt.dist.DataParallel(model, { gradients = stage == 2 and "none" or "all_reduce" })
+  local settings = { lr = 3e-3, betas = { 0.9, 0.95 }, weight_decay = 0.1 }
+  local opt
+  if stage == 0 then opt = lt.optim.AdamW(model, settings) else
+    settings.stage = stage
+    opt = lt.dist.Zero(model, settings)
+  end
+  local data = lt.data.shards { path = dir .. "/data/train", batch = 2, seq = 16, seed = 9 }
+  lt.manual_seed(1)
+  local losses = {}
+  lt.train { model = model, optimizer = opt, train = data, steps = steps, clip = 1.0, quiet = true, out_dir = dir,
+    name = name, ddp = ddp, ckpt_every = 4, resume = resume or "none",
+    schedule = lt.optim.schedules.cosine { lr = 3e-3, warmup = 2, steps = 8 },
+    on_step = function(rec) losses[rec.step] = rec.loss end }
+  return model, losses
+end
+
+for _, stage in ipairs { 0, 1, 2 } do
+  H.test(("stage %d: a job resumed from its step-4 checkpoint repeats the uninterrupted run"):format(stage), function(r, w)
+    local whole, a = run(stage, "whole" .. stage, 8)
+    run(stage, "cut" .. stage, 4)
+    local resumed, b = run(stage, "cut" .. stage, 8, "auto")
+    for s = 5, 8 do
+      assert(b[s] and a[s] == b[s], ("step %d: %s vs %s"):format(s, tostring(b[s]), tostring(a[s])))
+    end
+    local pa, pb = whole:parameters(), resumed:parameters()
+    for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
+    local st = lt.ckpt.read_state(root() .. "/cut" .. stage .. "/ckpt/step_00000008")
+    assert(st.layout.world_size == w and st.layout.zero == stage, "layout")
+    assert(#st.loaders == w, "one loader state per rank")
+    if stage > 0 then assert(st.files[("optimizer-rank%05d.safetensors"):format(w - 1)], "one optimizer file per rank") end
+  end)
+end
+
+H.test("a checkpoint of another world size is refused on every rank", function(r, w)
+  local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })
+  H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, world_size = w + 1 }) end,
+    "layout.world_size is " .. w)
+end)
+
+H.run("ckpt_spec")
+if lt.dist.rank() == 0 and ROOT then os.execute("rm -rf " .. ROOT) end
