@@ -609,9 +609,13 @@ lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst) {
 #ifdef LT_WITH_MPI
   int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
   int64_t head[2] = {bytes, t->dtype};
-  if (MPI_Send(head, 2, MPI_INT64_T, dst, 1, c->mpi) != MPI_SUCCESS ||
-      MPI_Send(lt_tensor_data(t), (int)bytes, MPI_BYTE, dst, 2, c->mpi) != MPI_SUCCESS)
-    return lt_fail(LT_ERR_IO, "send: MPI_Send to rank %d failed", dst);
+  MPI_Request req[2];
+  if (MPI_Isend(head, 2, MPI_INT64_T, dst, 1, c->mpi, &req[0]) != MPI_SUCCESS ||
+      MPI_Isend(lt_tensor_data(t), (int)bytes, MPI_BYTE, dst, 2, c->mpi, &req[1]) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "send: MPI_Isend to rank %d failed", dst);
+  uint64_t seq = c->seq++;
+  LT_TRY(wait_request(&req[0], "send", c, seq, lt_tensor_numel(t)));
+  LT_TRY(wait_request(&req[1], "send", c, seq, lt_tensor_numel(t)));
 #endif
   return LT_OK;
 }
@@ -622,8 +626,11 @@ lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
     return lt_fail(LT_ERR_ARG, "recv: source %d is not another rank of the group (0..%d)", src, c->size - 1);
 #ifdef LT_WITH_MPI
   int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype), head[2];
-  if (MPI_Recv(head, 2, MPI_INT64_T, src, 1, c->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-    return lt_fail(LT_ERR_IO, "recv: MPI_Recv from rank %d failed", src);
+  uint64_t seq = c->seq++;
+  MPI_Request req;
+  if (MPI_Irecv(head, 2, MPI_INT64_T, src, 1, c->mpi, &req) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "recv: MPI_Irecv from rank %d failed", src);
+  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t))); /* the watchdog covers a sender that never comes */
   if (head[0] != bytes || head[1] != t->dtype) {
     /* drain the payload so the pair stays in step, then report */
     void *junk = malloc((size_t)head[0] + 1);
@@ -632,8 +639,9 @@ lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
     return lt_fail(LT_ERR_SHAPE, "recv: rank %d sent %lld bytes of %s, this rank expects %lld bytes of %s", src,
                    (long long)head[0], lt_dtype_name((lt_dtype)head[1]), (long long)bytes, lt_dtype_name(t->dtype));
   }
-  if (MPI_Recv(lt_tensor_data(t), (int)bytes, MPI_BYTE, src, 2, c->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-    return lt_fail(LT_ERR_IO, "recv: MPI_Recv from rank %d failed", src);
+  if (MPI_Irecv(lt_tensor_data(t), (int)bytes, MPI_BYTE, src, 2, c->mpi, &req) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "recv: MPI_Irecv from rank %d failed", src);
+  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t)));
 #endif
   return LT_OK;
 }

@@ -59,7 +59,9 @@ say(("data: %d training and %d validation tokens; unigram baseline %.3f nats/tok
 local model = lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
   block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = cfg.pad_vocab > 0 and cfg.pad_vocab or nil,
   generator = lt.Generator(cfg.seed) }
-model:to(cfg.device, cfg.dtype)
+-- under mpirun each rank takes its own GPU (cuda:<local rank>)
+local device = (cfg.device == "cuda" and world > 1) and lt.dist.device() or cfg.device
+model:to(device, cfg.dtype)
 say(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
   cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype,
   world > 1 and (", data parallel over %d ranks"):format(world) or ""))

@@ -50,4 +50,13 @@ else
   notok "the watchdog reports a skipped collective (status $rc, $took s)" "$out"
 fi
 
+start=$(date +%s)
+out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/recv_without_sender.lua 2>&1); rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 25 ] && echo "$out" | grep -q '^\[rank 0\] lutra: watchdog: recv '; then
+  ok "the watchdog reports a recv whose sender never comes (status $rc, $took s)"
+else
+  notok "the watchdog reports a recv whose sender never comes (status $rc, $took s)" "$out"
+fi
+
 echo "dist: $passed passed, $failed failed"
