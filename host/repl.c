@@ -13,6 +13,7 @@
 #include <editline/readline.h>
 #include <lauxlib.h>
 #include <luajit.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,8 +27,17 @@ static lua_State *repl_L;
 static sigjmp_buf prompt_jump;
 static volatile sig_atomic_t at_prompt;
 
+static pthread_t repl_thread;
+
 static void on_prompt_sigint(int sig) {
-  (void)sig;
+  /* The kernel hands a process's signal to any thread that does not block
+     it, and libedit blocks signals while it redraws: then an OpenBLAS or
+     OpenMP worker gets SIGINT, and jumping to the prompt from there would
+     land on another thread's stack. Pass it on to the REPL's thread. */
+  if (!pthread_equal(pthread_self(), repl_thread)) {
+    pthread_kill(repl_thread, sig);
+    return;
+  }
   if (at_prompt)
     siglongjmp(prompt_jump, 1);
 }
@@ -186,6 +196,7 @@ static const char *history_path(void) {
 
 void lt_repl(lua_State *L) {
   repl_L = L;
+  repl_thread = pthread_self();
   int tty = isatty(STDIN_FILENO);
   const char *hist = tty ? history_path() : NULL;
   if (tty) {
