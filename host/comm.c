@@ -3,7 +3,8 @@
  * interface over two implementations chosen at lt_dist_init: MPI for CPU
  * tensors when the process runs under mpirun (OMPI_COMM_WORLD_SIZE set), and
  * a single process otherwise (every collective is the identity or a copy).
- * NCCL for CUDA tensors sits behind the same calls (comm-nccl, a later step).
+ * CUDA tensors go through NCCL behind the same calls (comm-nccl.c; there
+ * all_gather and reduce_scatter need equal chunks).
  *
  * Semantics follow torch.distributed: all_reduce in place (sum, avg, max,
  * min); broadcast in place from a root; all_gather concatenates each rank's
@@ -21,6 +22,7 @@
  * prints rank, op, group, sequence number and sizes and aborts the job.
  * The asynchronous forms return an lt_work to wait on.
  */
+#include "comm-impl.h"
 #include "lutra.h"
 #include "status.h"
 #include "tensor-impl.h"
@@ -211,15 +213,28 @@ static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c
 }
 #endif
 
+lt_status lt_comm_bcast_bytes(lt_comm *c, void *buf, int n, int root) {
+#ifdef LT_WITH_MPI
+  if (use_mpi && MPI_Bcast(buf, n, MPI_BYTE, root, c->mpi) != MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "broadcasting %d bytes from rank %d failed on rank %d", n, root, world.rank);
+#endif
+  (void)c, (void)buf, (void)n, (void)root;
+  return LT_OK;
+}
+
 /* ---- checks ----------------------------------------------------------------------- */
 
 enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER };
 
+static int on_cuda(const lt_tensor *t) { return t && t->storage->device >= LT_DEVICE_CUDA; }
+
 static lt_status check_tensor(const char *op, const lt_tensor *t) {
   if (!t)
     return lt_fail(LT_ERR_ARG, "%s: no tensor", op);
-  if (t->storage->device != LT_DEVICE_CPU)
-    return lt_fail(LT_ERR_UNSUPPORTED, "%s: CUDA tensors go through NCCL, which this build does not use yet", op);
+#ifndef LT_WITH_CUDA
+  if (on_cuda(t))
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: a CUDA tensor, but this lutra was built without CUDA", op);
+#endif
   if (!lt_tensor_is_contiguous(t))
     return lt_fail(LT_ERR_ARG, "%s: the tensor must be contiguous", op);
   lt_dtype d = t->dtype;
@@ -410,6 +425,13 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
   if (use_mpi) {
     if (check_enabled())
       st = agree(c, w->seq, "all_reduce", OP_ALL_REDUCE * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL);
+#ifdef LT_WITH_CUDA
+    if (on_cuda(t)) {
+      if (st == LT_OK)
+        st = lt_nccl_collective(c, LT_NCCL_ALL_REDUCE, t, t, op, 0);
+      return complete(st, w, out);
+    }
+#endif
     lt_tensor *buf = NULL;
     if (st == LT_OK)
       st = work_buffer(w, t, &buf);
@@ -426,6 +448,10 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
                                       mpi_op(op), c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "all_reduce: MPI_Iallreduce failed on rank %d", world.rank);
   }
+#endif
+#ifdef LT_WITH_CUDA
+  if (on_cuda(t)) /* one process: NCCL all the same, so the path runs on one GPU */
+    st = lt_nccl_collective(c, LT_NCCL_ALL_REDUCE, t, t, op, 0);
 #endif
   (void)op;
   return complete(st, w, out);
@@ -445,9 +471,20 @@ lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
     if (check_enabled())
       st = agree(c, w->seq, "broadcast", OP_BROADCAST, t->dtype, lt_tensor_numel(t), root, 0, NULL);
     int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
+#ifdef LT_WITH_CUDA
+    if (on_cuda(t)) {
+      if (st == LT_OK)
+        st = lt_nccl_collective(c, LT_NCCL_BROADCAST, t, t, LT_COMM_SUM, root);
+      return complete(st, w, out);
+    }
+#endif
     if (st == LT_OK && MPI_Ibcast(lt_tensor_data(t), (int)bytes, MPI_BYTE, root, c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "broadcast: MPI_Ibcast failed on rank %d", world.rank);
   }
+#endif
+#ifdef LT_WITH_CUDA
+  if (on_cuda(t) && !use_mpi)
+    st = lt_nccl_collective(c, LT_NCCL_BROADCAST, t, t, LT_COMM_SUM, root);
 #endif
   return complete(st, w, out);
 }
@@ -489,6 +526,16 @@ lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *outp, const lt_tensor *t, co
     return lt_fail(LT_ERR_SHAPE, "all_gather: the output must hold %lld elements of %s", (long long)(total * re),
                    lt_dtype_name(t->dtype));
   lt_work *w = NULL;
+#ifdef LT_WITH_CUDA
+  if (on_cuda(t)) {
+    for (int r = 1; r < c->size; r++)
+      if (counts[r] != counts[0])
+        return lt_fail(LT_ERR_SHAPE, "all_gather of CUDA tensors: NCCL needs the same rows on every rank (rank 0 has %lld, rank %d %lld)",
+                       (long long)counts[0], r, (long long)counts[r]);
+    LT_TRY(new_work(c, "all_gather", lt_tensor_numel(t), &w));
+    return complete(lt_nccl_collective(c, LT_NCCL_ALL_GATHER, outp, t, LT_COMM_SUM, 0), w, out);
+  }
+#endif
   LT_TRY(new_work(c, "all_gather", lt_tensor_numel(t), &w));
   lt_status st = LT_OK;
   int64_t es = lt_dtype_size(t->dtype);
@@ -538,6 +585,23 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
     return lt_fail(LT_ERR_SHAPE, "reduce_scatter: rank %d's output must hold %lld elements (rows %lld..%lld of %lld)",
                    c->rank, (long long)(len * re), (long long)start, (long long)(start + len), (long long)rows);
   lt_work *w = NULL;
+#ifdef LT_WITH_CUDA
+  if (on_cuda(t)) {
+    if (rows % c->size != 0)
+      return lt_fail(LT_ERR_SHAPE, "reduce_scatter of CUDA tensors: NCCL needs rows divisible by the %d ranks, got %lld",
+                     c->size, (long long)rows);
+    LT_TRY(new_work(c, "reduce_scatter", lt_tensor_numel(t), &w));
+    lt_status st = LT_OK;
+#ifdef LT_WITH_MPI
+    if (use_mpi && check_enabled())
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0,
+                 NULL);
+#endif
+    if (st == LT_OK)
+      st = lt_nccl_collective(c, LT_NCCL_REDUCE_SCATTER, outp, t, op, 0);
+    return complete(st, w, out);
+  }
+#endif
   LT_TRY(new_work(c, "reduce_scatter", lt_tensor_numel(t), &w));
   lt_status st = LT_OK;
 #ifdef LT_WITH_MPI

@@ -471,6 +471,42 @@ check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
   assert(lg[50] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
 end)
 
+check("collectives on CUDA tensors go through NCCL (one rank): all_reduce, broadcast, all_gather, reduce_scatter", function()
+  lt.dist.init()
+  local x = lt.randn({ 1000 }, { generator = lt.Generator(3) })
+  for _, dt in ipairs { "f32", "bf16" } do
+    local g = x:to(CUDA, dt)
+    lt.dist.all_reduce(g)
+    lt.dist.all_reduce(g, { op = "avg" })
+    lt.dist.broadcast(g, { src = 0 })
+    local h = lt.dist.all_reduce(g, { async = true, op = "max" })
+    h:wait()
+    assert((g:to("cpu", "f32") - x:to(dt):to("f32")):abs():max():item() == 0, dt .. " changed by identity collectives")
+  end
+  local m = x:view(10, 100):to(CUDA)
+  assert((lt.dist.all_gather(m):to("cpu") - x:view(10, 100)):abs():max():item() == 0, "all_gather")
+  assert((lt.dist.reduce_scatter(m):to("cpu") - x:view(10, 100)):abs():max():item() == 0, "reduce_scatter")
+end, true)
+
+check("DataParallel and ZeRO-1 run on a CUDA model (one rank)", function()
+  local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(1) }):to(CUDA)
+  local ddp = lt.dist.DataParallel(model)
+  local opt = lt.dist.Zero(model, { stage = 1, lr = 1e-3 })
+  local ids = lt.randint(0, 512, { 2, 17 }, { generator = lt.Generator(2) }):to(CUDA)
+  local x, y = ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
+  local first
+  for step = 1, 5 do
+    opt:zero_grad()
+    local loss = model:loss(x, y)
+    loss:backward()
+    ddp:finish()
+    opt:clip_grad_norm(1.0)
+    opt:step()
+    first = first or loss:item()
+    if step == 5 then assert(loss:item() < first, "the loss did not fall") end
+  end
+end, true)
+
 check("no kernel failed along the way", function() lt.cuda.synchronize() end, true)
 
 print("1.." .. tests)

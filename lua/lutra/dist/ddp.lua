@@ -56,8 +56,8 @@ function M.DataParallel(what, opts)
   for i = #params, 1, -1 do
     local p = params[i]
     local bytes = p:numel() * (p.dtype == "f64" and 8 or (p.dtype == "f32" and 4 or 2))
-    if not cur or cur.dtype ~= p.dtype or (cur.bytes > 0 and cur.bytes + bytes > limit) then
-      cur = { params = {}, offsets = {}, numel = 0, bytes = 0, dtype = p.dtype, ready = 0 }
+    if not cur or cur.dtype ~= p.dtype or cur.device ~= p.device or (cur.bytes > 0 and cur.bytes + bytes > limit) then
+      cur = { params = {}, offsets = {}, numel = 0, bytes = 0, dtype = p.dtype, device = p.device, ready = 0 }
       self.buckets[#self.buckets + 1] = cur
     end
     cur.params[#cur.params + 1] = p
@@ -67,7 +67,7 @@ function M.DataParallel(what, opts)
   end
   self.bucket_of = {}
   for _, b in ipairs(self.buckets) do
-    b.flat = lt.zeros({ b.numel }, { dtype = b.dtype })
+    b.flat = lt.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device })
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
   for _, p in ipairs(params) do

@@ -8,8 +8,9 @@
 --   local mine = lt.dist.reduce_scatter(full)    -- this rank's chunk of the sum
 --   local mesh = lt.dist.mesh { dp = 2, tp = 2 } -- groups, tensor-parallel ranks adjacent
 --
--- Collectives take CPU tensors (any float dtype; bf16/f16 are reduced in
--- f32; i32, i64, u8) and an optional {group = g} (default: every rank).
+-- Collectives take CPU tensors through MPI (any float dtype; bf16/f16 are
+-- reduced in f32; i32, i64, u8) and CUDA tensors through NCCL (all_gather
+-- and reduce_scatter with equal chunks there; not yet run on a GPU) and an optional {group = g} (default: every rank).
 -- Semantics as torch.distributed. Every rank checks with the others that
 -- they call the same collective with the same dtype and size, and raises on
 -- all of them when one differs (naming it); an uncaught error on any rank
@@ -160,7 +161,7 @@ function M.all_gather(t, opts)
   for r = 0, n - 1 do rows = rows + tonumber(counts[r]) end
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = rows
-  local out = lt.empty(shape, { dtype = t.dtype })
+  local out = lt.empty(shape, { dtype = t.dtype, device = t.device })
   if C.lt_comm_all_gather(g.c, out, t, counts, nil) ~= 0 then fail(2) end
   return out
 end
@@ -185,7 +186,7 @@ function M.reduce_scatter(t, opts)
   local _, len = M.chunk(rows, g:size(), g:rank())
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = len
-  local out = lt.empty(shape, { dtype = t.dtype })
+  local out = lt.empty(shape, { dtype = t.dtype, device = t.device })
   if C.lt_comm_reduce_scatter(g.c, out, t, op_code("reduce_scatter", opts), nil) ~= 0 then fail(2) end
   return out
 end

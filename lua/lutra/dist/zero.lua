@@ -79,7 +79,7 @@ end
 
 -- one flat vector of f's params (values of get(p), zeros where it gives nil)
 function Zero:_flatten(f, get)
-  local flat = lt.zeros({ f.numel }, { dtype = f.dtype })
+  local flat = lt.zeros({ f.numel }, { dtype = f.dtype, device = f.params[1].device })
   for k, p in ipairs(f.params) do
     local v = get(p)
     if v ~= nil then flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(v:reshape(-1)) end
