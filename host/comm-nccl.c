@@ -129,26 +129,14 @@ static ncclRedOp_t nccl_op(lt_comm_op op) {
   }
 }
 
-/* the comm stream waits for the compute stream's work so far */
-static lt_status streams_in(lt_cuda_ctx *ctx) {
+/* `waiter` runs nothing further until `done` has finished its work so far */
+static lt_status stream_waits(lt_cuda_ctx *ctx, cudaStream_t waiter, cudaStream_t done) {
   cudaEvent_t ev;
   cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   if (e == cudaSuccess)
-    e = cudaEventRecord(ev, ctx->compute);
+    e = cudaEventRecord(ev, done);
   if (e == cudaSuccess)
-    e = cudaStreamWaitEvent(ctx->comm, ev, 0);
-  cudaEventDestroy(ev);
-  return e == cudaSuccess ? LT_OK : lt_cuda_error("collective: ordering the streams", ctx->index, e);
-}
-
-/* and the compute stream waits for the collective (no host wait) */
-static lt_status streams_out(lt_cuda_ctx *ctx) {
-  cudaEvent_t ev;
-  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-  if (e == cudaSuccess)
-    e = cudaEventRecord(ev, ctx->comm);
-  if (e == cudaSuccess)
-    e = cudaStreamWaitEvent(ctx->compute, ev, 0);
+    e = cudaStreamWaitEvent(waiter, ev, 0);
   cudaEventDestroy(ev);
   return e == cudaSuccess ? LT_OK : lt_cuda_error("collective: ordering the streams", ctx->index, e);
 }
@@ -164,7 +152,7 @@ lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tens
   LT_TRY(lt_cuda_ctx_get(in->storage->device, &ctx));
   ncclComm_t comm = NULL;
   LT_TRY(comm_for(c, device, &comm));
-  LT_TRY(streams_in(ctx));
+  LT_TRY(stream_waits(ctx, ctx->comm, ctx->compute)); /* after the compute work so far */
   size_t n = (size_t)lt_tensor_numel(in);
   ncclResult_t r;
   const char *what;
@@ -188,7 +176,7 @@ lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tens
     break;
   }
   LT_TRY(nccl_check(r, what, device));
-  return streams_out(ctx);
+  return stream_waits(ctx, ctx->compute, ctx->comm); /* later kernels after the transfer */
 }
 
 #endif

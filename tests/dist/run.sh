@@ -30,33 +30,25 @@ for spec in tests/dist/*_spec.lua; do
   done
 done
 
-start=$(date +%s)
-out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/error_on_one_rank.lua 2>&1); rc=$?
-took=$(( $(date +%s) - start ))
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && echo "$out" | grep -q '^\[rank 1\] lutra: .*a deliberate failure on rank 1' \
-   && ! echo "$out" | grep -q unreachable; then
-  ok "an error on rank 1 ends the job (status $rc, $took s) with [rank 1] and the message"
-else
-  notok "an error on rank 1 ends the job (status $rc, $took s)" "$out"
-fi
-
-start=$(date +%s)
-out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/skip_collective.lua 2>&1); rc=$?
-took=$(( $(date +%s) - start ))
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 25 ] \
-   && echo "$out" | grep -q '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s'; then
-  ok "the watchdog reports a skipped collective and aborts the job (status $rc, $took s)"
-else
-  notok "the watchdog reports a skipped collective (status $rc, $took s)" "$out"
-fi
-
-start=$(date +%s)
-out=$(timeout 60 $MPIRUN -np 2 ./lutra tests/dist/jobs/recv_without_sender.lua 2>&1); rc=$?
-took=$(( $(date +%s) - start ))
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 25 ] && echo "$out" | grep -q '^\[rank 0\] lutra: watchdog: recv '; then
-  ok "the watchdog reports a recv whose sender never comes (status $rc, $took s)"
-else
-  notok "the watchdog reports a recv whose sender never comes (status $rc, $took s)" "$out"
-fi
+# job NAME PATTERN MAX_SECONDS: a 2-rank job that must end with a non-zero
+# status within MAX_SECONDS, its output matching PATTERN
+job() {
+  local start took rc out
+  start=$(date +%s)
+  out=$(timeout 60 $MPIRUN -np 2 ./lutra "tests/dist/jobs/$1.lua" 2>&1); rc=$?
+  took=$(( $(date +%s) - start ))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le "$3" ] && echo "$out" | grep -q "$2" \
+     && ! echo "$out" | grep -q unreachable; then
+    ok "$4 (status $rc, $took s)"
+  else
+    notok "$4 (status $rc, $took s)" "$out"
+  fi
+}
+job error_on_one_rank '^\[rank 1\] lutra: .*a deliberate failure on rank 1' 20 \
+  "an error on rank 1 ends the job with [rank 1] and the message"
+job skip_collective '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s' 25 \
+  "the watchdog reports a skipped collective and aborts the job"
+job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \
+  "the watchdog reports a recv whose sender never comes"
 
 echo "dist: $passed passed, $failed failed"
