@@ -215,6 +215,15 @@ function M.run(settings)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
+  if ddp and opt.sharded then
+    -- ZeRO 2 reduce-scatters the gradients itself; stage 1 takes them all-reduced
+    local want = opt.stage == 2 and "none" or "all_reduce"
+    if (ddp.reduce and want == "none") or (not ddp.reduce and want == "all_reduce") then
+      error(("train: ZeRO stage %d needs DataParallel{gradients = \"%s\"}"):format(opt.stage, want), 2)
+    end
+  elseif ddp and not ddp.reduce then
+    error("train: DataParallel{gradients = \"none\"} leaves gradients unreduced: use it with lt.dist.Zero{stage = 2}", 2)
+  end
   local can_save = type(o.train.state) == "function" and type(o.train.load_state) == "function"
   if (o.ckpt_every > 0 or o.resume ~= "none") and not can_save then
     error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)

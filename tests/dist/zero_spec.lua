@@ -76,6 +76,18 @@ H.test("Zero rejects bad settings", function()
   H.raises(function() lt.dist.Zero(m, { stage = 3 }) end, "stage must be 1 or 2")
   H.raises(function() lt.dist.Zero(m, { stage = 1, optimizer = "Lion" }) end, "optimizer must be AdamW or SGD")
   H.raises(function() lt.dist.DataParallel(m, { gradients = "sum" }) end, "gradients must be")
+  local data = { next = function() return lt.zeros({ 1, 4 }, { dtype = "i64" }), lt.zeros({ 1, 4 }, { dtype = "i64" }) end }
+  for _, case in ipairs { { 2, "all_reduce", "needs DataParallel{gradients = \"none\"}" },
+    { 1, "none", "needs DataParallel{gradients = \"all_reduce\"}" } } do
+    H.raises(function()
+      lt.train { model = m, optimizer = lt.dist.Zero(m, { stage = case[1] }), train = data, steps = 1, quiet = true,
+        ddp = lt.dist.DataParallel(m, { gradients = case[2] }) }
+    end, case[3])
+  end
+  H.raises(function()
+    lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.1 }), train = data, steps = 1, quiet = true,
+      ddp = lt.dist.DataParallel(m, { gradients = "none" }) }
+  end, "leaves gradients unreduced")
 end)
 
 H.run("zero_spec")
