@@ -145,6 +145,12 @@ int lt_comm_rank(const lt_comm *c) { return c->rank; }
 int lt_comm_size(const lt_comm *c) { return c->size; }
 int lt_comm_id(const lt_comm *c) { return c->id; }
 
+#ifdef LT_WITH_MPI
+static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
+                       int counts_may_differ, int64_t *all_counts);
+#endif
+enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER, OP_SPLIT, OP_BCAST_BYTES };
+
 lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out) {
   *out = NULL;
   lt_comm *c = calloc(1, sizeof *c);
@@ -153,6 +159,13 @@ lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out) {
   c->id = next_id++;
 #ifdef LT_WITH_MPI
   if (use_mpi) {
+    /* every rank of the parent must come: checked under the watchdog, as
+       MPI_Comm_split itself would wait forever for a rank that does not */
+    lt_status st = agree(parent, parent->seq++, "new_group", OP_SPLIT, LT_DTYPE_I32, 0, -1, 1, NULL);
+    if (st != LT_OK) {
+      free(c);
+      return st;
+    }
     if (MPI_Comm_split(parent->mpi, color, key, &c->mpi) != MPI_SUCCESS) {
       free(c);
       return lt_fail(LT_ERR_IO, "comm split: MPI_Comm_split failed on rank %d", world.rank);
@@ -215,8 +228,12 @@ static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c
 
 lt_status lt_comm_bcast_bytes(lt_comm *c, void *buf, int n, int root) {
 #ifdef LT_WITH_MPI
-  if (use_mpi && MPI_Bcast(buf, n, MPI_BYTE, root, c->mpi) != MPI_SUCCESS)
-    return lt_fail(LT_ERR_IO, "broadcasting %d bytes from rank %d failed on rank %d", n, root, world.rank);
+  if (use_mpi) {
+    MPI_Request req;
+    if (MPI_Ibcast(buf, n, MPI_BYTE, root, c->mpi, &req) != MPI_SUCCESS)
+      return lt_fail(LT_ERR_IO, "broadcasting %d bytes from rank %d failed on rank %d", n, root, world.rank);
+    LT_TRY(wait_request(&req, "broadcast of a communicator id", c, c->seq++, n));
+  }
 #endif
   (void)c, (void)buf, (void)n, (void)root;
   return LT_OK;
@@ -224,7 +241,6 @@ lt_status lt_comm_bcast_bytes(lt_comm *c, void *buf, int n, int root) {
 
 /* ---- checks ----------------------------------------------------------------------- */
 
-enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER };
 
 static int on_cuda(const lt_tensor *t) { return t && t->storage->device >= LT_DEVICE_CUDA; }
 
@@ -281,7 +297,7 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
     else if (!counts_may_differ && o[2] != count)
       st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes %lld elements, rank %d passes %lld", op, c->id, r,
                    (long long)o[2], c->rank, (long long)count);
-    else if (o[3] != root && opcode == OP_ALL_GATHER)
+    else if (o[3] != root && (opcode == OP_ALL_GATHER || opcode / 16 == OP_REDUCE_SCATTER))
       st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes rows of %lld elements, rank %d rows of %d", op, c->id,
                    r, (long long)o[3], c->rank, root);
     else if (o[3] != root)
@@ -568,6 +584,10 @@ lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *outp, const lt_tensor *t, co
 }
 
 void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *len) {
+  if (size < 1 || rank < 0 || rank >= size || rows < 0) { /* the Lua side checks; no division by 0 here */
+    *start = *len = 0;
+    return;
+  }
   int64_t base = rows / size, extra = rows % size;
   *len = base + (rank < extra ? 1 : 0);
   *start = rank * base + (rank < extra ? rank : extra);
@@ -578,6 +598,8 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
     *out = NULL;
   LT_TRY(check_tensor("reduce_scatter", t));
   LT_TRY(check_tensor("reduce_scatter", outp));
+  if (op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
+    return lt_fail(LT_ERR_DTYPE, "reduce_scatter: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
   int64_t rows, re, start, len;
   rows_of(t, &rows, &re);
   lt_comm_chunk(rows, c->size, c->rank, &start, &len);
@@ -594,8 +616,7 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
     lt_status st = LT_OK;
 #ifdef LT_WITH_MPI
     if (use_mpi && check_enabled())
-      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0,
-                 NULL);
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL);
 #endif
     if (st == LT_OK)
       st = lt_nccl_collective(c, LT_NCCL_REDUCE_SCATTER, outp, t, op, 0);
@@ -607,7 +628,7 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     if (check_enabled())
-      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL);
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL);
     /* the reduction on a working copy (t stays as given), f32 for bf16/f16 */
     lt_tensor *buf = NULL, *res = NULL;
     if (st == LT_OK)

@@ -120,6 +120,9 @@ H.test("mismatched sizes and dtypes raise on every rank, naming the rank", funct
     "f64")
   H.raises(function() lt.dist.reduce_scatter(lt.zeros({ 4 + (r == 0 and 1 or 0) })) end, "reduce_scatter", "elements")
   H.raises(function() lt.dist.all_gather(lt.zeros({ 1, r == 0 and 2 or 3 })) end, "all_gather", "rows of")
+  -- the same element count in another shape: rows differ
+  H.raises(function() lt.dist.reduce_scatter(r == 0 and lt.ones({ 4, 3 }) or lt.ones({ 3, 4 })) end, "reduce_scatter",
+    "passes")
   -- the job carries on after a refused collective
   local t = lt.ones(3)
   lt.dist.all_reduce(t)
@@ -131,6 +134,10 @@ H.test("bad arguments are errors on every rank", function(r, w)
   H.raises(function() lt.dist.broadcast(lt.ones(2), { src = w }) end, "root " .. w .. " is not a rank")
   H.raises(function() lt.dist.all_reduce(lt.ones(2), { op = "prod" }) end, "op must be sum, avg, max or min")
   H.raises(function() lt.dist.all_reduce(lt.ones(4):narrow(1, 1, 2):expand(3, 2)) end, "contiguous")
+  H.raises(function() lt.dist.chunk(5, 0, 0) end, "chunk: needs whole rows")
+  H.raises(function() lt.dist.reduce_scatter(lt.ones({ 4 }, { dtype = "i32" }), { op = "avg" }) end,
+    "avg needs a float tensor")
+  H.raises(function() lt.dist.broadcast(lt.ones(2), { src = 0.5 }) end, "src must be a whole rank")
 end)
 
 H.run("collectives_spec")

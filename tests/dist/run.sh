@@ -48,6 +48,8 @@ job error_on_one_rank '^\[rank 1\] lutra: .*a deliberate failure on rank 1' 20 \
   "an error on rank 1 ends the job with [rank 1] and the message"
 job skip_collective '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s' 25 \
   "the watchdog reports a skipped collective and aborts the job"
+job split_on_one_rank '^\[rank 0\] lutra: watchdog: new_group ' 25 \
+  "the watchdog reports a group made on one rank only"
 job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \
   "the watchdog reports a recv whose sender never comes"
 

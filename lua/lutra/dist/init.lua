@@ -142,6 +142,7 @@ function M.broadcast(t, opts)
   need_init()
   local g = group_of(opts)
   local src = opts and opts.src or 0
+  if type(src) ~= "number" or src ~= math.floor(src) then error("broadcast: src must be a whole rank number", 2) end
   if C.lt_comm_broadcast(g.c, t, src, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
   return finish(opts, t)
 end
@@ -170,6 +171,11 @@ end
 -- chunk `rank` (0-based) when rows are split into size chunks, the first
 -- rows % size one longer (torch.tensor_split).
 function M.chunk(rows, size, rank)
+  local function whole(v, lo, hi) return type(v) == "number" and v == math.floor(v) and v >= lo and v <= hi end
+  if not whole(rows, 0, 2 ^ 62) or not whole(size, 1, 2 ^ 31) or not whole(rank, 0, size - 1) then
+    error(("chunk: needs whole rows >= 0, size >= 1 and 0 <= rank < size, got %s, %s, %s"):format(tostring(rows),
+      tostring(size), tostring(rank)), 2)
+  end
   local s, l = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
   C.lt_comm_chunk(rows, size, rank, s, l)
   return tonumber(s[0]) + 1, tonumber(l[0])
