@@ -62,6 +62,29 @@ H.test("data parallel matches one process on the same global batch (10 f32 steps
   assert(#ddp.buckets > 1, "bucket_mb = 0.05 should make several buckets")
 end)
 
+H.test("buckets go out in the same order on every rank when a parameter is unused on one", function(r, w)
+  -- two linear layers of equal size (equal buckets); rank 1 skips the second
+  local a = lt.nn.Linear(8, 8, { bias = false })
+  local b = lt.nn.Linear(8, 8, { bias = false })
+  local params = { a.weight, b.weight }
+  local ddp = lt.dist.DataParallel(params, { bucket_mb = 8 * 8 * 4 / 2 ^ 20 }) -- one parameter per bucket
+  assert(#ddp.buckets == 2)
+  local x = lt.ones({ 2, 8 })
+  local y = a(x)
+  if r ~= 1 then y = b(y) end
+  y:sum():backward()
+  ddp:finish()
+  -- every rank: a's gradient is the sum over ranks of each rank's own; b's is the others' sum (rank 1 gave zeros)
+  local ga = lt.no_grad(function() return a.weight.grad:clone() end)
+  local gb = b.weight.grad and b.weight.grad:clone() or lt.zeros({ 8, 8 })
+  local ref_a = lt.tensor({ ga:sum():item() }, { dtype = "f64" })
+  lt.dist.broadcast(ref_a, { src = 0 })
+  assert(math.abs(ga:sum():item() - ref_a:item()) < 1e-6, "a's gradient differs across ranks")
+  local ref_b = lt.tensor({ gb:sum():item() }, { dtype = "f64" })
+  lt.dist.broadcast(ref_b, { src = 0 })
+  assert(math.abs(gb:sum():item() - ref_b:item()) < 1e-6, "b's gradient differs across ranks")
+end)
+
 H.test("DataParallel broadcasts rank 0's weights and rejects bad settings", function(r, w)
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(100 + r) })
   lt.dist.DataParallel(m)

@@ -88,11 +88,23 @@ function DDP:_launch(b)
   self.stats.bytes = self.stats.bytes + b.bytes
 end
 
+-- buckets go out strictly in order (as PyTorch's DDP does), so every rank
+-- launches the same sequence even when its gradients complete in another
+-- order (a parameter unused on one rank): bucket k waits for k - 1
+function DDP:_launch_ready()
+  local k = self.next_launch or 1
+  while self.buckets[k] and self.buckets[k].ready == #self.buckets[k].params do
+    self:_launch(self.buckets[k])
+    k = k + 1
+  end
+  self.next_launch = k
+end
+
 function DDP:_ready(p)
   if not self.sync or not self.reduce then return end
   local b = self.bucket_of[p]
   b.ready = b.ready + 1
-  if b.ready == #b.params then self:_launch(b) end
+  self:_launch_ready()
   for _, other in ipairs(self.buckets) do
     if other.handle then other.handle:test() end
   end
@@ -108,9 +120,8 @@ function DDP:set_sync(on) self.sync = on and true or false end
 -- into each parameter's grad.
 function DDP:finish()
   if not self.reduce then return end
-  for _, b in ipairs(self.buckets) do
-    if not b.handle then self:_launch(b) end
-  end
+  for k = self.next_launch or 1, #self.buckets do self:_launch(self.buckets[k]) end -- in order, gradients or not
+  self.next_launch = 1
   lt.no_grad(function()
     for _, b in ipairs(self.buckets) do
       b.handle:wait()
