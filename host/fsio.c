@@ -36,18 +36,6 @@ lt_status lt_fsync_dir(const char *path) {
   return LT_OK;
 }
 
-lt_status lt_fsync_file(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return lt_fail(LT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-  int rc = fsync(fd);
-  int err = errno;
-  close(fd);
-  if (rc != 0)
-    return lt_fail(LT_ERR_IO, "fsync of %s failed: %s", path, strerror(err));
-  return LT_OK;
-}
-
 /* the directory part of path ("." when there is none), in buf */
 static const char *dir_of(const char *path, char *buf, size_t cap) {
   const char *slash = strrchr(path, '/');

@@ -454,8 +454,7 @@ int64_t lt_take_alloc_pressure(void);
 /* Writes len bytes to path atomically: a temporary file beside it, fsync,
    rename, fsync of the directory. On failure the old file is untouched. */
 lt_status lt_write_file_atomic(const char *path, const char *data, int64_t len);
-/* fsync of a file, and of a directory (so renames in it are durable). */
-lt_status lt_fsync_file(const char *path);
+/* fsync of a directory (so renames in it are durable). */
 lt_status lt_fsync_dir(const char *path);
 /* mkdir -p; an existing non-directory on the path is an error. */
 lt_status lt_mkdir_p(const char *path);

@@ -320,7 +320,6 @@ local function save_job(dir, o)
       loaders[r] = { epoch = all[r][1], index = all[r][2], seed = s.seed, rank = r - 1, world = world }
     end
   end
-  local path
   ok, err = true, nil
   if rank == 0 then
     local o2 = {}
@@ -339,7 +338,6 @@ local function save_job(dir, o)
       return opt_sd
     end
     ok, err = pcall(save_local, dir, o2)
-    path = ok and err or nil
   end
   agree(ok, err)
   return dir .. "/" .. name

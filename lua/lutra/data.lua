@@ -136,32 +136,28 @@ end
 -- that ignores context could reach: a baseline for a training run.
 function M.unigram_entropy(train_path, val_path, vocab_size)
   local V = vocab_size or 50257
+  -- calls fn(id) for every token of the shards under path; returns their count
+  local function each_token(path, fn)
+    local count = 0
+    for _, f in ipairs(M.files(path)) do
+      local t = M.read_shard(f)
+      local n, p = t:numel(), t:data_ptr()
+      for i = 0, n - 1 do
+        local id = p[i]
+        if id < 0 or id >= V then
+          error(("unigram_entropy: %s holds token %d, outside the vocabulary of %d"):format(f, id, V), 3)
+        end
+        fn(id)
+      end
+      count = count + n
+      t:free()
+    end
+    return count
+  end
   local counts = ffi.new("double[?]", V)
-  local ntrain = 0
-  for _, f in ipairs(M.files(train_path)) do
-    local t = M.read_shard(f)
-    local n, p = t:numel(), t:data_ptr()
-    for i = 0, n - 1 do
-      local id = p[i]
-      if id < 0 or id >= V then error(("unigram_entropy: %s holds token %d, outside the vocabulary of %d"):format(f, id, V), 2) end
-      counts[id] = counts[id] + 1
-    end
-    ntrain = ntrain + n
-    t:free()
-  end
-  local total, nval = 0, 0
-  local denom = ntrain + V
-  for _, f in ipairs(M.files(val_path)) do
-    local t = M.read_shard(f)
-    local n, p = t:numel(), t:data_ptr()
-    for i = 0, n - 1 do
-      local id = p[i]
-      if id < 0 or id >= V then error(("unigram_entropy: %s holds token %d, outside the vocabulary of %d"):format(f, id, V), 2) end
-      total = total - math.log((counts[id] + 1) / denom)
-    end
-    nval = nval + n
-    t:free()
-  end
+  local ntrain = each_token(train_path, function(id) counts[id] = counts[id] + 1 end)
+  local total, denom = 0, ntrain + V
+  local nval = each_token(val_path, function(id) total = total - math.log((counts[id] + 1) / denom) end)
   if nval == 0 then error("unigram_entropy: the validation shards hold no tokens", 2) end
   return total / nval, ntrain, nval
 end

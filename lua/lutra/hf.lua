@@ -270,10 +270,9 @@ function M.load(dir, opts)
       padded:narrow(1, 1, mcfg.vocab_size):copy_(wte)
       tensors["transformer.wte.weight"] = padded
     end
-    local head = file["lm_head.weight"]
-    if head and wte and (tostring(head:shape()) ~= tostring(file["transformer.wte.weight"] and
-        file["transformer.wte.weight"]:shape() or file["wte.weight"]:shape()) or
-        (head:to("f64") - (file["transformer.wte.weight"] or file["wte.weight"]):to("f64")):abs():max():item() ~= 0) then
+    local head, stored = file["lm_head.weight"], file["transformer.wte.weight"] or file["wte.weight"]
+    if head and stored and (tostring(head:shape()) ~= tostring(stored:shape()) or
+        (head:to("f64") - stored:to("f64")):abs():max():item() ~= 0) then
       error(("hf.load: %s: lm_head.weight differs from transformer.wte.weight; lutra's GPT-2 ties them"):format(wpath), 2)
     end
     tensors["lm_head.weight"] = nil

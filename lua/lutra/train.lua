@@ -317,6 +317,10 @@ function M.run(settings)
     return path
   end
 
+  -- a sharded optimizer (lt.dist.Zero) clips its own chunks by the norm over all ranks
+  local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
+    or function(m) return lt.optim.clip_grad_norm(params, m) end
+
   local function one_step(step)
     local t0 = lt.clock()
     -- all micro-batches first: the step's loss divides by every counted token
@@ -347,10 +351,8 @@ function M.run(settings)
     end
     local loss = total > 0 and loss_sum / total or 0
     local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
-    -- a sharded optimizer (lt.dist.Zero) reduces and clips its own chunks, over all ranks
+    -- a sharded optimizer (lt.dist.Zero) reduces its own chunks first
     if opt.reduce_gradients then opt:reduce_gradients() end
-    local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
-      or function(m) return lt.optim.clip_grad_norm(params, m) end
     if finite then
       norm = clip(o.clip > 0 and o.clip or math.huge)
       finite = norm == norm and norm ~= math.huge
