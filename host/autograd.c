@@ -5,8 +5,9 @@
  *
  * Order: a node runs once every node that feeds it a gradient has run
  * (dependency counts over the part of the graph reachable from the root);
- * among ready nodes the most recently created runs first, so the order, and
- * with it every floating-point sum, is the same on every run. Gradients
+ * among ready nodes a leaf's accumulation runs first, then the most recently
+ * created node, so the order, and with it every floating-point sum, is the
+ * same on every run. Gradients
  * arriving at one node output are summed out of place in arrival order.
  *
  * Relies on the ops themselves (ops.c, reduce.c, ...) for the arithmetic of
@@ -58,7 +59,7 @@ int lt_tensor_is_leaf(const lt_tensor *t) {
 }
 
 lt_status lt_tensor_requires_grad_(lt_tensor *t, int on) {
-  LT_TRY(lt_check_tensor("requires_grad_", t, 1));
+  LT_TRY(lt_check_tensor_header("requires_grad_", t, 1));
   if (!lt_tensor_is_leaf(t))
     return lt_fail(LT_ERR_ARG, "requires_grad_: only leaf tensors can change it; this one comes from %s "
                    "(use detach() for a leaf copy)", lt_meta(t)->grad_fn->ops->name);
@@ -82,7 +83,7 @@ lt_tensor *lt_tensor_grad(const lt_tensor *t) {
 }
 
 lt_status lt_tensor_set_grad(lt_tensor *t, lt_tensor *grad) {
-  LT_TRY(lt_check_tensor("set_grad", t, 1));
+  LT_TRY(lt_check_tensor_header("set_grad", t, 1));
   if (grad) {
     LT_TRY(lt_check_tensor("set_grad", grad, 2));
     int same = grad->ndim == t->ndim && grad->dtype == t->dtype &&
@@ -114,7 +115,7 @@ lt_status lt_tensor_set_grad(lt_tensor *t, lt_tensor *grad) {
 }
 
 lt_status lt_tensor_detach(lt_tensor *t, lt_tensor **out) {
-  LT_TRY(lt_check_tensor("detach", t, 1));
+  LT_TRY(lt_check_tensor_header("detach", t, 1));
   lt_tensor *d = lt_tensor_wrap(t->storage, t->offset, t->ndim, t->sizes, t->strides, t->dtype);
   if (!d)
     return lt_fail(LT_ERR_OOM, "detach: out of host memory");
@@ -129,7 +130,7 @@ const char *lt_tensor_grad_fn(const lt_tensor *t) {
 }
 
 lt_status lt_tensor_retain_grad(lt_tensor *t) {
-  LT_TRY(lt_check_tensor("retain_grad", t, 1));
+  LT_TRY(lt_check_tensor_header("retain_grad", t, 1));
   if (!lt_requires_grad(t))
     return lt_fail(LT_ERR_ARG, "retain_grad: the tensor does not require grad");
   lt_autograd_meta *m = lt_meta(t);
@@ -140,7 +141,7 @@ lt_status lt_tensor_retain_grad(lt_tensor *t) {
 }
 
 lt_status lt_tensor_set_hook_id(lt_tensor *t, int64_t id) {
-  LT_TRY(lt_check_tensor("register_hook", t, 1));
+  LT_TRY(lt_check_tensor_header("register_hook", t, 1));
   if (!lt_requires_grad(t) || !lt_tensor_is_leaf(t))
     return lt_fail(LT_ERR_ARG, "register_hook: gradient-ready hooks go on leaf tensors that require grad");
   lt_meta(t)->hook_id = id;
@@ -383,13 +384,25 @@ static int vec_push(node_vec *v, lt_node *x) {
   return 1;
 }
 
-/* Max-heap on seq: the most recent ready node first. */
+/* Whether a runs before b: a leaf's AccumulateGrad first, as soon as it is
+   ready (as PyTorch's engine does: gradient-ready hooks then fire while
+   backward goes on, which data parallelism and ZeRO need to overlap
+   communication), then the most recent node. Accumulations are sinks, so
+   this changes no other node's order and no result. */
+static int runs_before(const lt_node *a, const lt_node *b) {
+  int acc_a = a->ops == &accumulate_ops, acc_b = b->ops == &accumulate_ops;
+  if (acc_a != acc_b)
+    return acc_a;
+  return a->seq > b->seq;
+}
+
+/* Max-heap on runs_before. */
 static void heap_push(node_vec *h, lt_node *x) {
   int64_t i = h->n - 1;
   (void)x;
   while (i > 0) {
     int64_t p = (i - 1) / 2;
-    if (h->items[p]->seq >= h->items[i]->seq)
+    if (!runs_before(h->items[i], h->items[p]))
       break;
     lt_node *t = h->items[p];
     h->items[p] = h->items[i];
@@ -404,9 +417,9 @@ static lt_node *heap_pop(node_vec *h) {
   int64_t i = 0;
   for (;;) {
     int64_t l = 2 * i + 1, r = l + 1, m = i;
-    if (l < h->n && h->items[l]->seq > h->items[m]->seq)
+    if (l < h->n && runs_before(h->items[l], h->items[m]))
       m = l;
-    if (r < h->n && h->items[r]->seq > h->items[m]->seq)
+    if (r < h->n && runs_before(h->items[r], h->items[m]))
       m = r;
     if (m == i)
       break;

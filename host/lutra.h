@@ -144,6 +144,18 @@ void lt_tensor_release(lt_tensor *t);
    t:free()); the header stays until its last release, marked freed, so any
    later use fails with a message instead of touching freed memory. */
 void lt_tensor_free_data(lt_tensor *t);
+/* Sharded parameters (ZeRO stage 3, FSDP's "resharding"): lt_tensor_drop_data
+   frees the memory of t's storage while every view of it, including those
+   autograd saved, stays alive; any op given one of them then fails naming
+   the argument. lt_tensor_restore_data allocates it again (t must span its
+   whole storage: contiguous, offset 0) and copies src (same numel, any
+   float dtype, same device) in without bumping the storage's version, so
+   saved views read the same values again in backward. The caller must put
+   back the values that were there (that is what the version promises).
+   lt_tensor_has_data: 0 after a drop, 1 otherwise. */
+lt_status lt_tensor_drop_data(lt_tensor *t);
+lt_status lt_tensor_restore_data(lt_tensor *t, const lt_tensor *src);
+int lt_tensor_has_data(const lt_tensor *t);
 int lt_tensor_ndim(const lt_tensor *t);
 int64_t lt_tensor_size(const lt_tensor *t, int dim);   /* dim 0-based, in range */
 int64_t lt_tensor_stride(const lt_tensor *t, int dim); /* in elements */

@@ -192,9 +192,13 @@ extern const lt_backend_i lt_backend_cuda;
 /* The backend serving a device, or NULL when it is absent in this build. */
 const lt_backend_i *lt_backend_for(lt_device device);
 
-/* Fails when t is NULL (nil from Lua) or was freed with lt_tensor_free_data;
+/* Fails when t is NULL (nil from Lua), was freed with lt_tensor_free_data or
+   its data was dropped (lt_tensor_drop_data);
    pos is the argument's 1-based position for the message. */
 lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos);
+/* As lt_check_tensor, but a tensor whose data was dropped (lt_tensor_drop_data)
+   passes: for operations on its autograd metadata only. */
+lt_status lt_check_tensor_header(const char *op, const lt_tensor *t, int pos);
 
 static inline char *lt_tensor_ptr(const lt_tensor *t) {
   return (char *)t->storage->data + t->offset * lt_dtype_size(t->dtype);

@@ -33,12 +33,85 @@ void lt_storage_release(lt_storage *s) {
   }
 }
 
-lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos) {
+lt_status lt_check_tensor_header(const char *op, const lt_tensor *t, int pos) {
   if (!t)
     return lt_fail(LT_ERR_ARG, "%s: argument %d is nil, expected a tensor", op, pos);
   if (!t->storage)
     return lt_fail(LT_ERR_ARG, "%s: argument %d is a tensor that was freed with :free()", op, pos);
   return LT_OK;
+}
+
+lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos) {
+  if (!t)
+    return lt_fail(LT_ERR_ARG, "%s: argument %d is nil, expected a tensor", op, pos);
+  if (!t->storage)
+    return lt_fail(LT_ERR_ARG, "%s: argument %d is a tensor that was freed with :free()", op, pos);
+  if (!t->storage->data && t->storage->nbytes > 0)
+    return lt_fail(LT_ERR_ARG,
+                   "%s: argument %d has no data: it views a sharded parameter whose memory was dropped "
+                   "(ZeRO stage 3 gathers parameters only around their module's forward and backward; "
+                   "call opt:unshard() first)",
+                   op, pos);
+  return LT_OK;
+}
+
+/* ---- dropped data (sharded parameters) --------------------------------------------- */
+
+static lt_status check_whole_storage(const char *op, const lt_tensor *t) {
+  if (!t || !t->storage)
+    return lt_check_tensor(op, t, 1);
+  if (t->offset != 0 || !lt_tensor_is_contiguous(t) ||
+      (size_t)lt_tensor_numel(t) * (size_t)lt_dtype_size(t->dtype) != t->storage->nbytes) {
+    char b[200];
+    return lt_fail(LT_ERR_ARG, "%s: the tensor (shape %s) must span its whole storage: a parameter, not a view", op,
+                   lt_tensor_shape_str(t, b));
+  }
+  return LT_OK;
+}
+
+int lt_tensor_has_data(const lt_tensor *t) {
+  return t && t->storage && (t->storage->data || t->storage->nbytes == 0);
+}
+
+lt_status lt_tensor_drop_data(lt_tensor *t) {
+  LT_TRY(check_whole_storage("drop_data", t));
+  lt_storage *s = t->storage;
+  if (s->data)
+    s->backend->free(s->device, s->data, s->nbytes);
+  s->data = NULL;
+  return LT_OK;
+}
+
+lt_status lt_tensor_restore_data(lt_tensor *t, const lt_tensor *src) {
+  LT_TRY(check_whole_storage("restore_data", t));
+  LT_TRY(lt_check_tensor("restore_data", src, 2));
+  if (lt_tensor_numel(src) != lt_tensor_numel(t)) {
+    char b1[200], b2[200];
+    return lt_fail(LT_ERR_SHAPE, "restore_data: the source has %lld elements (shape %s), the tensor %lld (shape %s)",
+                   (long long)lt_tensor_numel(src), lt_tensor_shape_str(src, b1), (long long)lt_tensor_numel(t),
+                   lt_tensor_shape_str(t, b2));
+  }
+  lt_storage *s = t->storage;
+  if (!s->data && s->nbytes > 0) {
+    __atomic_add_fetch(&alloc_pressure, (int64_t)s->nbytes, __ATOMIC_RELAXED);
+    lt_status st = s->backend->alloc(s->device, s->nbytes, &s->data);
+    if (st != LT_OK) {
+      s->data = NULL;
+      return lt_fail_prefix(st, "restore_data");
+    }
+  }
+  uint64_t version = s->version;
+  int64_t strides[LT_MAX_DIMS];
+  lt_contiguous_strides(src->ndim, src->sizes, strides);
+  lt_tensor *flat = lt_tensor_wrap(s, 0, src->ndim, src->sizes, strides, t->dtype);
+  lt_status st = LT_OK;
+  if (!flat)
+    st = lt_fail(LT_ERR_OOM, "restore_data: out of host memory");
+  else
+    LT_NO_GRAD(st = lt_tensor_copy_(flat, src));
+  lt_tensor_release(flat);
+  s->version = version;
+  return st;
 }
 
 void lt_tensor_free_data(lt_tensor *t) {
@@ -128,7 +201,7 @@ int lt_tensor_same_storage(const lt_tensor *a, const lt_tensor *b) {
 }
 
 void *lt_tensor_data(const lt_tensor *t) {
-  if (!t || !t->storage || t->storage->device != LT_DEVICE_CPU)
+  if (!t || !t->storage || t->storage->device != LT_DEVICE_CPU || !t->storage->data)
     return NULL;
   return lt_tensor_ptr(t);
 }

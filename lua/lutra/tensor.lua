@@ -257,7 +257,10 @@ local ptr_types = { f32 = "float*", f64 = "double*", bf16 = "uint16_t*", f16 = "
   i8 = "int8_t*", u8 = "uint8_t*", u16 = "uint16_t*", i32 = "int32_t*", i64 = "int64_t*", bool = "uint8_t*" }
 function T.data_ptr(t)
   local p = C.lt_tensor_data(t)
-  if p == nil then error("data_ptr: the tensor is not on the CPU", 2) end
+  if p == nil then
+    error(C.lt_tensor_has_data(t) == 0 and "data_ptr: the tensor's data was dropped (a sharded parameter)"
+      or "data_ptr: the tensor is not on the CPU", 2)
+  end
   return ffi.cast(ptr_types[dtype_name(C.lt_tensor_dtype(t))], p)
 end
 
@@ -265,6 +268,25 @@ end
 -- nothing else holds it). Using t afterwards is an error that says so.
 function T.free(t)
   C.lt_tensor_free_data(t)
+end
+
+--- t:drop_data_(): frees the memory of t's storage while t and every view
+-- of it (those autograd saved included) stay alive; using one of them is
+-- then an error that says so. t must span its whole storage (a parameter).
+-- For sharded parameters (lt.dist.Zero stage 3); returns t.
+function T.drop_data_(t)
+  if C.lt_tensor_drop_data(t) ~= 0 then fail(2) end
+  return t
+end
+
+--- t:restore_data_(src): t's storage allocated again (after drop_data_) and
+-- src's values (same number of elements, converted to t's dtype) copied
+-- in without counting as an in-place write, so a graph that saved t reads
+-- them in backward: src must hold the values t had. Returns t.
+function T.restore_data_(t, src)
+  if not is_tensor(src) then error("restore_data_: expected a source tensor", 2) end
+  if C.lt_tensor_restore_data(t, src) ~= 0 then fail(2) end
+  return t
 end
 
 -- properties read as t.name and written as t.name = v; other modules (autograd)
@@ -276,6 +298,8 @@ local props, setters = capi.state.tensor_props, capi.state.tensor_setters
 M.props, M.setters = props, setters
 props.dtype = function(t) return dtype_name(C.lt_tensor_dtype(t)) end
 props.device = function(t) return device_name(C.lt_tensor_device(t)) end
+--- t.has_data: false after t:drop_data_() (until restore_data_), else true.
+props.has_data = function(t) return C.lt_tensor_has_data(t) ~= 0 end
 
 -- ---- values ----------------------------------------------------------------
 
