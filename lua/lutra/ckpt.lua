@@ -345,9 +345,16 @@ end
 
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
 -- ranks (lt.dist) with dist = true every rank calls it and each writes its part.
+-- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
 function M.save(dir, o)
-  if type(o) == "table" and o.dist and lt.dist.world_size() > 1 then return save_job(dir, o) end
-  return save_local(dir, o)
+  local save = (type(o) == "table" and o.dist and lt.dist.world_size() > 1) and save_job or save_local
+  local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard
+  if not sharded then return save(dir, o) end
+  o.opt:unshard()
+  local ok, res = pcall(save, dir, o)
+  o.opt:reshard()
+  if not ok then error(res, 0) end
+  return res
 end
 
 local function set_generators(rng, saved, path)
@@ -472,6 +479,10 @@ function M.load(path, o)
       error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is %s"):format(path, zero,
         o.opt.sharded and ("ZeRO stage " .. o.opt.stage) or "not sharded"), 2)
     end
+    if zero > 0 and (zero == 3) ~= (o.opt.stage == 3) then -- stages 1 and 2 shard alike; 3 per unit
+      error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is ZeRO stage %d (stage 3 shards its state another way)")
+        :format(path, zero, o.opt.stage), 2)
+    end
     if not st.files[opt_file] then
       error(("ckpt.load: %s holds no optimizer state (state.json lists no %s)"):format(path, opt_file), 2)
     end
@@ -488,14 +499,19 @@ function M.load(path, o)
       error(("ckpt.load: %s/%s: %s"):format(path, opt_file, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
     end
   end
+  -- ZeRO 3: the parameters whole while the weights go in and the chunks are re-read
+  local unsharded = o.model and o.opt and o.opt.unshard
+  if unsharded then o.opt:unshard() end
   if o.model then
     local ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
     if not ok then
+      if unsharded then o.opt:reshard() end
       error(("ckpt.load: %s/model.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
     end
   end
   if opt_sd then o.opt:load_state_dict(opt_sd) end
   if o.opt and o.opt.after_load then o.opt:after_load() end -- a sharded optimizer re-reads its chunks
+  if unsharded then o.opt:reshard() end
   if o.loader then
     local ok, err = pcall(o.loader.load_state, o.loader, st.loader)
     if not ok then error(("ckpt.load: %s/state.json: loader: %s"):format(path, tostring(err):gsub("^.-load_state: ", "")), 2) end

@@ -216,13 +216,13 @@ function M.run(settings)
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
   if ddp and opt.sharded then
-    -- ZeRO 2 reduce-scatters the gradients itself; stage 1 takes them all-reduced
-    local want = opt.stage == 2 and "none" or "all_reduce"
+    -- ZeRO 2 and 3 reduce-scatter the gradients themselves; stage 1 takes them all-reduced
+    local want = opt.stage >= 2 and "none" or "all_reduce"
     if (ddp.reduce and want == "none") or (not ddp.reduce and want == "all_reduce") then
       error(("train: ZeRO stage %d needs DataParallel{gradients = \"%s\"}"):format(opt.stage, want), 2)
     end
   elseif ddp and not ddp.reduce then
-    error("train: DataParallel{gradients = \"none\"} leaves gradients unreduced: use it with lt.dist.Zero{stage = 2}", 2)
+    error("train: DataParallel{gradients = \"none\"} leaves gradients unreduced: use it with lt.dist.Zero{stage = 2 or 3}", 2)
   end
   local can_save = type(o.train.state) == "function" and type(o.train.load_state) == "function"
   if (o.ckpt_every > 0 or o.resume ~= "none") and not can_save then
@@ -389,14 +389,19 @@ function M.run(settings)
         fmt_bytes(mem), finite and "" or " | skipped (not finite)"))
     end
     if o.on_step then o.on_step(rec) end
-    if o.val and o.eval_every > 0 and (step % o.eval_every == 0 or step == o.steps) then
+    local evaluating = o.val and o.eval_every > 0 and (step % o.eval_every == 0 or step == o.steps)
+    local sampling = o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps)
+    -- ZeRO 3: every rank gathers the whole parameters for evaluation and sampling
+    local unsharded = (evaluating or sampling) and opt.unshard
+    if unsharded then opt:unshard() end
+    if evaluating then
       if val_start then o.val:load_state(val_start) end
       local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
       summary.val_loss = vl
       record({ step = step, val_loss = vl })
       say(("step %5d/%d | val loss %.4f"):format(step, o.steps, vl))
     end
-    if lead and o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps) then
+    if lead and sampling then
       local s = o.sample
       local ids = s.tokenizer:encode(s.prompt or "\n")
       local out = M.generate(model, ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
@@ -405,6 +410,7 @@ function M.run(settings)
       record({ step = step, sample = text })
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end
+    if unsharded then opt:reshard() end
   end
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect

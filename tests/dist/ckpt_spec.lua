@@ -1,5 +1,5 @@
 -- tests/dist/ckpt_spec.lua: checkpoints of a job: data parallelism and
--- ZeRO stages 1 and 2 save (weights once, optimizer state once or one file
+-- ZeRO stages 1, 2 and 3 save (weights once, optimizer state once or one file
 -- per rank, every rank's loader position) and resume: 4 steps, a
 -- checkpoint, a fresh job resuming to step 8 gives the losses and weights
 -- of 8 uninterrupted steps; a checkpoint of another world size is refused.
@@ -26,7 +26,7 @@ end
 local function run(stage, name, steps, resume)
   local dir = root()
   local model = lt.models.gpt2("gpt2-tiny", { dropout = 0.1, generator = lt.Generator(5) })
-  local ddp = lt.dist.DataParallel(model, { gradients = stage == 2 and "none" or "all_reduce" })
+  local ddp = lt.dist.DataParallel(model, { gradients = stage >= 2 and "none" or "all_reduce" })
   local settings = { lr = 3e-3, betas = { 0.9, 0.95 }, weight_decay = 0.1 }
   local opt
   if stage == 0 then opt = lt.optim.AdamW(model, settings) else
@@ -40,10 +40,11 @@ local function run(stage, name, steps, resume)
     name = name, ddp = ddp, ckpt_every = 4, resume = resume or "none",
     schedule = lt.optim.schedules.cosine { lr = 3e-3, warmup = 2, steps = 8 },
     on_step = function(rec) losses[rec.step] = rec.loss end }
+  if opt.unshard then opt:unshard() end -- ZeRO 3: the whole parameters, for the comparison
   return model, losses
 end
 
-for _, stage in ipairs { 0, 1, 2 } do
+for _, stage in ipairs { 0, 1, 2, 3 } do
   H.test(("stage %d: a job resumed from its step-4 checkpoint repeats the uninterrupted run"):format(stage), function(r, w)
     local whole, a = run(stage, "whole" .. stage, 8)
     run(stage, "cut" .. stage, 4)
@@ -64,6 +65,14 @@ H.test("a checkpoint of another world size is refused on every rank", function(r
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })
   H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, world_size = w + 1 }) end,
     "layout.world_size is " .. w)
+end)
+
+
+H.test("a ZeRO 1 checkpoint is refused by a ZeRO 3 job, naming both stages", function(r, w)
+  local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })
+  local opt = lt.dist.Zero(m, { stage = 3, lr = 1e-3 })
+  H.raises(function() lt.ckpt.load(root() .. "/cut1/ckpt/step_00000008", { model = m, opt = opt, dist = true }) end,
+    "layout.zero is 1, this job's optimizer is ZeRO stage 3")
 end)
 
 H.run("ckpt_spec")

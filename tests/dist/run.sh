@@ -21,7 +21,7 @@ for spec in tests/dist/*_spec.lua; do
       notok "$spec on $np ranks did not finish" "$out"
       continue
     fi
-    echo "$out" | grep -E '^(not )?ok ' | sed "s/^/  [np=$np] /"
+    echo "$out" | grep -E '^((not )?ok |# )' | sed "s/^/  [np=$np] /"
     echo "$out" | grep '^\[rank' | sed 's/^/     /'
     p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
     f=$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed$/\1/')

@@ -44,9 +44,12 @@ function M.DataParallel(what, opts)
   if opts.broadcast ~= false then
     lt.no_grad(function()
       for _, p in ipairs(params) do
-        local buf = p:contiguous()
-        lt.dist.broadcast(buf, { src = 0, group = opts.group })
-        if buf ~= p then p:copy_(buf) end
+        -- (a ZeRO-3 parameter has no data of its own: Zero broadcast it already)
+        if p.has_data then
+          local buf = p:contiguous()
+          lt.dist.broadcast(buf, { src = 0, group = opts.group })
+          if buf ~= p then p:copy_(buf) end
+        end
       end
     end)
   end
@@ -67,7 +70,8 @@ function M.DataParallel(what, opts)
   end
   self.bucket_of = {}
   for _, b in ipairs(self.buckets) do
-    b.flat = lt.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device })
+    -- the flat buffer a bucket is reduced in (none when the optimizer reduces: ZeRO 2 and 3)
+    if self.reduce then b.flat = lt.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
   for _, p in ipairs(params) do
@@ -132,6 +136,13 @@ function DDP:finish()
       end
     end
   end)
+end
+
+--- ddp:buffer_bytes() -> bytes of the buckets' flat buffers (0 with gradients = "none").
+function DDP:buffer_bytes()
+  local n = 0
+  for _, b in ipairs(self.buckets) do if b.flat then n = n + b.bytes end end
+  return n
 end
 
 --- ddp:reduce_number(x) -> the sum of x over the ranks (token counts, loss sums).

@@ -95,7 +95,7 @@ function Work:wait()
   if self.w ~= nil then
     local st = C.lt_work_wait(self.w)
     C.lt_work_free(ffi.gc(self.w, nil))
-    self.w = nil
+    self.w, self.input = nil, nil
     if st ~= 0 then fail(2) end
   end
   return self.result
@@ -147,9 +147,14 @@ function M.broadcast(t, opts)
   return finish(opts, t)
 end
 
---- lt.dist.all_gather(t[, {group =}]) -> every rank's t concatenated along
--- dim 1 in rank order (ranks may pass different lengths along dim 1; the
--- other dims must agree).
+--- lt.dist.all_gather(t[, {group =, out =, async = false}]) -> every rank's
+-- t concatenated along dim 1 in rank order (ranks may pass different
+-- lengths along dim 1; the other dims must agree), or a handle whose
+-- wait() returns it. out: a contiguous tensor of t's dtype and device with
+-- the result's number of elements to write into (as
+-- torch.distributed.all_gather_into_tensor). The ranks first agree on the
+-- lengths (a small blocking exchange); with async the data then moves in
+-- the background on NCCL, while MPI completes it before returning.
 function M.all_gather(t, opts)
   check_tensor("all_gather", t)
   need_init()
@@ -162,9 +167,17 @@ function M.all_gather(t, opts)
   for r = 0, n - 1 do rows = rows + tonumber(counts[r]) end
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = rows
-  local out = lt.empty(shape, { dtype = t.dtype, device = t.device })
-  if C.lt_comm_all_gather(g.c, out, t, counts, nil) ~= 0 then fail(2) end
-  return out
+  local out = opts and opts.out
+  if out ~= nil then
+    check_tensor("all_gather", out)
+    if not out:is_contiguous() then error("all_gather: out must be contiguous", 2) end
+  else
+    out = lt.empty(shape, { dtype = t.dtype, device = t.device })
+  end
+  if C.lt_comm_all_gather(g.c, out, t, counts, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
+  local res = finish(opts, out)
+  if opts and opts.async then res.input = t end -- kept alive until the wait
+  return res
 end
 
 --- lt.dist.chunk(rows, size, rank) -> start (1-based), length: the rows of
@@ -181,8 +194,10 @@ function M.chunk(rows, size, rank)
   return tonumber(s[0]) + 1, tonumber(l[0])
 end
 
---- lt.dist.reduce_scatter(t[, {op = "sum", group =}]) -> this rank's chunk
--- (lt.dist.chunk of t's dim-1 rows) of the reduction of every rank's t.
+--- lt.dist.reduce_scatter(t[, {op = "sum", group =, async = false}]) -> this
+-- rank's chunk (lt.dist.chunk of t's dim-1 rows) of the reduction of every
+-- rank's t, or a handle whose wait() returns it (t must then stay unchanged
+-- until the wait; MPI completes it before returning, NCCL in the background).
 function M.reduce_scatter(t, opts)
   check_tensor("reduce_scatter", t)
   need_init()
@@ -193,7 +208,14 @@ function M.reduce_scatter(t, opts)
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = len
   local out = lt.empty(shape, { dtype = t.dtype, device = t.device })
-  if C.lt_comm_reduce_scatter(g.c, out, t, op_code("reduce_scatter", opts), nil) ~= 0 then fail(2) end
+  if C.lt_comm_reduce_scatter(g.c, out, t, op_code("reduce_scatter", opts), opts and opts.async and work_box or nil) ~= 0 then
+    fail(2)
+  end
+  if opts and opts.async then
+    local h = finish(opts, out)
+    h.input = t -- kept alive until the wait
+    return h
+  end
   return out
 end
 
@@ -251,6 +273,32 @@ function M.mesh(o)
   groups.coords = { dp = d_rank, tp = t_rank, pp = p_rank }
   groups.sizes = { dp = dp, tp = tp, pp = pp }
   return groups
+end
+
+--- lt.dist.memory_bytes(model, opt[, ddp]) -> {params =, grads =, optimizer =, buffers =, total =}:
+-- bytes this rank holds now for the model's parameters (whole, or ZeRO-3
+-- chunks), gradients (full and ZeRO chunks), the optimizer's state
+-- (moments, f32 masters, ZeRO 1-2's chunk copies) and DataParallel's bucket
+-- buffers; total is the sum of the first three. Counts tensors by their
+-- elements (a tied weight once), not the allocator's caches.
+function M.memory_bytes(model, opt, ddp)
+  local function bytes(t) return t:numel() * (t.dtype == "f64" and 8 or (t.dtype == "f32" and 4 or 2)) end
+  local r
+  if opt and opt.memory_bytes then
+    r = opt:memory_bytes()
+  else
+    r = { params = 0, grads = 0, optimizer = 0 }
+    for _, p in ipairs(model:parameters()) do
+      if p.has_data then r.params = r.params + bytes(p) end
+      if p.grad ~= nil then r.grads = r.grads + bytes(p.grad) end
+    end
+    for _, s in pairs(opt and opt.state or {}) do
+      for _, t in pairs(s) do if lt.is_tensor(t) then r.optimizer = r.optimizer + bytes(t) end end
+    end
+  end
+  r.buffers = ddp and ddp:buffer_bytes() or 0
+  r.total = r.params + r.grads + r.optimizer
+  return r
 end
 
 M.DataParallel = require("lutra.dist.ddp").DataParallel

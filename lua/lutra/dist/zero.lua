@@ -1,4 +1,4 @@
---- lutra.dist.zero: ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO:
+--- lutra.dist.zero: ZeRO stages 1 and 2 (stage 3: lutra.dist.zero3) (Rajbhandari et al. 2020, "ZeRO:
 -- Memory Optimizations Toward Training Trillion Parameter Models") as an
 -- optimizer that lt.train drives like any other.
 --
@@ -39,12 +39,18 @@ local function flat_groups(params, wd)
   return out
 end
 
---- lt.dist.Zero(model, {stage = 1 or 2, optimizer = "AdamW" or "SGD", group =, <the optimizer's settings>})
+local function elsize(dtype) return dtype == "f64" and 8 or (dtype == "f32" and 4 or 2) end
+
+--- lt.dist.Zero(model, {stage = 1, 2 or 3, optimizer = "AdamW" or "SGD", group =,
+-- units = (stage 3: the modules gathered one at a time), <the optimizer's
+-- settings>}) -> an optimizer for lt.train (with lt.dist.DataParallel,
+-- gradients = "all_reduce" for stage 1, "none" for 2 and 3). Stage 3 is
+-- lutra.dist.zero3. Raises on another stage or optimizer.
 function M.Zero(model, opts)
   opts = opts or {}
   local stage = opts.stage or 1
-  if stage ~= 1 and stage ~= 2 then
-    error(("Zero: stage must be 1 or 2 (3, sharded parameters, is not implemented yet), got %s"):format(tostring(stage)), 2)
+  if stage ~= 1 and stage ~= 2 and stage ~= 3 then
+    error(("Zero: stage must be 1, 2 or 3, got %s"):format(tostring(stage)), 2)
   end
   local kind = opts.optimizer or "AdamW"
   if kind ~= "AdamW" and kind ~= "SGD" then error("Zero: optimizer must be AdamW or SGD, got " .. tostring(kind), 2) end
@@ -52,8 +58,9 @@ function M.Zero(model, opts)
   lt.dist.init()
   local settings = {}
   for k, v in pairs(opts) do
-    if k ~= "stage" and k ~= "optimizer" and k ~= "group" then settings[k] = v end
+    if k ~= "stage" and k ~= "optimizer" and k ~= "group" and k ~= "units" then settings[k] = v end
   end
+  if stage == 3 then return require("lutra.dist.zero3").new(Zero, model, opts, settings, kind) end
   local group = opts.group
   local size = group and group:size() or lt.dist.world_size()
   local rank = group and group:rank() or lt.dist.rank()
@@ -111,6 +118,8 @@ function Zero:reduce_gradients()
       end
     end
   end)
+  -- the full gradients are not needed any more: each rank keeps its chunk's
+  for _, p in ipairs(self.params) do p.grad = nil end
   self.reduced = true
 end
 
@@ -178,10 +187,27 @@ function Zero:state_bytes()
   local n = 0
   for _, s in pairs(self.inner.state) do
     for _, t in pairs(s) do
-      if type(t) ~= "boolean" then n = n + t:numel() * (t.dtype == "f64" and 8 or 4) end
+      if type(t) ~= "boolean" then n = n + t:numel() * elsize(t.dtype) end
     end
   end
   return n
+end
+
+--- opt:memory_bytes() -> {params =, grads =, optimizer =}: bytes this rank
+-- holds now: the whole parameters; full gradients (until reduce_gradients
+-- takes its chunk) and the chunk's; moments, masters and the chunk's copy
+-- of the parameters that the inner optimizer updates.
+function Zero:memory_bytes()
+  local params, grads, optimizer = 0, 0, self:state_bytes()
+  for _, p in ipairs(self.params) do
+    params = params + p:numel() * elsize(p.dtype)
+    if p.grad ~= nil then grads = grads + p:numel() * elsize(p.dtype) end
+  end
+  for _, f in ipairs(self.flats) do
+    optimizer = optimizer + f.shard:numel() * elsize(f.dtype)
+    if f.shard.grad ~= nil then grads = grads + f.shard:numel() * elsize(f.dtype) end
+  end
+  return { params = params, grads = grads, optimizer = optimizer }
 end
 
 return M
