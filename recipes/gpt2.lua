@@ -18,7 +18,7 @@
 -- 5.28 for cosine decay to a tenth (5.12 with today's kernels; the unigram
 -- baseline is 6.27).
 --   ./lutra recipes/gpt2.lua --ckpt_every=250 --resume=auto   # checkpoints in runs/<name>/ckpt, resumed
---   mpirun -np 4 ./lutra recipes/gpt2.lua --zero=1             # data parallel, ZeRO stage 1 (or 2)
+--   mpirun -np 4 ./lutra recipes/gpt2.lua --zero=3             # data parallel, ZeRO stage 1, 2 or 3
 --   ./lutra recipes/gpt2.lua --help
 local lt = require "lutra"
 
@@ -38,7 +38,6 @@ if cfg.batch < 1 or cfg.seq < 1 then error("--batch and --seq must be >= 1", 0) 
 if cfg.zero ~= 0 and cfg.zero ~= 1 and cfg.zero ~= 2 and cfg.zero ~= 3 then
   error(("--zero must be a ZeRO stage 0-3, got %s"):format(tostring(cfg.zero)), 0)
 end
-if cfg.zero == 3 then error("--zero=3 (sharded parameters) is not implemented yet; stages 1 and 2 are", 0) end
 
 -- under mpirun: data parallel, each rank reading its own part of the data
 -- (--batch is per rank; the global batch is batch x ranks); rank 0 prints
@@ -65,11 +64,11 @@ model:to(device, cfg.dtype)
 say(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
   cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype,
   world > 1 and (", data parallel over %d ranks"):format(world) or ""))
-local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero == 2 and "none" or "all_reduce" }) or nil
+local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero >= 2 and "none" or "all_reduce" }) or nil
 
 local opt_settings = { lr = cfg.lr, betas = { 0.9, cfg.beta2 }, weight_decay = cfg.weight_decay }
 local opt
-if cfg.zero > 0 then -- ZeRO: each rank keeps 1/ranks of the optimizer state
+if cfg.zero > 0 then -- ZeRO: each rank keeps 1/ranks of the optimizer state (stage 3: of the parameters too)
   opt_settings.stage = cfg.zero
   opt = lt.dist.Zero(model, opt_settings)
 else
@@ -91,6 +90,9 @@ local summary = lt.train {
     generator = lt.Generator(cfg.seed) },
 }
 
+local mem = lt.dist.memory_bytes(model, opt, ddp)
+say(("memory per rank (bytes): parameters %d, gradients %d, optimizer state %d%s"):format(mem.params, mem.grads,
+  mem.optimizer, mem.buffers > 0 and (", all-reduce buckets %d"):format(mem.buffers) or ""))
 local vl = summary.val_loss or 0 / 0
 say(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
   summary.steps, summary.seconds, summary.tokens / summary.seconds, vl, baseline, baseline - vl,

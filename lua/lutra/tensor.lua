@@ -258,7 +258,7 @@ local ptr_types = { f32 = "float*", f64 = "double*", bf16 = "uint16_t*", f16 = "
 function T.data_ptr(t)
   local p = C.lt_tensor_data(t)
   if p == nil then
-    error(C.lt_tensor_has_data(t) == 0 and "data_ptr: the tensor's data was dropped (a sharded parameter)"
+    error(C.lt_tensor_has_data(t) == 0 and "data_ptr: the tensor has no data: it was dropped (a sharded parameter)"
       or "data_ptr: the tensor is not on the CPU", 2)
   end
   return ffi.cast(ptr_types[dtype_name(C.lt_tensor_dtype(t))], p)

@@ -212,3 +212,30 @@ describe("the autograd engine", function()
     collectgarbage()
   end)
 end)
+
+describe("gradient-ready hooks during backward", function()
+  it("a leaf's gradient is ready as soon as its last contribution arrives, before earlier layers run", function()
+    -- three layers; each layer's weight hook must fire before the layer below starts its backward
+    local g = lt.Generator(3)
+    local ws, events = {}, {}
+    local function tap(i)
+      return lt.autograd.Function {
+        forward = function(_, x) return x end,
+        backward = function(_, gx)
+          events[#events + 1] = "backward into layer " .. i
+          return gx
+        end,
+      }
+    end
+    local x = lt.randn({ 2, 4 }, { generator = g }):requires_grad_()
+    for i = 1, 3 do
+      ws[i] = lt.randn({ 4, 4 }, { generator = g }):requires_grad_()
+      ws[i]:register_hook(function() events[#events + 1] = "weight " .. i .. " ready" end)
+      x = tap(i)(x):matmul(ws[i]):tanh()
+    end
+    x:sum():backward()
+    assert.are.same({ "weight 3 ready", "backward into layer 3", "weight 2 ready", "backward into layer 2",
+      "weight 1 ready", "backward into layer 1" }, events)
+  end)
+end)
+

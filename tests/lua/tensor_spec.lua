@@ -307,6 +307,61 @@ describe("memory", function()
   end)
 end)
 
+describe("dropped data (sharded parameters)", function()
+  it("drop_data_ frees the memory, ops name the argument, restore_data_ brings values back", function()
+    collectgarbage()
+    local w = lt.arange(12, { dtype = "f32" }):view(3, 4)
+    local view = w:t()
+    local before = lt.memory_stats().allocated
+    assert.is_true(w.has_data)
+    w:drop_data_()
+    assert.is_false(w.has_data)
+    assert.is_false(view.has_data)
+    assert.is_true(lt.memory_stats().allocated <= before - 48)
+    for _, f in ipairs { function() return w + 1 end, function() return view:sum() end,
+      function() return lt.matmul(w, view) end, function() return w:clone() end, function() return w:item() end,
+      function() w:fill_(0) end, function() return w:data_ptr() end } do
+      H.assert_error(f, "no data")
+    end
+    assert.truthy(tostring(w):find("no data", 1, true))
+    w:restore_data_(lt.arange(12, { dtype = "f64" }) * 2) -- converted to w's dtype; any shape with 12 elements
+    assert.is_true(view.has_data)
+    assert.are.same({ 0, 8, 16 }, view:select(1, 1):totable())
+    w:drop_data_():drop_data_() -- twice is harmless
+    assert.is_false(w.has_data)
+  end)
+
+  it("refuses views and mismatched sources", function()
+    local w = lt.zeros(4, 4)
+    H.assert_error(function() w:narrow(1, 2, 2):drop_data_() end, "drop_data", "whole storage")
+    H.assert_error(function() w:t():drop_data_() end, "whole storage")
+    H.assert_error(function() w:restore_data_(lt.zeros(3)) end, "restore_data", "3 elements", "16")
+    H.assert_error(function() w:restore_data_(nil) end, "source")
+  end)
+
+  it("a graph that saved a dropped tensor runs backward after restore_data_ (same values, no in-place error)", function()
+    local w0 = lt.randn({ 4, 3 }, { generator = lt.Generator(1), dtype = "f64" })
+    local x = lt.randn({ 2, 4 }, { generator = lt.Generator(2), dtype = "f64" }):requires_grad_()
+    local w = w0:clone():requires_grad_()
+    local y = (x:matmul(w)):tanh():sum()
+    w:drop_data_()
+    H.assert_error(function() y:backward(nil, { retain_graph = true }) end, "no data")
+    w:restore_data_(w0)
+    y:backward()
+    local x2 = x:detach():requires_grad_()
+    local w2 = w0:clone():requires_grad_()
+    local y2 = x2:matmul(w2):tanh():sum()
+    y2:backward()
+    assert.are.same(x2.grad:totable(), x.grad:totable())
+    assert.are.same(w2.grad:totable(), w.grad:totable())
+    -- autograd metadata still works on a dropped leaf
+    w:drop_data_()
+    w.grad = nil
+    w:register_hook(function() end)
+    assert.is_true(w.requires_grad)
+  end)
+end)
+
 describe("joining, dtypes by name, library fields", function()
   it("cat and stack", function()
     local a, b = lt.arange(6):view(2, 3), lt.arange(3, { dtype = "i32" }):view(1, 3)
