@@ -93,8 +93,10 @@ local summary = lt.train {
 local mem = lt.dist.memory_bytes(model, opt, ddp)
 say(("memory per rank (bytes): parameters %d, gradients %d, optimizer state %d%s"):format(mem.params, mem.grads,
   mem.optimizer, mem.buffers > 0 and (", all-reduce buckets %d"):format(mem.buffers) or ""))
-local vl = summary.val_loss or 0 / 0
-say(("done: %d steps in %.0f s (%.0f tokens/s); validation loss %.3f, unigram baseline %.3f: %.2f nats below%s"):format(
-  summary.steps, summary.seconds, summary.tokens / summary.seconds, vl, baseline, baseline - vl,
+local vl = summary.val_loss
+local how = vl and ("validation loss %.3f, unigram baseline %.3f: %.2f nats below"):format(vl, baseline, baseline - vl)
+  or "no evaluation ran (--eval_every=0)"
+say(("done: %d steps in %.0f s (%.0f tokens/s); %s%s"):format(summary.steps, summary.seconds,
+  summary.tokens / summary.seconds, how,
   summary.interrupted and " (interrupted)" or summary.preempted and (" (" .. summary.preempted .. ": saved " ..
     summary.checkpoint .. ")") or ""))

@@ -28,7 +28,9 @@
 -- afresh when there is none), resume = "<dir>" from that one, "none" (the
 -- default) starts afresh; `steps` is the last step's number either way. On
 -- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
--- with summary.preempted set (recipes then end, exiting 0).
+-- with summary.preempted set (recipes then end, exiting 0); under a job,
+-- a signal to any rank stops every rank after the same step (the ranks
+-- learn of it with the step's loss sums).
 --
 -- Data parallel (ddp = lt.dist.DataParallel(model)): each rank's loader
 -- gives its slice of the global batch; token counts and loss sums are
@@ -321,6 +323,7 @@ function M.run(settings)
   local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
     or function(m) return lt.optim.clip_grad_norm(params, m) end
 
+  local job_signal = 0 -- a job's preemption signal, agreed by every rank at each step
   local function one_step(step)
     local t0 = lt.clock()
     -- all micro-batches first: the step's loss divides by every counted token
@@ -347,7 +350,12 @@ function M.run(settings)
     end
     if ddp then
       ddp:finish()
-      loss_sum, tokens = ddp:reduce_number(loss_sum), ddp:reduce_number(tokens)
+      -- one all_reduce for the sums and for whether any rank was signalled
+      -- (all ranks then stop after the same step)
+      local sig = C.lt_preempt_signal()
+      local sums = ddp:reduce_numbers { loss_sum, tokens, sig == 15 and 1 or 0, sig ~= 0 and sig ~= 15 and 1 or 0 }
+      loss_sum, tokens = sums[1], sums[2]
+      job_signal = sums[3] > 0 and 15 or (sums[4] > 0 and 10 or 0)
     end
     local loss = total > 0 and loss_sum / total or 0
     local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
@@ -415,7 +423,7 @@ function M.run(settings)
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
   C.lt_preempt_clear()
-  if can_save and not ddp then C.lt_preempt_watch(1) end -- under a job the ranks would stop at different steps
+  if can_save then C.lt_preempt_watch(1) end
   local ok_all, err_all = pcall(function()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
@@ -429,7 +437,7 @@ function M.run(settings)
         error(err, 0)
       end
       summary.steps = summary.steps + 1
-      local sig = C.lt_preempt_signal()
+      local sig = ddp and job_signal or C.lt_preempt_signal()
       if sig ~= 0 then
         summary.preempted = sig == 15 and "SIGTERM" or "SIGUSR1"
         say(("train: %s at step %d: saving and stopping"):format(summary.preempted, step))

@@ -23,7 +23,7 @@ local function root()
   return ROOT
 end
 
-local function run(stage, name, steps, resume)
+local function run(stage, name, steps, resume, on_step)
   local dir = root()
   local model = lt.models.gpt2("gpt2-tiny", { dropout = 0.1, generator = lt.Generator(5) })
   local ddp = lt.dist.DataParallel(model, { gradients = stage >= 2 and "none" or "all_reduce" })
@@ -36,12 +36,15 @@ local function run(stage, name, steps, resume)
   local data = lt.data.shards { path = dir .. "/data/train", batch = 2, seq = 16, seed = 9 }
   lt.manual_seed(1)
   local losses = {}
-  lt.train { model = model, optimizer = opt, train = data, steps = steps, clip = 1.0, quiet = true, out_dir = dir,
+  local summary = lt.train { model = model, optimizer = opt, train = data, steps = steps, clip = 1.0, quiet = true, out_dir = dir,
     name = name, ddp = ddp, ckpt_every = 4, resume = resume or "none",
     schedule = lt.optim.schedules.cosine { lr = 3e-3, warmup = 2, steps = 8 },
-    on_step = function(rec) losses[rec.step] = rec.loss end }
+    on_step = function(rec)
+      losses[rec.step] = rec.loss
+      if on_step then on_step(rec) end
+    end }
   if opt.unshard then opt:unshard() end -- ZeRO 3: the whole parameters, for the comparison
-  return model, losses
+  return model, losses, summary
 end
 
 for _, stage in ipairs { 0, 1, 2, 3 } do
@@ -60,6 +63,28 @@ for _, stage in ipairs { 0, 1, 2, 3 } do
     if stage > 0 then assert(st.files[("optimizer-rank%05d.safetensors"):format(w - 1)], "one optimizer file per rank") end
   end)
 end
+
+H.test("SIGUSR1 to the last rank alone stops every rank after the same step with a checkpoint; resuming repeats the run", function(r, w)
+  local whole, a = run(3, "whole3b", 8)
+  local _, _, summary = run(3, "preempt3", 8, nil, function(rec)
+    -- the shell's parent is this process
+    if rec.step == 3 and r == w - 1 then os.execute("kill -USR1 $PPID") end
+  end)
+  assert(summary.preempted == "SIGUSR1", "preempted: " .. tostring(summary.preempted))
+  local stopped = lt.tensor({ summary.steps, -summary.steps }, { dtype = "f64" })
+  lt.dist.all_reduce(stopped, { op = "max" })
+  local mx = stopped:totable()
+  assert(mx[1] == -mx[2], "the ranks stopped after different steps")
+  assert(summary.steps >= 3 and summary.steps < 8, "stopped after step " .. summary.steps)
+  assert(summary.checkpoint and summary.checkpoint:find(("step_%08d"):format(summary.steps), 1, true),
+    "checkpoint " .. tostring(summary.checkpoint))
+  local resumed, b = run(3, "preempt3", 8, "auto")
+  for s = summary.steps + 1, 8 do
+    assert(b[s] and a[s] == b[s], ("step %d: %s vs %s"):format(s, tostring(b[s]), tostring(a[s])))
+  end
+  local pa, pb = whole:parameters(), resumed:parameters()
+  for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
+end)
 
 H.test("a checkpoint of another world size is refused on every rank", function(r, w)
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })

@@ -507,6 +507,39 @@ check("DataParallel and ZeRO-1 run on a CUDA model (one rank)", function()
   end
 end, true)
 
+check("ZeRO-3 on a CUDA model (one rank, NCCL) matches plain AdamW; dropped CUDA parameters free their memory", function()
+  local function make() return lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(1) }):to(CUDA) end
+  local ref, model = make(), make()
+  local ropt = lt.optim.AdamW(ref, { lr = 1e-3 })
+  lt.cuda.synchronize()
+  local before = lt.cuda.memory_stats().allocated
+  local opt = lt.dist.Zero(model, { stage = 3, lr = 1e-3 })
+  lt.cuda.synchronize()
+  assert(not model.transformer.wte.weight.has_data, "the parameters are dropped")
+  assert(lt.cuda.memory_stats().allocated <= before + 4096,
+    ("allocated %d bytes before, %d after sharding on one rank"):format(before, lt.cuda.memory_stats().allocated))
+  local ids = lt.randint(0, 512, { 2, 17 }, { generator = lt.Generator(2) }):to(CUDA)
+  local x, y = ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
+  for step = 1, 5 do
+    ropt:zero_grad()
+    local lr = ref:loss(x, y)
+    lr:backward()
+    lt.optim.clip_grad_norm(ref, 1.0)
+    ropt:step()
+    opt:zero_grad()
+    local l = model:loss(x, y)
+    l:backward()
+    opt:reduce_gradients()
+    opt:clip_grad_norm(1.0)
+    opt:step()
+    local a, b = l:item(), lr:item()
+    assert(math.abs(a - b) <= 1e-5 * math.abs(b), ("step %d: ZeRO-3 loss %.7f, AdamW %.7f"):format(step, a, b))
+  end
+  opt:unshard()
+  local d = (model.transformer.wte.weight:to("cpu") - ref.transformer.wte.weight:to("cpu")):abs():max():item()
+  assert(d < 1e-5, ("the embeddings differ by %g after 5 steps"):format(d))
+end, true)
+
 check("no kernel failed along the way", function() lt.cuda.synchronize() end, true)
 
 print("1.." .. tests)

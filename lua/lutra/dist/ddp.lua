@@ -152,4 +152,11 @@ function DDP:reduce_number(x)
   return t:item()
 end
 
+--- ddp:reduce_numbers({x1, x2, ...}) -> {sums}: several sums in one all_reduce (f64).
+function DDP:reduce_numbers(xs)
+  local t = lt.tensor(xs, { dtype = "f64" })
+  lt.dist.all_reduce(t, { group = self.group })
+  return t:totable()
+end
+
 return M
