@@ -150,6 +150,20 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
                        int counts_may_differ, int64_t *all_counts);
 #endif
 enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER, OP_SPLIT, OP_BCAST_BYTES };
+enum { OP_REFUSED = 0x7fff }; /* a rank that refused its arguments (lt_comm_refuse) */
+
+/* the collective an agreement op code stands for (codes >= 16 carry the reduction in the low 4 bits) */
+static const char *op_name(int64_t opcode) {
+  switch (opcode >= 16 && opcode != OP_REFUSED ? opcode / 16 : opcode) {
+  case OP_ALL_REDUCE: return "all_reduce";
+  case OP_BROADCAST: return "broadcast";
+  case OP_ALL_GATHER: return "all_gather";
+  case OP_REDUCE_SCATTER: return "reduce_scatter";
+  case OP_BARRIER: return "barrier";
+  case OP_SPLIT: return "new_group";
+  default: return "another collective";
+  }
+}
 
 lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out) {
   *out = NULL;
@@ -288,9 +302,15 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
   }
   for (int r = 0; r < c->size && st == LT_OK; r++) {
     int64_t *o = all + 4 * r;
-    if (o[0] != opcode)
-      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group called another collective", op, c->id,
-                   (unsigned long long)seq, r);
+    if (o[0] == OP_REFUSED)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group refused its arguments to this call "
+                   "(its own error says why)", op, c->id, (unsigned long long)seq, r);
+    else if (o[0] != opcode && o[0] / 16 == opcode / 16 && opcode >= 16)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group passes another reduction op", op,
+                   c->id, (unsigned long long)seq, r);
+    else if (o[0] != opcode)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group called %s instead", op, c->id,
+                   (unsigned long long)seq, r, op_name(o[0]));
     else if (o[1] != dt)
       st = lt_fail(LT_ERR_DTYPE, "%s (group %d): rank %d passes %s, rank %d passes %s", op, c->id, r,
                    lt_dtype_name((lt_dtype)o[1]), c->rank, lt_dtype_name(dt));
@@ -308,6 +328,54 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
   }
   free(all);
   return st;
+}
+
+/* this rank's side of a refused call's agreement exchange */
+static lt_status announce_refusal(lt_comm *c) {
+  int64_t mine[4] = {OP_REFUSED, 0, 0, 0};
+  int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
+  if (!all)
+    return lt_fail(LT_ERR_OOM, "refusing a collective: out of memory");
+  uint64_t seq = c->seq++;
+  MPI_Request req;
+  lt_status st = LT_OK;
+  if (MPI_Iallgather(mine, 4, MPI_INT64_T, all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
+    st = lt_fail(LT_ERR_IO, "refusing a collective: the exchange failed on rank %d", world.rank);
+  else
+    st = wait_request(&req, "a refused collective", c, seq, 0);
+  free(all);
+  return st;
+}
+
+/* MPI counts are C ints: all_reduce and broadcast go in pieces of at most
+   this many elements (bytes for broadcast); LUTRA_COMM_CHUNK lowers it so
+   tests can reach the piecewise path with small tensors. */
+static int64_t max_piece(void) {
+  static int64_t n = -1;
+  if (n < 0) {
+    n = env_int("LUTRA_COMM_CHUNK", 1 << 30);
+    if (n < 1)
+      n = 1 << 30;
+  }
+  return n;
+}
+
+/* the pieces of a long all_reduce or broadcast, one after the other under
+   the watchdog (so such a call is complete when it returns) */
+static lt_status in_pieces(lt_comm *c, const char *op, uint64_t seq, char *data, int64_t n, int64_t es,
+                           MPI_Datatype type, MPI_Op mop, int root) {
+  int64_t piece = max_piece();
+  for (int64_t at = 0; at < n; at += piece) {
+    int64_t k = n - at < piece ? n - at : piece;
+    MPI_Request req;
+    int rc = root < 0 ? MPI_Iallreduce(MPI_IN_PLACE, data + at * es, (int)k, type, mop, c->mpi, &req)
+                      : MPI_Ibcast(data + at * es, (int)k, type, root, c->mpi, &req);
+    if (rc != MPI_SUCCESS)
+      return lt_fail(LT_ERR_IO, "%s: MPI failed on rank %d (elements %lld..%lld)", op, world.rank, (long long)at,
+                     (long long)(at + k));
+    LT_TRY(wait_request(&req, op, c, seq, n));
+  }
+  return LT_OK;
 }
 
 static MPI_Datatype mpi_type(lt_dtype d) {
@@ -428,12 +496,33 @@ static lt_status work_buffer(lt_work *w, lt_tensor *t, lt_tensor **buf) {
   return LT_OK;
 }
 
+lt_status lt_comm_refuse(lt_comm *c) {
+#ifdef LT_WITH_MPI
+  if (use_mpi && c && check_enabled())
+    return announce_refusal(c);
+#endif
+  (void)c;
+  return LT_OK;
+}
+
+/* a local check failed (st, its message set): the group learns of it, the
+   message stays this rank's */
+static lt_status refused(lt_comm *c, lt_status st) {
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", lt_last_error());
+  if (lt_comm_refuse(c) != LT_OK)
+    return LT_ERR_IO;
+  return lt_fail(st, "%s", msg);
+}
+
 lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **out) {
   if (out)
     *out = NULL;
-  LT_TRY(check_tensor("all_reduce", t));
-  if (op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
-    return lt_fail(LT_ERR_DTYPE, "all_reduce: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
+  lt_status chk = check_tensor("all_reduce", t);
+  if (chk == LT_OK && op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
+    chk = lt_fail(LT_ERR_DTYPE, "all_reduce: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
+  if (chk != LT_OK)
+    return refused(c, chk);
   lt_work *w = NULL;
   LT_TRY(new_work(c, "all_reduce", lt_tensor_numel(t), &w));
   lt_status st = LT_OK;
@@ -460,8 +549,12 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
       }
       w->scale = 1.0 / c->size;
     }
-    if (st == LT_OK && MPI_Iallreduce(MPI_IN_PLACE, lt_tensor_data(buf), (int)lt_tensor_numel(buf), mpi_type(buf->dtype),
-                                      mpi_op(op), c->mpi, &w->req) != MPI_SUCCESS)
+    int64_t n = st == LT_OK ? lt_tensor_numel(buf) : 0;
+    if (st == LT_OK && n > max_piece())
+      st = in_pieces(c, "all_reduce", w->seq, lt_tensor_data(buf), n, lt_dtype_size(buf->dtype), mpi_type(buf->dtype),
+                     mpi_op(op), -1);
+    else if (st == LT_OK && MPI_Iallreduce(MPI_IN_PLACE, lt_tensor_data(buf), (int)n, mpi_type(buf->dtype),
+                                           mpi_op(op), c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "all_reduce: MPI_Iallreduce failed on rank %d", world.rank);
   }
 #endif
@@ -476,9 +569,11 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
 lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
   if (out)
     *out = NULL;
-  LT_TRY(check_tensor("broadcast", t));
-  if (root < 0 || root >= c->size)
-    return lt_fail(LT_ERR_ARG, "broadcast: root %d is not a rank of the group (0..%d)", root, c->size - 1);
+  lt_status chk = check_tensor("broadcast", t);
+  if (chk == LT_OK && (root < 0 || root >= c->size))
+    chk = lt_fail(LT_ERR_ARG, "broadcast: root %d is not a rank of the group (0..%d)", root, c->size - 1);
+  if (chk != LT_OK)
+    return refused(c, chk);
   lt_work *w = NULL;
   LT_TRY(new_work(c, "broadcast", lt_tensor_numel(t), &w));
   lt_status st = LT_OK;
@@ -494,7 +589,9 @@ lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
       return complete(st, w, out);
     }
 #endif
-    if (st == LT_OK && MPI_Ibcast(lt_tensor_data(t), (int)bytes, MPI_BYTE, root, c->mpi, &w->req) != MPI_SUCCESS)
+    if (st == LT_OK && bytes > max_piece())
+      st = in_pieces(c, "broadcast", w->seq, lt_tensor_data(t), bytes, 1, MPI_BYTE, MPI_SUM, root);
+    else if (st == LT_OK && MPI_Ibcast(lt_tensor_data(t), (int)bytes, MPI_BYTE, root, c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "broadcast: MPI_Ibcast failed on rank %d", world.rank);
   }
 #endif
@@ -516,7 +613,9 @@ static void rows_of(const lt_tensor *t, int64_t *rows, int64_t *row_elems) {
 
 lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *counts) {
   /* counts[r] = rows of rank r (filled for the caller to size the output) */
-  LT_TRY(check_tensor("all_gather", t));
+  lt_status chk = check_tensor("all_gather", t);
+  if (chk != LT_OK)
+    return refused(c, chk);
   int64_t rows, re;
   rows_of(t, &rows, &re);
 #ifdef LT_WITH_MPI
@@ -596,16 +695,21 @@ void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *le
 lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_comm_op op, lt_work **out) {
   if (out)
     *out = NULL;
-  LT_TRY(check_tensor("reduce_scatter", t));
-  LT_TRY(check_tensor("reduce_scatter", outp));
-  if (op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
-    return lt_fail(LT_ERR_DTYPE, "reduce_scatter: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
+  lt_status chk = check_tensor("reduce_scatter", t);
+  if (chk == LT_OK)
+    chk = check_tensor("reduce_scatter", outp);
+  if (chk == LT_OK && op == LT_COMM_AVG && !lt_dtype_is_float(t->dtype))
+    chk = lt_fail(LT_ERR_DTYPE, "reduce_scatter: avg needs a float tensor, got %s", lt_dtype_name(t->dtype));
+  if (chk != LT_OK)
+    return refused(c, chk);
   int64_t rows, re, start, len;
   rows_of(t, &rows, &re);
   lt_comm_chunk(rows, c->size, c->rank, &start, &len);
   if (outp->dtype != t->dtype || lt_tensor_numel(outp) != len * re)
-    return lt_fail(LT_ERR_SHAPE, "reduce_scatter: rank %d's output must hold %lld elements (rows %lld..%lld of %lld)",
-                   c->rank, (long long)(len * re), (long long)start, (long long)(start + len), (long long)rows);
+    return refused(c, lt_fail(LT_ERR_SHAPE,
+                              "reduce_scatter: rank %d's output must hold %lld elements (rows %lld..%lld of %lld)",
+                              c->rank, (long long)(len * re), (long long)start, (long long)(start + len),
+                              (long long)rows));
   lt_work *w = NULL;
 #ifdef LT_WITH_CUDA
   if (on_cuda(t)) {
@@ -646,6 +750,8 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
     for (int r = 0; st == LT_OK && r < c->size; r++) {
       int64_t s0, l0;
       lt_comm_chunk(rows, c->size, r, &s0, &l0);
+      if (l0 * re > 2147483647LL)
+        st = lt_fail(LT_ERR_ARG, "reduce_scatter: more than 2^31 elements per rank is not supported yet");
       rc[r] = (int)(l0 * re);
     }
     if (st == LT_OK && MPI_Ireduce_scatter(lt_tensor_data(buf), lt_tensor_data(res), rc, mpi_type(buf->dtype),
@@ -678,7 +784,9 @@ lt_status lt_comm_barrier(lt_comm *c) {
     lt_work *w = NULL;
     LT_TRY(new_work(c, "barrier", 0, &w));
     lt_status st = LT_OK;
-    if (MPI_Ibarrier(c->mpi, &w->req) != MPI_SUCCESS)
+    if (check_enabled()) /* a rank in another collective meanwhile is an error, not a hang */
+      st = agree(c, w->seq, "barrier", OP_BARRIER, LT_DTYPE_U8, 0, -1, 0, NULL);
+    if (st == LT_OK && MPI_Ibarrier(c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "barrier: MPI_Ibarrier failed on rank %d", world.rank);
     return complete(st, w, NULL);
   }

@@ -520,6 +520,11 @@ int lt_comm_rank(const lt_comm *c);
 int lt_comm_size(const lt_comm *c);
 int lt_comm_id(const lt_comm *c);
 lt_status lt_comm_barrier(lt_comm *c);
+/* A rank whose arguments to a collective on c were refused before it could
+   take part tells the group so (in the place of the call's agreement
+   exchange), so the others fail naming it instead of waiting or reporting a
+   mismatch with its next call. Returns LT_OK; the caller raises its own error. */
+lt_status lt_comm_refuse(lt_comm *c);
 /* in place over the group */
 lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **work);
 lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **work);

@@ -140,4 +140,34 @@ H.test("bad arguments are errors on every rank", function(r, w)
   H.raises(function() lt.dist.broadcast(lt.ones(2), { src = 0.5 }) end, "src must be a whole rank")
 end)
 
+H.test("a bad argument on one rank only: it raises its own error, the others name it, the job carries on", function(r, w)
+  if w < 2 then return end
+  local function one(f_bad, f_good, mine, theirs)
+    if r == 1 then H.raises(f_bad, unpack(mine))
+    else H.raises(f_good, unpack(theirs)) end
+  end
+  local ok = function() lt.dist.broadcast(lt.ones(2), { src = 0 }) end
+  one(function() lt.dist.broadcast(lt.ones(2), { src = w }) end, ok, { "root " .. w .. " is not a rank" },
+    { "broadcast", "rank 1 of the group refused its arguments" })
+  one(function() lt.dist.broadcast(lt.ones(2), { src = 0.5 }) end, ok, { "src must be a whole rank" },
+    { "rank 1 of the group refused" })
+  local sum = function() lt.dist.all_reduce(lt.ones(2)) end
+  one(function() lt.dist.all_reduce("x") end, sum, { "expected a tensor" }, { "all_reduce", "rank 1", "refused" })
+  one(function() lt.dist.all_reduce(lt.ones(2), { op = "prod" }) end, sum, { "op must be" }, { "rank 1", "refused" })
+  one(function() lt.dist.all_reduce(lt.ones({ 2 }, { dtype = "bool" })) end, sum, { "dtype bool is not supported" },
+    { "rank 1", "refused" })
+  one(function() lt.dist.all_reduce(lt.ones(4):narrow(1, 1, 2):expand(3, 2)) end, sum, { "contiguous" },
+    { "rank 1", "refused" })
+  -- another collective, or another reduction, is named
+  one(function() lt.dist.broadcast(lt.ones(2)) end, sum, { "broadcast", "called all_reduce instead" },
+    { "all_reduce", "rank 1 of the group called broadcast instead" })
+  one(function() lt.dist.all_reduce(lt.ones(2), { op = "max" }) end, sum, { "another reduction op" },
+    { "another reduction op" })
+  one(function() lt.dist.barrier() end, sum, { "barrier", "called all_reduce instead" },
+    { "rank 1 of the group called barrier instead" })
+  local t = lt.ones(3)
+  lt.dist.all_reduce(t)
+  assert(t:totable()[1] == w)
+end)
+
 H.run("collectives_spec")

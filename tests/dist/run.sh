@@ -30,6 +30,12 @@ for spec in tests/dist/*_spec.lua; do
   done
 done
 
+# all_reduce and broadcast in pieces (as tensors over 2^30 elements go), here 3 elements a piece
+out=$(LUTRA_COMM_CHUNK=3 timeout 300 $MPIRUN -x LUTRA_COMM_CHUNK -np 2 ./lutra tests/dist/collectives_spec.lua 2>&1)
+line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, 0 failed$' | tail -1)
+if [ -n "$line" ]; then ok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3): $line"
+else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"; fi
+
 # job NAME PATTERN MAX_SECONDS: a 2-rank job that must end with a non-zero
 # status within MAX_SECONDS, its output matching PATTERN
 job() {

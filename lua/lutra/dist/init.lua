@@ -114,23 +114,30 @@ local function finish(opts, result)
   return result
 end
 
-local function check_tensor(op, t)
-  if not tensor.is_tensor(t) then error(("%s: expected a tensor, got %s"):format(op, type(t)), 3) end
+-- a bad argument on this rank: the group learns of it (lt_comm_refuse) so
+-- that the other ranks fail naming this one instead of waiting, then raises
+local function refuse(g, msg, level)
+  C.lt_comm_refuse(g.c)
+  error(msg, level + 1)
 end
 
-local function op_code(op, opts)
+local function check_tensor(op, t, g)
+  if not tensor.is_tensor(t) then refuse(g, ("%s: expected a tensor, got %s"):format(op, type(t)), 3) end
+end
+
+local function op_code(op, opts, g)
   local name = opts and opts.op or "sum"
   local code = OPS[name]
-  if not code then error(("%s: op must be sum, avg, max or min, got %s"):format(op, tostring(name)), 3) end
+  if not code then refuse(g, ("%s: op must be sum, avg, max or min, got %s"):format(op, tostring(name)), 3) end
   return code
 end
 
 --- lt.dist.all_reduce(t[, {op = "sum"|"avg"|"max"|"min", group =, async = false}]) -> t (in place), or a handle.
 function M.all_reduce(t, opts)
-  check_tensor("all_reduce", t)
   need_init()
   local g = group_of(opts)
-  if C.lt_comm_all_reduce(g.c, t, op_code("all_reduce", opts), opts and opts.async and work_box or nil) ~= 0 then
+  check_tensor("all_reduce", t, g)
+  if C.lt_comm_all_reduce(g.c, t, op_code("all_reduce", opts, g), opts and opts.async and work_box or nil) ~= 0 then
     fail(2)
   end
   return finish(opts, t)
@@ -138,11 +145,11 @@ end
 
 --- lt.dist.broadcast(t[, {src = 0, group =, async =}]) -> t, rank src's values on every rank.
 function M.broadcast(t, opts)
-  check_tensor("broadcast", t)
   need_init()
   local g = group_of(opts)
+  check_tensor("broadcast", t, g)
   local src = opts and opts.src or 0
-  if type(src) ~= "number" or src ~= math.floor(src) then error("broadcast: src must be a whole rank number", 2) end
+  if type(src) ~= "number" or src ~= math.floor(src) then refuse(g, "broadcast: src must be a whole rank number", 2) end
   if C.lt_comm_broadcast(g.c, t, src, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
   return finish(opts, t)
 end
@@ -156,9 +163,13 @@ end
 -- lengths (a small blocking exchange); with async the data then moves in
 -- the background on NCCL, while MPI completes it before returning.
 function M.all_gather(t, opts)
-  check_tensor("all_gather", t)
   need_init()
   local g = group_of(opts)
+  check_tensor("all_gather", t, g)
+  local out = opts and opts.out
+  if out ~= nil and not (tensor.is_tensor(out) and out:is_contiguous()) then
+    refuse(g, "all_gather: out must be a contiguous tensor", 2)
+  end
   t = t:contiguous()
   local n = g:size()
   local counts = ffi.new("int64_t[?]", n)
@@ -167,13 +178,7 @@ function M.all_gather(t, opts)
   for r = 0, n - 1 do rows = rows + tonumber(counts[r]) end
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = rows
-  local out = opts and opts.out
-  if out ~= nil then
-    check_tensor("all_gather", out)
-    if not out:is_contiguous() then error("all_gather: out must be contiguous", 2) end
-  else
-    out = lt.empty(shape, { dtype = t.dtype, device = t.device })
-  end
+  if out == nil then out = lt.empty(shape, { dtype = t.dtype, device = t.device }) end
   if C.lt_comm_all_gather(g.c, out, t, counts, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
   local res = finish(opts, out)
   if opts and opts.async then res.input = t end -- kept alive until the wait
@@ -199,16 +204,17 @@ end
 -- rank's t, or a handle whose wait() returns it (t must then stay unchanged
 -- until the wait; MPI completes it before returning, NCCL in the background).
 function M.reduce_scatter(t, opts)
-  check_tensor("reduce_scatter", t)
   need_init()
   local g = group_of(opts)
+  check_tensor("reduce_scatter", t, g)
+  local code = op_code("reduce_scatter", opts, g)
   t = t:contiguous()
   local rows = t:dim() > 0 and t:size(1) or 1
   local _, len = M.chunk(rows, g:size(), g:rank())
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = len
   local out = lt.empty(shape, { dtype = t.dtype, device = t.device })
-  if C.lt_comm_reduce_scatter(g.c, out, t, op_code("reduce_scatter", opts), opts and opts.async and work_box or nil) ~= 0 then
+  if C.lt_comm_reduce_scatter(g.c, out, t, code, opts and opts.async and work_box or nil) ~= 0 then
     fail(2)
   end
   if opts and opts.async then
@@ -228,13 +234,13 @@ end
 --- lt.dist.send(t, dst[, {group =}]) and lt.dist.recv(t, src[, {group =}]):
 -- point to point; recv fills t, which must match what was sent (else an error naming both).
 function M.send(t, dst, opts)
-  check_tensor("send", t)
+  if not tensor.is_tensor(t) then error(("send: expected a tensor, got %s"):format(type(t)), 2) end
   need_init()
   if C.lt_comm_send(group_of(opts).c, t:contiguous(), dst) ~= 0 then fail(2) end
 end
 
 function M.recv(t, src, opts)
-  check_tensor("recv", t)
+  if not tensor.is_tensor(t) then error(("recv: expected a tensor, got %s"):format(type(t)), 2) end
   need_init()
   if not t:is_contiguous() then error("recv: the tensor must be contiguous", 2) end
   if C.lt_comm_recv(group_of(opts).c, t, src) ~= 0 then fail(2) end
