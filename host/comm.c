@@ -261,6 +261,7 @@ static int on_cuda(const lt_tensor *t) { return t && t->storage->device >= LT_DE
 static lt_status check_tensor(const char *op, const lt_tensor *t) {
   if (!t)
     return lt_fail(LT_ERR_ARG, "%s: no tensor", op);
+  LT_TRY(lt_check_tensor(op, t, 1)); /* freed (:free()) or its data dropped */
 #ifndef LT_WITH_CUDA
   if (on_cuda(t))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: a CUDA tensor, but this lutra was built without CUDA", op);

@@ -48,9 +48,8 @@ lt_status lt_check_tensor(const char *op, const lt_tensor *t, int pos) {
     return lt_fail(LT_ERR_ARG, "%s: argument %d is a tensor that was freed with :free()", op, pos);
   if (!t->storage->data && t->storage->nbytes > 0)
     return lt_fail(LT_ERR_ARG,
-                   "%s: argument %d has no data: it views a sharded parameter whose memory was dropped "
-                   "(ZeRO stage 3 gathers parameters only around their module's forward and backward; "
-                   "call opt:unshard() first)",
+                   "%s: argument %d has no data: its memory was dropped (t:drop_data_()); a ZeRO-3 parameter "
+                   "is gathered only around its module's forward and backward: opt:unshard() gathers them all",
                    op, pos);
   return LT_OK;
 }

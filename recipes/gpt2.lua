@@ -63,7 +63,8 @@ local device = (cfg.device == "cuda" and world > 1) and lt.dist.device() or cfg.
 model:to(device, cfg.dtype)
 say(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
   cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype,
-  world > 1 and (", data parallel over %d ranks"):format(world) or ""))
+  world > 1 and (", data parallel over %d ranks%s"):format(world, cfg.zero > 0 and (", ZeRO stage " .. cfg.zero) or "")
+    or (cfg.zero > 0 and (", ZeRO stage %d on one process (nothing to shard)"):format(cfg.zero) or "")))
 local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero >= 2 and "none" or "all_reduce" }) or nil
 
 local opt_settings = { lr = cfg.lr, betas = { 0.9, cfg.beta2 }, weight_decay = cfg.weight_decay }
@@ -94,8 +95,8 @@ local mem = lt.dist.memory_bytes(model, opt, ddp)
 say(("memory per rank (bytes): parameters %d, gradients %d, optimizer state %d%s"):format(mem.params, mem.grads,
   mem.optimizer, mem.buffers > 0 and (", all-reduce buckets %d"):format(mem.buffers) or ""))
 local vl = summary.val_loss
-local how = vl and ("validation loss %.3f, unigram baseline %.3f: %.2f nats below"):format(vl, baseline, baseline - vl)
-  or "no evaluation ran (--eval_every=0)"
+local how = vl and ("validation loss %.3f, unigram baseline %.3f: %.2f nats %s"):format(vl, baseline,
+  math.abs(baseline - vl), vl <= baseline and "below" or "above") or "no evaluation ran"
 say(("done: %d steps in %.0f s (%.0f tokens/s); %s%s"):format(summary.steps, summary.seconds,
   summary.tokens / summary.seconds, how,
   summary.interrupted and " (interrupted)" or summary.preempted and (" (" .. summary.preempted .. ": saved " ..

@@ -136,6 +136,16 @@ Ctx.__index = Ctx
 --- ctx:save_for_backward(...): tensors the backward needs (read back as ctx.saved).
 function Ctx:save_for_backward(...) self.saved = { ... } end
 
+--- lt.autograd.hook(fn) -> h: h(t1, ...) returns its tensor arguments (up
+-- to 4) unchanged, and fn() runs when backward reaches them, before any node
+-- that produced them runs; the gradients pass through in C, never held by
+-- Lua (an activation's gradient can be large). ZeRO 3 gathers a module's
+-- parameters this way before its backward (PyTorch FSDP's pre-backward hook).
+function M.hook(fn)
+  if type(fn) ~= "function" then error("autograd.hook: expected a function", 2) end
+  return M.Function { forward = function(_, ...) return ... end, backward = function() fn() end, passthrough = true }
+end
+
 --- lt.autograd.Function{forward = f, backward = b}: a differentiable Lua
 -- function. f(ctx, ...) computes outputs (up to 4 tensors) with recording
 -- off; b(ctx, grad_1, ...) returns one value per argument of f, as torch's
@@ -184,7 +194,7 @@ function M.Function(def)
     end
     if C.lt_autograd_record_custom(#inputs, ins_c, #outs, outs_c, id) ~= 0 then fail(2) end
     ctx.ninputs = #inputs
-    contexts[id] = { ctx = ctx, backward = def.backward, positions = positions, nargs = nargs }
+    contexts[id] = { ctx = ctx, backward = def.backward, positions = positions, nargs = nargs, passthrough = def.passthrough }
     return unpack(outs)
   end
   return setmetatable(F, { __call = function(_, ...) return F.apply(...) end })
@@ -202,6 +212,16 @@ end
 local function on_custom(id, nin, ...)
   local entry = contexts[id]
   if not entry then error("autograd.Function: its context is gone") end
+  if entry.passthrough then -- the gradients go through untouched, never boxed in Lua
+    entry.backward(entry.ctx)
+    local out = {}
+    for i = 1, nin do
+      local a = select(i, ...) or 0
+      if a ~= 0 then C.lt_tensor_retain(ffi.cast("lt_tensor*", a)) end -- the engine takes this reference
+      out[i] = a
+    end
+    return unpack(out, 1, nin)
+  end
   local grads = {}
   for i = 1, select("#", ...) do grads[i] = own(select(i, ...)) end
   local res = { entry.backward(entry.ctx, unpack(grads, 1, select("#", ...))) }

@@ -216,7 +216,7 @@ local function save_local(dir, o)
       loader = o.loader and o.loader:state() or nil, loaders = o._loaders,
       rng = generator_states(o.rng),
       config = o.config, model_config = mcfg, extra = o.extra,
-      layout = o.layout or { world_size = 1, zero = 0 },
+      layout = o.layout or { world_size = 1, zero = o.opt and o.opt.sharded and o.opt.stage or 0 },
       files = files,
     }
     local text = json.encode(state)
@@ -348,7 +348,7 @@ end
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
 function M.save(dir, o)
   local save = (type(o) == "table" and o.dist and lt.dist.world_size() > 1) and save_job or save_local
-  local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard
+  local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
   if not sharded then return save(dir, o) end
   o.opt:unshard()
   local ok, res = pcall(save, dir, o)
@@ -474,7 +474,8 @@ function M.load(path, o)
   end
   if o.opt then
     local zero = st.layout and st.layout.zero or 0
-    local opt_file = zero > 0 and shard_file(rank) or "optimizer.safetensors"
+    -- a job writes one file per rank; a single process (ZeRO on one rank too) one file
+    local opt_file = (zero > 0 and st.files[shard_file(rank)]) and shard_file(rank) or "optimizer.safetensors"
     if (zero > 0) ~= (o.opt.sharded and true or false) then
       error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is %s"):format(path, zero,
         o.opt.sharded and ("ZeRO stage " .. o.opt.stage) or "not sharded"), 2)
@@ -500,7 +501,7 @@ function M.load(path, o)
     end
   end
   -- ZeRO 3: the parameters whole while the weights go in and the chunks are re-read
-  local unsharded = o.model and o.opt and o.opt.unshard
+  local unsharded = o.model and o.opt and o.opt.unshard and not o.opt.full
   if unsharded then o.opt:unshard() end
   if o.model then
     local ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)

@@ -287,6 +287,9 @@ function M.run(settings)
       io.stdout:flush()
     end
   end
+  -- each run appends: a line marks where it starts (and what it resumed)
+  record({ run = o.name, start_step = start_step, resumed_from = resumed_from or nil, steps = o.steps,
+    time = os.time() })
   if resumed_from then say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
   elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
@@ -387,6 +390,9 @@ function M.run(settings)
     summary.loss = loss
     local tps = tokens / dt
     local mfu = fpt and tps * fpt / peak or nil
+    -- on logged steps the tensors Lua has not collected yet go first, so
+    -- the memory printed is what the step keeps (after the timing)
+    if step % o.log_every == 0 or step == o.steps then collectgarbage() end
     local mem, mem_peak = memory_now(device)
     local rec = { step = step, loss = loss, lr = lr, grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu,
       mem = mem, mem_peak = mem_peak, skipped = not finite or nil }
@@ -400,7 +406,7 @@ function M.run(settings)
     local evaluating = o.val and o.eval_every > 0 and (step % o.eval_every == 0 or step == o.steps)
     local sampling = o.sample_every > 0 and (step % o.sample_every == 0 or step == o.steps)
     -- ZeRO 3: every rank gathers the whole parameters for evaluation and sampling
-    local unsharded = (evaluating or sampling) and opt.unshard
+    local unsharded = (evaluating or sampling) and opt.unshard and not opt.full
     if unsharded then opt:unshard() end
     if evaluating then
       if val_start then o.val:load_state(val_start) end

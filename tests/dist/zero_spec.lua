@@ -141,6 +141,14 @@ H.test("ZeRO 3: dropped parameters are named when used, and unshard brings them 
       ddp = lt.dist.DataParallel(m, { gradients = "all_reduce" }) }
   end, "needs DataParallel{gradients = \"none\"}")
   H.raises(function() lt.dist.Zero(lt.models.gpt2("gpt2-tiny"), { stage = 3, units = { 1 } }) end, "units[1] is not a module")
+  local g = lt.models.gpt2("gpt2-tiny")
+  H.raises(function() lt.dist.Zero(g, { stage = 3, units = { g.transformer.h[1], g.transformer.h[1] } }) end,
+    "units[2] (model.transformer.h.0) is listed twice")
+  local other = lt.models.gpt2("gpt2-tiny")
+  H.raises(function() lt.dist.Zero(g, { stage = 3, units = { other.transformer.h[1] } }) end,
+    "holds a parameter the model does not")
+  local z = lt.dist.Zero(g, { stage = 3, units = g.transformer.h }) -- a ModuleList: its blocks
+  assert(#z.units == 1 + g.transformer.h:len(), #z.units .. " units from a ModuleList")
 end)
 
 H.test("ZeRO 3 without lt.train: forward, backward and step by hand; evaluation under no_grad", function(r, w)
@@ -199,6 +207,97 @@ H.test("ZeRO 3 gathers one unit at a time, prefetches the next, and drops each a
   assert(st.peak_param_bytes <= root + 2 * block and st.peak_param_bytes < root + 4 * block,
     ("at most %d bytes of whole parameters at once: root %d, block %d"):format(st.peak_param_bytes, root, block))
   assert(st.param_bytes == 0, "every parameter dropped after the step")
+end)
+
+-- a tiny GPT-2 with 3 blocks, under ZeRO 3 (SGD) or plain SGD with DataParallel
+local function pair(extra)
+  local function make()
+    local cfg = { n_layer = 3, n_head = 2, n_embd = 16, block_size = 16, vocab_size = 40, generator = lt.Generator(5) }
+    for k, v in pairs(extra or {}) do cfg[k] = v end
+    return lt.models.gpt2(cfg)
+  end
+  local m0, m3 = make(), make()
+  return m0, lt.optim.SGD(m0, { lr = 0.5, weight_decay = 0.1 }), lt.dist.DataParallel(m0),
+    m3, lt.dist.Zero(m3, { stage = 3, optimizer = "SGD", lr = 0.5, weight_decay = 0.1 })
+end
+
+local function same_params(m0, o3, m3, what)
+  o3:unshard()
+  local a, b = m0:parameters(), m3:parameters()
+  for i = 1, #a do H.close(a[i], b[i], 2e-5, what .. ": parameter " .. i) end -- sums in another order
+  o3:reshard()
+end
+
+H.test("ZeRO 3 and DataParallel: two backwards before a step add up (retain_graph, two losses)", function(r, w)
+  local m0, o0, ddp, m3, o3 = pair()
+  for step = 1, 3 do
+    local x = lt.randint(0, 40, { 2, 8 }, { generator = lt.Generator(10 + r + step) })
+    local y = lt.randint(0, 40, { 2, 8 }, { generator = lt.Generator(20 + r + step) })
+    local l0 = lt.F.cross_entropy(m0(x), x)
+    l0:backward(nil, { retain_graph = true })
+    l0:backward()
+    lt.F.cross_entropy(m0(y), y):backward()
+    ddp:finish(); o0:step(); o0:zero_grad()
+    local l3 = lt.F.cross_entropy(m3(x), x)
+    local l3b = lt.F.cross_entropy(m3(y), y) -- two forwards, then their backwards
+    l3:backward(nil, { retain_graph = true })
+    l3:backward()
+    l3b:backward()
+    o3:reduce_gradients(); o3:step(); o3:zero_grad()
+  end
+  same_params(m0, o3, m3, "after 3 steps of 3 backwards each")
+  assert(o3.stats.param_bytes == 0, "parameters left gathered after the steps")
+end)
+
+H.test("ZeRO 3: a forward without backward, one that raises, or a discarded backward leave nothing stale", function(r, w)
+  local m0, o0, ddp, m3, o3 = pair()
+  local function x(seed) return lt.randint(0, 40, { 2, 8 }, { generator = lt.Generator(seed + r) }) end
+  for step = 1, 3 do
+    -- a gradient-recording forward whose loss is only looked at
+    lt.F.cross_entropy(m0(x(step)), x(step)):item()
+    lt.F.cross_entropy(m3(x(step)), x(step)):item()
+    -- a forward that raises (longer than the context)
+    assert(not pcall(m0, lt.cat({ x(step), x(step), x(step) }, 2)))
+    assert(not pcall(m3, lt.cat({ x(step), x(step), x(step) }, 2)))
+    -- a backward thrown away by zero_grad
+    lt.F.cross_entropy(m0(x(50 + step)), x(50 + step)):backward()
+    o0:zero_grad()
+    lt.F.cross_entropy(m3(x(50 + step)), x(50 + step)):backward()
+    o3:zero_grad()
+    lt.F.cross_entropy(m0(x(step)), x(step)):backward()
+    ddp:finish(); o0:step(); o0:zero_grad()
+    lt.F.cross_entropy(m3(x(step)), x(step)):backward()
+    o3:reduce_gradients(); o3:step(); o3:zero_grad()
+  end
+  same_params(m0, o3, m3, "after the odd steps")
+end)
+
+H.test("frozen parameters stay as they are under ZeRO 1, 2 and 3 (weight decay too) and DataParallel takes them", function(r, w)
+  for _, stage in ipairs { 0, 1, 2, 3 } do
+    local m = lt.models.gpt2 { n_layer = 2, n_head = 2, n_embd = 16, block_size = 16, vocab_size = 40,
+      generator = lt.Generator(5) }
+    m.transformer.wpe.weight.requires_grad = false
+    local before = m.transformer.wpe.weight:clone()
+    local ddp = lt.dist.DataParallel(m, { gradients = stage >= 2 and "none" or "all_reduce" })
+    local opt = stage == 0 and lt.optim.AdamW(m, { lr = 1e-2, weight_decay = 0.1 })
+      or lt.dist.Zero(m, { stage = stage, lr = 1e-2, weight_decay = 0.1 })
+    local xs = lt.randint(0, 40, { 2, 9 }, { generator = lt.Generator(r) })
+    local data = { next = function() return xs:narrow(2, 1, 8):contiguous(), xs:narrow(2, 2, 8):contiguous() end }
+    lt.train { model = m, optimizer = opt, train = data, steps = 3, quiet = true, ddp = ddp, out_dir = os.tmpname() .. "-frozen" }
+    if opt.unshard then opt:unshard() end
+    H.close(m.transformer.wpe.weight, before, 0, ("stage %d: the frozen embedding"):format(stage))
+  end
+end)
+
+H.test("all_gather into an out of the wrong size on one rank: it raises, the job carries on", function(r, w)
+  if w < 2 then return end
+  local out = lt.empty({ r == 1 and 3 or 2 * w })
+  local ok, err = pcall(lt.dist.all_gather, lt.ones(2), { out = out })
+  if r == 1 then assert(not ok and err:find("out holds 3 elements, the result needs " .. 2 * w, 1, true), tostring(err))
+  else assert(ok, tostring(err)) end
+  local t = lt.ones(3)
+  lt.dist.all_reduce(t)
+  assert(t:totable()[1] == w)
 end)
 
 H.run("zero_spec")

@@ -73,6 +73,17 @@ describe("GPT-2 and Llama shapes", function()
     local c = require("lutra.models.llama").configs["llama3-8b"]
     assert.are.same({ 4096, 32, 32, 8, 128256, 14336 }, { c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.ffn_dim })
   end)
+  it("a config table takes overrides on top (both models)", function()
+    local cfg = { n_layer = 1, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16 }
+    local a = lt.models.gpt2(cfg, { generator = lt.Generator(3), n_layer = 2 })
+    local b = lt.models.gpt2(cfg, { generator = lt.Generator(3), n_layer = 2 })
+    assert.are.equal(2, a.transformer.h:len())
+    assert.are.equal(0, (a.transformer.wte.weight - b.transformer.wte.weight):abs():max():item())
+    assert.are.equal(1, cfg.n_layer) -- the caller's table is left alone
+    local l = lt.models.llama({ dim = 8, n_layers = 1, n_heads = 2, n_kv_heads = 2, vocab_size = 16, ffn_dim = 16,
+      max_seq_len = 8 }, { n_layers = 2 })
+    assert.are.equal(2, l.model.layers:len())
+  end)
   it("reports bad configs and inputs", function()
     H.assert_error(function() lt.models.gpt2("gpt3") end, "unknown config", "gpt2-tiny")
     H.assert_error(function() lt.models.gpt2("gpt2-tiny", { n_head = 5 }) end, "multiple of n_head")

@@ -105,7 +105,11 @@ describe("lt.train", function()
     local lines = {}
     for line in f:lines() do lines[#lines + 1] = lt.json.decode(line) end
     f:close()
-    assert.are.equal(4, #lines)
+    assert.are.equal(5, #lines)
+    -- a line that marks the run's start, then the steps
+    assert.are.equal(name, lines[1].run)
+    assert.are.equal(0, lines[1].start_step)
+    table.remove(lines, 1)
     assert.are.equal(1, lines[1].step)
     assert(lines[1].loss > 0 and lines[1].tokens_per_s > 0 and lines[1].lr > 0 and lines[1].grad_norm > 0)
     assert(lines[3].val_loss > 0)

@@ -37,7 +37,7 @@ function M.DataParallel(what, opts)
   if mode ~= "all_reduce" and mode ~= "none" then
     error("DataParallel: gradients must be \"all_reduce\" or \"none\" (a ZeRO-2 optimizer reduces them)", 2)
   end
-  local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {},
+  local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {}, marked = {},
     stats = { launched = 0, bytes = 0 }, reduce = mode == "all_reduce" }, DDP)
   lt.dist.init()
   -- the same starting weights everywhere: rank 0's
@@ -53,11 +53,14 @@ function M.DataParallel(what, opts)
       end
     end)
   end
-  -- buckets in reverse order, one dtype each
+  -- buckets in reverse order, one dtype each; frozen parameters (no
+  -- gradient) are broadcast above but take no part in the reduction
   local limit = bucket_mb * 2 ^ 20
   local cur
-  for i = #params, 1, -1 do
-    local p = params[i]
+  local trainable = {}
+  for _, p in ipairs(params) do if p.requires_grad then trainable[#trainable + 1] = p end end
+  for i = #trainable, 1, -1 do
+    local p = trainable[i]
     local bytes = p:numel() * (p.dtype == "f64" and 8 or (p.dtype == "f32" and 4 or 2))
     if not cur or cur.dtype ~= p.dtype or cur.device ~= p.device or (cur.bytes > 0 and cur.bytes + bytes > limit) then
       cur = { params = {}, offsets = {}, numel = 0, bytes = 0, dtype = p.dtype, device = p.device, ready = 0 }
@@ -74,7 +77,7 @@ function M.DataParallel(what, opts)
     if self.reduce then b.flat = lt.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
-  for _, p in ipairs(params) do
+  for _, p in ipairs(trainable) do
     p:register_hook(function() self:_ready(p) end)
   end
   return self
@@ -106,6 +109,13 @@ end
 
 function DDP:_ready(p)
   if not self.sync or not self.reduce then return end
+  -- a second backward before finish (retain_graph, or two losses): its
+  -- gradients add to the first's, so finish reduces every bucket again
+  if self.marked[p] then
+    self.again = true
+    return
+  end
+  self.marked[p] = true
   local b = self.bucket_of[p]
   b.ready = b.ready + 1
   self:_launch_ready()
@@ -124,8 +134,12 @@ function DDP:set_sync(on) self.sync = on and true or false end
 -- into each parameter's grad.
 function DDP:finish()
   if not self.reduce then return end
+  if self.again then -- the buckets launched so far hold the first backward's part: discard, launch all anew
+    for k = 1, (self.next_launch or 1) - 1 do self.buckets[k].handle:wait() end
+    self.next_launch, self.again = 1, false
+  end
   for k = self.next_launch or 1, #self.buckets do self:_launch(self.buckets[k]) end -- in order, gradients or not
-  self.next_launch = 1
+  self.next_launch, self.marked = 1, {}
   lt.no_grad(function()
     for _, b in ipairs(self.buckets) do
       b.handle:wait()

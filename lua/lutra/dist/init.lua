@@ -82,6 +82,7 @@ function Group:__tostring() return ("Group(%d of %d)"):format(self:rank(), self:
 function M.new_group(color, key)
   need_init()
   if type(color) ~= "number" or color < 0 or color ~= math.floor(color) then
+    C.lt_comm_refuse(C.lt_comm_world()) -- the others learn of it in their split's agreement
     error("new_group: color must be a whole number >= 0", 2)
   end
   if C.lt_comm_split(C.lt_comm_world(), color, key or M.rank(), comm_box) ~= 0 then fail(2) end
@@ -167,8 +168,9 @@ function M.all_gather(t, opts)
   local g = group_of(opts)
   check_tensor("all_gather", t, g)
   local out = opts and opts.out
-  if out ~= nil and not (tensor.is_tensor(out) and out:is_contiguous()) then
-    refuse(g, "all_gather: out must be a contiguous tensor", 2)
+  if out ~= nil and not (tensor.is_tensor(out) and out:is_contiguous() and out.dtype == t.dtype
+      and out.device == t.device) then
+    refuse(g, ("all_gather: out must be a contiguous %s tensor on %s"):format(t.dtype, t.device), 2)
   end
   t = t:contiguous()
   local n = g:size()
@@ -178,8 +180,19 @@ function M.all_gather(t, opts)
   for r = 0, n - 1 do rows = rows + tonumber(counts[r]) end
   local shape = t:dim() > 0 and t:shape() or { 1 }
   shape[1] = rows
+  local need = rows
+  for d = 2, #shape do need = need * shape[d] end
+  local bad_out
+  if out ~= nil and out:numel() ~= need then
+    -- the ranks have agreed already: take part with a buffer of the right size, then raise
+    bad_out = ("all_gather: out holds %d elements, the result needs %d"):format(out:numel(), need)
+    out = nil
+  end
   if out == nil then out = lt.empty(shape, { dtype = t.dtype, device = t.device }) end
-  if C.lt_comm_all_gather(g.c, out, t, counts, opts and opts.async and work_box or nil) ~= 0 then fail(2) end
+  if C.lt_comm_all_gather(g.c, out, t, counts, (opts and opts.async and not bad_out) and work_box or nil) ~= 0 then
+    fail(2)
+  end
+  if bad_out then error(bad_out, 2) end
   local res = finish(opts, out)
   if opts and opts.async then res.input = t end -- kept alive until the wait
   return res

@@ -22,9 +22,11 @@ local Zero = {}
 Zero.__index = Zero
 
 local function flat_groups(params, wd)
-  -- decayed (dim >= 2) and not, and one dtype per flat vector
+  -- decayed (dim >= 2) and not, and one dtype per flat vector; frozen
+  -- parameters (requires_grad false) stay out: nothing updates them
   local out, by = {}, {}
   for _, p in ipairs(params) do
+    if not p.requires_grad then goto continue end
     local decay = p:dim() >= 2
     local key = (decay and "d" or "n") .. p.dtype
     if not by[key] then
@@ -35,6 +37,7 @@ local function flat_groups(params, wd)
     g.params[#g.params + 1] = p
     g.offsets[#g.offsets + 1] = g.numel
     g.numel = g.numel + p:numel()
+    ::continue::
   end
   return out
 end

@@ -55,15 +55,17 @@ local function default_units(model)
   return out
 end
 
--- flat vectors of params per (decay, dtype), padded to a multiple of size
+-- flat vectors of params per (decay, dtype, frozen), padded to a multiple
+-- of size; a frozen flat (requires_grad false) is sharded but never updated
 local function flats_of(params, wd, size)
   local out, by = {}, {}
   for _, p in ipairs(params) do
     local decay = p:dim() >= 2
-    local key = (decay and "d" or "n") .. p.dtype
+    local frozen = not p.requires_grad
+    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
     if not by[key] then
       by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
-        weight_decay = decay and wd or 0 }
+        weight_decay = decay and wd or 0, frozen = frozen }
       out[#out + 1] = by[key]
     end
     local f = by[key]
@@ -94,11 +96,24 @@ function M.new(base, model, opts, settings, kind)
 
   -- units and the parameters each owns
   local modules = opts.units or default_units(model)
+  if lt.nn.is_module(modules) then -- a ModuleList: its children
+    if modules.__name ~= "ModuleList" then
+      error("Zero: units must be a list of modules (or a ModuleList), got the module " .. modules:path(), 3)
+    end
+    modules = modules:children()
+  end
   if type(modules) ~= "table" then error("Zero: units must be a list of modules", 3) end
+  local in_model, seen = {}, {}
+  for _, p in ipairs(self.params) do in_model[p] = true end
   local owner = {} -- param -> unit index (0: the root)
   for i, m in ipairs(modules) do
     if not lt.nn.is_module(m) then error(("Zero: units[%d] is not a module"):format(i), 3) end
+    if seen[m] then error(("Zero: units[%d] (%s) is listed twice"):format(i, m:path()), 3) end
+    seen[m] = true
     for _, p in ipairs(m:parameters()) do
+      if not in_model[p] then
+        error(("Zero: units[%d] (%s) holds a parameter the model does not"):format(i, m:path()), 3)
+      end
       if owner[p] ~= nil and owner[p] ~= i then owner[p] = 0 else owner[p] = i end -- shared: the root's
     end
   end
@@ -108,11 +123,6 @@ function M.new(base, model, opts, settings, kind)
     local u = owner[p] or 0
     if owner[p] == nil then owner[p] = 0 end
     table.insert(lists[u], p)
-  end
-  for p in pairs(owner) do
-    local found = false
-    for _, q in ipairs(self.params) do if q == p then found = true break end end
-    if not found then error("Zero: a unit holds a parameter the model does not", 3) end
   end
   self.units = {}
   local wd = settings.weight_decay or (kind == "AdamW" and 0.01 or 0)
@@ -141,9 +151,12 @@ function M.new(base, model, opts, settings, kind)
       for _, f in ipairs(u.flats) do
         local flat = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
         for k, p in ipairs(f.params) do flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(p:reshape(-1)) end
-        f.shard = flat:narrow(1, rank * f.chunk + 1, f.chunk):clone():requires_grad_()
-        self.flats[#self.flats + 1] = f
-        inner_groups[#inner_groups + 1] = { params = { f.shard }, weight_decay = f.weight_decay }
+        f.shard = flat:narrow(1, rank * f.chunk + 1, f.chunk):clone()
+        if not f.frozen then
+          f.shard:requires_grad_()
+          self.flats[#self.flats + 1] = f
+          inner_groups[#inner_groups + 1] = { params = { f.shard }, weight_decay = f.weight_decay }
+        end
       end
       self:_drop(u)
     end
@@ -166,13 +179,7 @@ function M.new(base, model, opts, settings, kind)
   -- the identity whose backward gathers a unit before its own backward
   self.identity = {}
   for _, u in ipairs(self.units) do
-    self.identity[u] = lt.autograd.Function {
-      forward = function(_, ...) return ... end,
-      backward = function(_, ...)
-        self:_pre_backward(u)
-        return ...
-      end,
-    }
+    self.identity[u] = lt.autograd.hook(function() self:_pre_backward(u) end)
   end
   return self
 end
@@ -199,7 +206,12 @@ function Z:_gather(u)
   lt.no_grad(function()
     for i, f in ipairs(u.flats) do
       local full = u.gathering[i]:wait()
-      for k, p in ipairs(f.params) do p:restore_data_(full:narrow(1, f.offsets[k] + 1, p:numel())) end
+      for k, p in ipairs(f.params) do
+        local part = full:narrow(1, f.offsets[k] + 1, p:numel())
+        p:restore_data_(part)
+        part:free()
+      end
+      full:free() -- now, not at Lua's next garbage collection
     end
   end)
   u.gathering, u.gathered = nil, true
@@ -322,23 +334,40 @@ function Z:_launch_ready()
     self:_reduce_scatter(order[k])
     k = k + 1
   end
+  if k > #order then -- every unit of this backward went out: the next backward starts again
+    k = 1
+    self.backward_started = false
+  end
   self.next_rs = k
 end
 
 -- u's gradients (zeros where none) reduce-scattered into the pending list;
 -- then u's parameters and their full gradients are dropped
 function Z:_reduce_scatter(u)
+  local grads = {}
   lt.no_grad(function()
     for _, f in ipairs(u.flats) do
+      if f.frozen then goto next_flat end
       local g = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
       for k, p in ipairs(f.params) do
-        if p.grad ~= nil then g:narrow(1, f.offsets[k] + 1, p:numel()):copy_(p.grad:reshape(-1)) end
+        local gr = p.grad
+        if gr ~= nil then
+          local dst, src = g:narrow(1, f.offsets[k] + 1, p:numel()), gr:reshape(-1)
+          dst:copy_(src)
+          dst:free()
+          src:free()
+          grads[#grads + 1] = gr
+        end
       end
-      self.pending[#self.pending + 1] = { f = f, handle = lt.dist.reduce_scatter(g, { group = self.comm, async = true }) }
+      self.pending[#self.pending + 1] = { f = f, input = g,
+        handle = lt.dist.reduce_scatter(g, { group = self.comm, async = true }) }
       self.stats.reduce_scatters = self.stats.reduce_scatters + 1
+      ::next_flat::
     end
   end)
   for _, p in ipairs(u.params) do p.grad = nil end
+  -- the full gradients' memory goes now, not at Lua's next garbage collection
+  for _, gr in ipairs(grads) do gr:free() end
   u.ready, u.complete = 0, false
   self:_drop(u)
 end
@@ -352,10 +381,20 @@ function Z:_flush()
     self.next_rs = 1
     self.backward_started = false
   end
+  self:_collect()
+end
+
+-- every pending reduce_scatter's chunk added into its shard's gradient
+function Z:_collect()
   lt.no_grad(function()
     for _, e in ipairs(self.pending) do
       local part = e.handle:wait()
-      if e.f.shard.grad == nil then e.f.shard.grad = part else e.f.shard.grad:add_(part) end
+      e.handle.input = nil
+      e.input:free()
+      if e.f.shard.grad == nil then e.f.shard.grad = part else
+        e.f.shard.grad:add_(part)
+        part:free()
+      end
     end
   end)
   self.pending = {}
@@ -371,10 +410,30 @@ function Z:reduce_gradients()
   self:_drop(self.root)
 end
 
+--- opt:zero_grad(): clears every gradient, those of a backward still being
+-- reduced included (its collectives complete; their sums are discarded).
 function Z:zero_grad()
+  for _, e in ipairs(self.pending) do
+    e.handle:wait():free()
+    e.handle.input = nil
+    e.input:free()
+  end
+  self.pending = {}
   for _, p in ipairs(self.params) do p.grad = nil end
   for _, f in ipairs(self.flats) do f.shard.grad = nil end
   for _, u in ipairs(self.units) do u.ready, u.complete = 0, false end
+  self.next_rs, self.backward_started = 1, false
+end
+
+-- no unit gathered and no gather in flight (their values predate an update)
+function Z:_drop_all()
+  for _, u in ipairs(self.units) do
+    if u.gathering then
+      for _, h in ipairs(u.gathering) do h:wait() end
+      u.gathering = nil
+    end
+    self:_drop(u)
+  end
 end
 
 --- opt:step(): updates this rank's chunks; the parameters are gathered
@@ -383,11 +442,12 @@ function Z:step()
   self:_flush()
   self.inner:step()
   self.step_count = self.inner.step_count
-  if self.full then -- parameters kept whole: refresh them
-    self.full = false
-    for _, u in ipairs(self.units) do self:_drop(u) end
-    self:unshard()
-  end
+  -- whatever is gathered now (a forward without backward, one that raised,
+  -- a prefetch) holds the old values
+  local full = self.full
+  self.full = false
+  self:_drop_all()
+  if full then self:unshard() end -- parameters kept whole: refreshed
 end
 
 --- opt:unshard(): every parameter gathered and kept whole until
@@ -400,7 +460,7 @@ end
 --- opt:reshard(): the parameters' memory dropped again (each rank keeps its chunks).
 function Z:reshard()
   self.full = false
-  for _, u in ipairs(self.units) do self:_drop(u) end
+  self:_drop_all()
 end
 
 --- opt:after_load(): the chunks re-read from the parameters (whole, after

@@ -148,8 +148,11 @@ end
 -- generator (for the initialisation).
 function M.gpt2(name, overrides)
   local cfg = {}
-  if type(name) == "table" then
-    overrides, name = name, nil
+  if type(name) == "table" then -- a config table, with any overrides on top
+    local merged = {}
+    for k, v in pairs(name) do merged[k] = v end
+    for k, v in pairs(overrides or {}) do merged[k] = v end
+    overrides, name = merged, nil
   end
   if name then
     local base = M.configs[name]

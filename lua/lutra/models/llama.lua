@@ -107,7 +107,12 @@ function Llama:loss(idx, targets, opts) return F.cross_entropy(self(idx), target
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,
 -- device, generator.
 function M.llama(name, overrides)
-  if type(name) == "table" then overrides, name = name, nil end
+  if type(name) == "table" then -- a config table, with any overrides on top
+    local merged = {}
+    for k, v in pairs(name) do merged[k] = v end
+    for k, v in pairs(overrides or {}) do merged[k] = v end
+    overrides, name = merged, nil
+  end
   local cfg = {}
   if name then
     local base = M.configs[name]
