@@ -239,3 +239,26 @@ describe("gradient-ready hooks during backward", function()
   end)
 end)
 
+
+describe("lt.autograd.hook", function()
+  it("passes tensors and their gradients through unchanged and runs before what produced them", function()
+    local events = {}
+    local x = lt.randn({ 3, 4 }, { generator = lt.Generator(1), dtype = "f64" }):requires_grad_()
+    local y = lt.randn({ 3, 4 }, { generator = lt.Generator(2), dtype = "f64" }):requires_grad_()
+    local h = lt.autograd.hook(function() events[#events + 1] = "hook" end)
+    local tap = lt.autograd.Function {
+      forward = function(_, a) return a end,
+      backward = function(_, g) events[#events + 1] = "producer"; return g end,
+    }
+    local a, b = h(tap(x:tanh()), y * 2)
+    local loss = (a * b):sum()
+    loss:backward()
+    assert.are.same({ "hook", "producer" }, events)
+    local x2, y2 = x:detach():requires_grad_(), y:detach():requires_grad_()
+    local ref = (x2:tanh() * (y2 * 2)):sum()
+    ref:backward()
+    assert.are.same(x2.grad:totable(), x.grad:totable())
+    assert.are.same(y2.grad:totable(), y.grad:totable())
+    H.assert_error(function() lt.autograd.hook(5) end, "expected a function")
+  end)
+end)
