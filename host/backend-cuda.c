@@ -329,11 +329,13 @@ static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, cons
                                 void *dw, int64_t N, int64_t C) {
   return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dx, dw, N, C, STREAM);
 }
-static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm) {
-  return lt_cuda_softmax_fwd(dt, x, y, N, C, logsm, STREAM);
+static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
+                               int64_t causal) {
+  return lt_cuda_softmax_fwd(dt, x, y, N, C, logsm, scale, causal, STREAM);
 }
-static lt_status k_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm) {
-  return lt_cuda_softmax_bwd(dt, y, dy, dx, N, C, logsm, STREAM);
+static lt_status k_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,
+                               double scale) {
+  return lt_cuda_softmax_bwd(dt, y, dy, dx, N, C, logsm, scale, STREAM);
 }
 static lt_status k_ce_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ignore, void *loss, void *lse, int64_t *bad) {

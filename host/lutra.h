@@ -274,6 +274,11 @@ lt_status lt_rms_norm(const lt_tensor *x, const lt_tensor *w, double eps, lt_ten
 /* Softmax (log = 0) or log-softmax (log = 1) along dim; a row that is all
    -inf gives zeros (softmax) instead of NaN. */
 lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **y);
+/* softmax(scale * x) over the last dim; causal: x is (..., T, S) attention
+   scores and query t sees keys up to t + S - T (a mask aligned at the end,
+   as torch's is_causal for S == T), the others give 0 and get no gradient.
+   One pass: the scaled, masked scores are never written. */
+lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_tensor **y);
 /* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).

@@ -227,6 +227,7 @@ static lt_status softmax_backward(lt_node *n, lt_tensor *const *go, lt_tensor **
   lt_tensor *y;
   LT_TRY(lt_ag_saved(n, 0, &y)); /* the output, dim last, contiguous */
   int dim = (int)n->i[0], logsm = (int)n->i[1], ndim = n->in[0].ndim;
+  double scale = n->f[0];
   lt_dtype cd = y->dtype;
   int64_t C = ndim ? y->sizes[ndim - 1] : 1, N = C ? lt_tensor_numel(y) / C : 0;
   lt_tensor *gl = NULL, *dy = NULL, *dx = NULL;
@@ -237,7 +238,7 @@ static lt_status softmax_backward(lt_node *n, lt_tensor *const *go, lt_tensor **
     st = lt_tensor_empty_like(y, cd, &dx);
   if (st == LT_OK)
     st = y->storage->backend->softmax_bwd(cd, lt_tensor_ptr(y), lt_tensor_ptr(dy), lt_tensor_ptr(dx), N, C,
-                                          logsm);
+                                          logsm, scale);
   if (st == LT_OK)
     st = dim_back(dx, dim, ndim, n->in[0].dtype, &gi[0]);
   RELEASE_ALL(gl, dy, dx);
@@ -247,8 +248,8 @@ static lt_status softmax_backward(lt_node *n, lt_tensor *const *go, lt_tensor **
 static const lt_node_ops softmax_ops = {"SoftmaxBackward", softmax_backward, NULL};
 static const lt_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backward, NULL};
 
-lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
-  const char *op = log ? "log_softmax" : "softmax";
+static lt_status softmax_any(const char *op, const lt_tensor *x, int dim, int log, double scale, int causal,
+                              lt_tensor **res) {
   const lt_backend_i *be;
   LT_TRY(lt_same_device(op, 1, &x, &be));
   LT_TRY(need_float(op, x));
@@ -256,6 +257,15 @@ lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
     char b[200];
     return lt_fail(LT_ERR_ARG, "%s: dim %d is out of range for shape %s", op, dim + 1, lt_tensor_shape_str(x, b));
   }
+  if (!isfinite(scale))
+    return lt_fail(LT_ERR_ARG, "%s: the scale must be finite, got %g", op, scale);
+  if (causal && x->ndim < 2) {
+    char b[200];
+    return lt_fail(LT_ERR_SHAPE, "%s: a causal mask needs (..., queries, keys) scores, got shape %s", op,
+                   lt_tensor_shape_str(x, b));
+  }
+  /* queries: the rows of one (queries, keys) matrix */
+  int64_t causal_T = causal ? x->sizes[x->ndim - 2] : 0;
   if (!be->softmax_fwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   lt_dtype cd = compute_dtype(x->dtype);
@@ -267,7 +277,7 @@ lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
     st = lt_tensor_empty_like(xc, cd, &y);
   int64_t C = xc ? xc->sizes[xc->ndim - 1] : 0, N = C ? lt_tensor_numel(x) / C : 0;
   if (st == LT_OK)
-    st = be->softmax_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(y), N, C, log);
+    st = be->softmax_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(y), N, C, log, scale, causal_T);
   if (st == LT_OK)
     st = dim_back(y, dim, x->ndim, x->dtype, &r);
   if (st == LT_OK && lt_ag_needed(1, &x)) {
@@ -276,6 +286,7 @@ lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
     if (st == LT_OK) {
       n->i[0] = dim;
       n->i[1] = log;
+      n->f[0] = scale;
       st = lt_ag_save(n, y);
       if (st == LT_OK)
         st = lt_ag_attach(n, r, 0);
@@ -289,6 +300,16 @@ lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
   }
   *res = r;
   return LT_OK;
+}
+
+lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **res) {
+  return softmax_any(log ? "log_softmax" : "softmax", x, dim, log, 1.0, 0, res);
+}
+
+lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_tensor **res) {
+  if (x && x->storage && x->ndim == 0)
+    return lt_fail(LT_ERR_SHAPE, "scaled_softmax: needs at least 1 dim");
+  return softmax_any("scaled_softmax", x, x && x->storage ? x->ndim - 1 : 0, 0, scale, causal, res);
 }
 
 /* ---- cross_entropy --------------------------------------------------------------------- */

@@ -167,9 +167,13 @@ typedef struct lt_backend_i {
                             int64_t C, double eps);
   lt_status (*rms_norm_bwd)(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                             void *dx, void *dw, int64_t N, int64_t C);
-  lt_status (*softmax_fwd)(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm);
+  /* softmax of scale * x over rows of C; causal > 0: row r is query r % causal
+     of causal queries, seeing the first r % causal + C - causal + 1 entries
+     (the rest give 0); backward multiplies by scale */
+  lt_status (*softmax_fwd)(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
+                           int64_t causal);
   lt_status (*softmax_bwd)(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
-                           int logsm);
+                           int logsm, double scale);
   lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
                                  int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
   lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,

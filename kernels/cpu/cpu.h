@@ -55,9 +55,10 @@ lt_status lt_cpu_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y
                               int64_t C, double eps);
 lt_status lt_cpu_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                               void *dx, void *dw, int64_t N, int64_t C);
-lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm);
+lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
+                             int64_t causal);
 lt_status lt_cpu_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
-                             int logsm);
+                             int logsm, double scale);
 lt_status lt_cpu_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
                                    int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
 lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,

@@ -51,9 +51,9 @@ lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *
 lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd, void *dx,
                                void *dw, int64_t N, int64_t C, lt_cuda_stream s);
 lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
-                              lt_cuda_stream s);
+                              double scale, int64_t causal, lt_cuda_stream s);
 lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,
-                              lt_cuda_stream s);
+                              double scale, lt_cuda_stream s);
 /* cross-entropy: the first bad target row goes into *bad as for the index kernels */
 lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
                                     int64_t V, int64_t ignore, void *loss, void *lse, unsigned long long *bad,

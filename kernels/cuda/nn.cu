@@ -143,15 +143,23 @@ __global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T 
 
 /* ---- softmax ----------------------------------------------------------------- */
 
-template <typename T> __global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int logsm) {
+/* softmax of scale * x; under a causal mask of `causal` queries row r sees
+   its first r % causal + C - causal + 1 entries (kernels/cpu/softmax.c) */
+template <typename T>
+__global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int logsm, T scale, int64_t causal) {
   __shared__ double sh[32];
   const T ninf = -(T)INFINITY;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     const T *xr = x + r * C;
     T *yr = y + r * C;
+    int64_t L = C;
+    if (causal > 0) {
+      L = r % causal + C - causal + 1;
+      L = L < 0 ? 0 : (L > C ? C : L);
+    }
     double mloc = -CUDART_INF;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      mloc = fmax(mloc, (double)xr[c]);
+    for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
+      mloc = fmax(mloc, (double)(xr[c] * scale));
     T m = (T)lt_block_max(mloc, sh);
     if (m == ninf) {
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
@@ -159,23 +167,23 @@ template <typename T> __global__ void softmax_fwd_kernel(const T *x, T *y, int64
       continue;
     }
     double sum = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      sum += t_exp(xr[c] - m);
+    for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
+      sum += t_exp(xr[c] * scale - m);
     sum = lt_block_sum(sum, sh);
     if (logsm) {
       T lse = m + (T)log(sum);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = xr[c] - lse;
+        yr[c] = c < L ? xr[c] * scale - lse : ninf;
     } else {
       T inv = (T)(1.0 / sum);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = t_exp(xr[c] - m) * inv;
+        yr[c] = c < L ? t_exp(xr[c] * scale - m) * inv : (T)0;
     }
   }
 }
 
 template <typename T>
-__global__ void softmax_bwd_kernel(const T *y, const T *dy, T *dx, int64_t N, int64_t C, int logsm) {
+__global__ void softmax_bwd_kernel(const T *y, const T *dy, T *dx, int64_t N, int64_t C, int logsm, T scale) {
   __shared__ double sh[32];
   const T ninf = -(T)INFINITY;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
@@ -195,14 +203,14 @@ __global__ void softmax_bwd_kernel(const T *y, const T *dy, T *dx, int64_t N, in
         s += gr[c];
       T st = (T)lt_block_sum(s, sh);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        xr[c] = gr[c] - t_exp(yr[c]) * st;
+        xr[c] = scale * (gr[c] - t_exp(yr[c]) * st);
     } else {
       double s = 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         s += (double)gr[c] * yr[c];
       T st = (T)lt_block_sum(s, sh);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        xr[c] = yr[c] * (gr[c] - st);
+        xr[c] = scale * yr[c] * (gr[c] - st);
     }
   }
 }
@@ -363,26 +371,28 @@ extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const voi
 }
 
 extern "C" lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
-                                         lt_cuda_stream s) {
+                                         double scale, int64_t causal, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
-    softmax_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, N, C, logsm);
+    softmax_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, N, C,
+                                                                              logsm, scale, causal);
   else
-    softmax_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, N, C, logsm);
+    softmax_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, N, C, logsm,
+                                                                             (float)scale, causal);
   return lt_cuda_check_launch("softmax_fwd_kernel");
 }
 
 extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
-                                         int logsm, lt_cuda_stream s) {
+                                         int logsm, double scale, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
     softmax_bwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)y, (const double *)dy,
-                                                                              (double *)dx, N, C, logsm);
+                                                                              (double *)dx, N, C, logsm, scale);
   else
     softmax_bwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)y, (const float *)dy,
-                                                                             (float *)dx, N, C, logsm);
+                                                                             (float *)dx, N, C, logsm, (float)scale);
   return lt_cuda_check_launch("softmax_bwd_kernel");
 }
 

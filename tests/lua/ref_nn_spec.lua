@@ -36,6 +36,20 @@ describe("lt.F against PyTorch (" .. fixture.torch .. ")", function()
 end)
 
 describe("lt.F edge cases", function()
+  it("scaled_softmax: finite differences in f64, masked entries 0, bad arguments named", function()
+    local x = lt.randn({ 2, 4, 6 }, { generator = lt.Generator(8), dtype = "f64" }):requires_grad_()
+    for _, causal in ipairs { false, true } do
+      lt.autograd.gradcheck(function(t) return F.scaled_softmax(t, 0.7, { causal = causal }) end, { x })
+    end
+    local y = F.scaled_softmax(x, 0.7, { causal = true })
+    -- query 1 of 4 over 6 keys sees keys 1..3
+    assert.are.same({ 0, 0, 0 }, y:select(2, 1):select(1, 1):narrow(1, 4, 3):totable())
+    H.assert_error(function() F.scaled_softmax(lt.randn(5), 1, { causal = true }) end, "scaled_softmax",
+      "causal mask needs (..., queries, keys)")
+    H.assert_error(function() F.scaled_softmax(lt.randn(2, 2), 0 / 0) end, "scale must be finite")
+    H.assert_error(function() F.scaled_softmax(lt.randn(2, 2), "x") end, "scale must be a number")
+    H.assert_error(function() F.scaled_softmax(lt.zeros({ 2, 2 }, "i64"), 1) end, "float")
+  end)
   it("a fully masked softmax row gives zeros and zero gradients", function()
     local x = lt.tensor({ { -math.huge, -math.huge }, { 0, 1 } }, "f64"):requires_grad_()
     local y = F.softmax(x, -1)

@@ -54,6 +54,7 @@ local NN = {
   layer_norm = function(a, x, w, b) return F.layer_norm(x, w, b, a.eps) end,
   rms_norm = function(a, x, w) return F.rms_norm(x, w, a.eps) end,
   softmax = function(a, x) return F.softmax(x, a.dim) end,
+  scaled_softmax = function(a, x) return F.scaled_softmax(x, a.scale, { causal = a.causal }) end,
   log_softmax = function(a, x) return F.log_softmax(x, a.dim) end,
   cross_entropy = function(a, x, t) return (F.cross_entropy(x, t, { reduction = a.reduction })) end,
   gelu = function(_, x) return F.gelu(x) end,

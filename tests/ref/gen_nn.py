@@ -134,5 +134,27 @@ case("layer_norm bf16", "layer_norm", [(xb, False), (wb, False), (bb, False)],
      lambda x, w, b: F.layer_norm(x.float(), (16,), w.float(), b.float(), 1e-5).to(torch.bfloat16), {"eps": 1e-5})
 case("softmax bf16", "softmax", [(xb, False)], lambda x: F.softmax(x.float(), -1).to(torch.bfloat16), {"dim": -1})
 
+
+# softmax(scale * x) under the attention mask aligned at the end (query t sees keys <= t + S - T)
+def scaled_softmax(x, scale, causal):
+    x = x * scale
+    if causal:
+        T, S = x.shape[-2], x.shape[-1]
+        m = torch.ones(T, S, dtype=torch.bool).triu(1 + S - T)
+        x = x.masked_fill(m, -math.inf)
+    p = torch.softmax(x, -1)
+    return torch.nan_to_num(p, nan=0.0)  # rows with every key masked: zeros
+
+
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    for (shape, scale, causal) in [((2, 3, 5, 5), 0.35, True), ((2, 4, 7), 1.7, False), ((1, 2, 3, 6), 0.5, True),
+                                   ((1, 2, 6, 4), 2.0, True)]:
+        xs = torch.randn(*shape, dtype=d) * 2
+        T, S = shape[-2], shape[-1]
+        case(f"scaled_softmax {dt} {'x'.join(map(str, shape))} scale {scale}{' causal' if causal else ''}",
+             "scaled_softmax", [(xs, True)], lambda x, s=scale, c=causal: scaled_softmax(x, s, c),
+             {"scale": scale, "causal": causal})
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

@@ -122,6 +122,18 @@ end
 
 --- F.softmax(x, dim): along dim (default -1); an all -inf row gives zeros.
 function F.softmax(x, dim) return softmax("softmax", x, dim, 0) end
+
+--- F.scaled_softmax(scores, scale[, {causal = false}]) = softmax(scale *
+-- scores) over the last dim in one pass. causal: scores are (..., T, S) and
+-- query t sees keys up to t + S - T (aligned at the end, as
+-- scaled_dot_product_attention's mask); masked entries give 0 and get no
+-- gradient, and the scaled or masked scores are never written out.
+function F.scaled_softmax(x, scale, opts)
+  need("scaled_softmax", x, 1)
+  if type(scale) ~= "number" then error("scaled_softmax: scale must be a number", 2) end
+  if C.lt_scaled_softmax(x, scale, opts and opts.causal and 1 or 0, box) ~= 0 then fail(2) end
+  return take()
+end
 --- F.log_softmax(x, dim)
 function F.log_softmax(x, dim) return softmax("log_softmax", x, dim, 1) end
 
@@ -188,15 +200,9 @@ function F.scaled_dot_product_attention(q, k, v, opts)
     v = v:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
   end
   local scale = opts.scale or 1 / math.sqrt(HS)
-  local scores = tensor.matmul(q, k:transpose(3, 4)) * scale
-  if opts.causal then
-    local lt = require "lutra"
-    local i = lt.arange(T, { device = q.device }):view(T, 1)
-    local j = lt.arange(S, { device = q.device }):view(1, S)
-    local masked = j:gt(i + (S - T)) -- (T, S)
-    scores = scores:masked_fill(masked, -math.huge)
-  end
-  return tensor.matmul(F.softmax(scores, -1), v)
+  -- the scale and the mask inside the softmax: one pass over the (T, S) scores
+  local probs = F.scaled_softmax(tensor.matmul(q, k:transpose(3, 4)), scale, { causal = opts.causal })
+  return tensor.matmul(probs, v)
 end
 
 --- F.dropout(x, p, {training = true, generator = g}): zeroes each element
