@@ -422,6 +422,8 @@ grad_check("embedding with repeated ids adds deterministically", { { shape = { 4
 grad_check("rope (4, 12, 1024, 64)", { { shape = { 4, 12, 1024, 64 } } }, function(x) return F.rope(x) end)
 grad_check("gelu, silu and swiglu (1024, 3072)", { { shape = { 1024, 3072 } }, { shape = { 1024, 3072 } } },
   function(a, b) return F.gelu(a) + F.silu(b) + F.swiglu(a, b) end)
+grad_check("scaled causal softmax (2, 12, 256, 300): keys after a cache", { { shape = { 2, 12, 256, 300 } } },
+  function(x) return F.scaled_softmax(x, 0.125, { causal = true }) end)
 grad_check("causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }, { shape = { 2, 12, 256, 64 } },
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true })
