@@ -1025,6 +1025,12 @@ local mt = {
   end,
   __tostring = function(t) return require("lutra.format").tensor(t) end,
 }
+-- LuaJIT 2.1.0-beta3 (Debian 12's) can corrupt its stack when a trace
+-- records a cdata arithmetic metamethod called under pcall (lt.no_grad's,
+-- gradcheck's objective): `x + 2` in such a hot loop segfaulted in about one
+-- run in three. Kept out of traces, these run interpreted (each is a C call
+-- anyway); tests/lua/tensor_spec.lua has the loop that crashed.
+for _, k in ipairs { "__add", "__sub", "__mul", "__div", "__pow", "__unm" } do jit.off(mt[k]) end
 if first_load then ffi.metatype("lt_tensor", mt) end
 
 return M
