@@ -313,21 +313,22 @@ static lt_status k_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t di
   return bad_end(c, lt_cuda_scatter_add(it, dim_stride, dim_size, c->bad, c->compute), bad);
 }
 
-static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
-                                  void *rstd, int64_t N, int64_t C, double eps) {
-  return lt_cuda_layer_norm_fwd(dt, x, w, b, y, mean, rstd, N, C, eps, STREAM);
+static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,
+                                  void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps) {
+  return lt_cuda_layer_norm_fwd(dt, x, res, w, b, y, h, mean, rstd, N, C, eps, STREAM);
 }
 static lt_status k_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
-                                  const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C) {
-  return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dx, dw, db, N, C, STREAM);
+                                  const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
+                                  int64_t C) {
+  return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, STREAM);
 }
-static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N, int64_t C,
-                                double eps) {
-  return lt_cuda_rms_norm_fwd(dt, x, w, y, rstd, N, C, eps, STREAM);
+static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
+                                void *rstd, int64_t N, int64_t C, double eps) {
+  return lt_cuda_rms_norm_fwd(dt, x, res, w, y, h, rstd, N, C, eps, STREAM);
 }
-static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd, void *dx,
-                                void *dw, int64_t N, int64_t C) {
-  return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dx, dw, N, C, STREAM);
+static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
+                                const void *dadd, void *dx, void *dw, int64_t N, int64_t C) {
+  return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dadd, dx, dw, N, C, STREAM);
 }
 static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
                                int64_t causal) {

@@ -271,6 +271,12 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
 lt_status lt_layer_norm(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps, lt_tensor **y);
 /* RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * w (Zhang and Sennrich 2019). */
 lt_status lt_rms_norm(const lt_tensor *x, const lt_tensor *w, double eps, lt_tensor **y);
+/* h = x + res and y = layer_norm(h) (rms: rms_norm(h), b must be NULL) in one
+   pass over the rows, as a pre-norm transformer block adds its residual and
+   normalises: x and res of the same shape and dtype; h and y in x's dtype.
+   Backward sends the gradient of h, plus the norm's, to both x and res. */
+lt_status lt_add_norm(int rms, const lt_tensor *x, const lt_tensor *res, const lt_tensor *w, const lt_tensor *b,
+                      double eps, lt_tensor **h, lt_tensor **y);
 /* Softmax (log = 0) or log-softmax (log = 1) along dim; a row that is all
    -inf gives zeros (softmax) instead of NaN. */
 lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **y);

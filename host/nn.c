@@ -1,6 +1,7 @@
 /*
- * nn.c: the fused neural-network ops (layer_norm, rms_norm, softmax and
- * log_softmax, cross_entropy, rope) with their autograd nodes. Each
+ * nn.c: the fused neural-network ops (layer_norm, rms_norm, each also with
+ * the residual add fused in, softmax and log_softmax, cross_entropy, rope)
+ * with their autograd nodes. Each
  * computes in f32 (f64 for f64 inputs: gradient checks) on contiguous rows
  * through the backend's row kernels, saves what its backward needs (mean
  * and reciprocal std, the softmax output, the logsumexp) and returns results
@@ -63,14 +64,18 @@ static lt_status vector_of(const char *op, const char *what, const lt_tensor *v,
       lt_tensor_release(rel_[k_]);                               \
   } while (0)
 
-/* ---- layer_norm and rms_norm -------------------------------------------------------- */
+/* ---- layer_norm and rms_norm, alone or with the residual add fused in ------------- */
 
+/* A norm node: inputs x, [res], [w], [b]; i[0] rms, i[1] has w, i[2] has b,
+   i[3] fused (res given: the norm's input is h = x + res, output 1). Saved:
+   the norm's input as computed (x or h, f32/f64 rows), [w], [mean], rstd. */
 static lt_status norm_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
-  int rms = (int)n->i[0];
+  int rms = (int)n->i[0], has_w = (int)n->i[1], has_b = (int)n->i[2], fused = (int)n->i[3];
+  int ix = 0, ir = fused ? 1 : -1, iw = has_w ? 1 + fused : -1, ib = has_b ? 2 + fused : -1;
   lt_tensor *x, *w = NULL, *mean = NULL, *rstd;
   LT_TRY(lt_ag_saved(n, 0, &x));
   int k = 1;
-  if (n->i[1])
+  if (has_w)
     LT_TRY(lt_ag_saved(n, k++, &w));
   if (!rms)
     LT_TRY(lt_ag_saved(n, k++, &mean));
@@ -78,55 +83,107 @@ static lt_status norm_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
   lt_dtype cd = x->dtype;
   int64_t C = x->sizes[x->ndim - 1], N = C ? lt_tensor_numel(x) / C : 0;
   const lt_backend_i *be = x->storage->backend;
-  lt_tensor *dy = NULL, *dx = NULL, *dw = NULL, *db = NULL;
-  lt_status st = as_compute(go[0], cd, &dy);
-  if (st == LT_OK && n->next[0].node)
-    st = lt_tensor_empty_like(x, cd, &dx);
-  if (st == LT_OK && w && n->next[1].node)
-    st = lt_tensor_empty_like(w, cd, &dw);
-  if (st == LT_OK && !rms && n->i[2] && n->next[2].node)
-    st = lt_tensor_empty(1, &C, cd, x->storage->device, &db);
-  if (st == LT_OK)
-    st = rms ? be->rms_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
-                                lt_tensor_ptr(rstd), dx ? lt_tensor_ptr(dx) : NULL,
-                                dw ? lt_tensor_ptr(dw) : NULL, N, C)
-             : be->layer_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
-                                  lt_tensor_ptr(mean), lt_tensor_ptr(rstd), dx ? lt_tensor_ptr(dx) : NULL,
-                                  dw ? lt_tensor_ptr(dw) : NULL, db ? lt_tensor_ptr(db) : NULL, N, C);
-  lt_tensor_release(dy);
-  lt_tensor *outs[3] = {dx, dw, db};
+  int need_dx = n->next[ix].node || (fused && n->next[ir].node);
+  lt_tensor *dy = NULL, *dadd = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+  lt_status st = LT_OK;
+  if (go[0])
+    st = as_compute(go[0], cd, &dy);
+  if (st == LT_OK && fused && go[1])
+    st = as_compute(go[1], cd, &dadd);
+  if (st == LT_OK && !dy) { /* only h is used: its gradient is x's and res's */
+    dx = dadd;
+    dadd = NULL;
+  } else if (st == LT_OK) {
+    if (need_dx)
+      st = lt_tensor_empty_like(x, cd, &dx);
+    if (st == LT_OK && has_w && n->next[iw].node)
+      st = lt_tensor_empty_like(w, cd, &dw);
+    if (st == LT_OK && has_b && n->next[ib].node)
+      st = lt_tensor_empty(1, &C, cd, x->storage->device, &db);
+    const void *pdadd = dadd ? lt_tensor_ptr(dadd) : NULL;
+    if (st == LT_OK)
+      st = rms ? be->rms_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
+                                  lt_tensor_ptr(rstd), pdadd, dx ? lt_tensor_ptr(dx) : NULL,
+                                  dw ? lt_tensor_ptr(dw) : NULL, N, C)
+               : be->layer_norm_bwd(cd, lt_tensor_ptr(dy), lt_tensor_ptr(x), w ? lt_tensor_ptr(w) : NULL,
+                                    lt_tensor_ptr(mean), lt_tensor_ptr(rstd), pdadd, dx ? lt_tensor_ptr(dx) : NULL,
+                                    dw ? lt_tensor_ptr(dw) : NULL, db ? lt_tensor_ptr(db) : NULL, N, C);
+  }
+  RELEASE_ALL(dy, dadd);
+  if (!need_dx) {
+    lt_tensor_release(dx);
+    dx = NULL;
+  }
+  /* each gradient in its input's dtype and shape; x and res share dx */
+  int slots[3] = {ix, iw, ib};
+  lt_tensor *outs[3] = {dx, dw, db}, *conv[3] = {NULL, NULL, NULL};
   for (int j = 0; j < 3; j++) {
     if (st == LT_OK && outs[j]) {
       lt_tensor *r = NULL;
-      st = to_dtype(outs[j], n->in[j].dtype, &r);
+      st = to_dtype(outs[j], n->in[slots[j]].dtype, &r);
       outs[j] = NULL;
       if (st == LT_OK) {
-        lt_tensor *v = NULL; /* dx back to x's shape (it was computed as rows) */
-        st = lt_tensor_reshape(r, n->in[j].ndim, n->in[j].sizes, &v);
+        st = lt_tensor_reshape(r, n->in[slots[j]].ndim, n->in[slots[j]].sizes, &conv[j]);
         lt_tensor_release(r);
-        gi[j] = v;
       }
     }
     lt_tensor_release(outs[j]);
   }
+  if (st == LT_OK) {
+    if (conv[0] && fused && n->next[ir].node) {
+      lt_tensor_retain(conv[0]);
+      gi[ir] = conv[0];
+    }
+    if (conv[0] && n->next[ix].node) {
+      gi[ix] = conv[0];
+      conv[0] = NULL;
+    }
+    if (iw >= 0) {
+      gi[iw] = conv[1];
+      conv[1] = NULL;
+    }
+    if (ib >= 0) {
+      gi[ib] = conv[2];
+      conv[2] = NULL;
+    }
+  }
+  RELEASE_ALL(conv[0], conv[1], conv[2]);
   return st;
 }
 
 static const lt_node_ops layer_norm_ops = {"LayerNormBackward", norm_backward, NULL};
 static const lt_node_ops rms_norm_ops = {"RMSNormBackward", norm_backward, NULL};
+static const lt_node_ops add_layer_norm_ops = {"AddLayerNormBackward", norm_backward, NULL};
+static const lt_node_ops add_rms_norm_ops = {"AddRMSNormBackward", norm_backward, NULL};
 
-static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps,
-                      lt_tensor **res) {
-  const char *op = rms ? "rms_norm" : "layer_norm";
-  const lt_tensor *ins[3] = {x, w, b};
+static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const lt_tensor *w, const lt_tensor *b,
+                      double eps, lt_tensor **out_y, lt_tensor **out_h) {
+  const char *op = res ? (rms ? "add_rms_norm" : "add_layer_norm") : (rms ? "rms_norm" : "layer_norm");
+  const lt_tensor *ins[4];
   const lt_backend_i *be;
-  int nin = w ? (b ? 3 : 2) : 1;
+  int nin = 0;
+  ins[nin++] = x;
+  if (res)
+    ins[nin++] = res;
+  if (w)
+    ins[nin++] = w;
+  if (b)
+    ins[nin++] = b;
   if (!w && b)
     return lt_fail(LT_ERR_ARG, "%s: a bias needs a weight", op);
   LT_TRY(lt_same_device(op, nin, ins, &be));
   LT_TRY(need_float(op, x));
   if (x->ndim == 0)
     return lt_fail(LT_ERR_SHAPE, "%s: needs at least 1 dim", op);
+  if (res) {
+    char b1[200], b2[200];
+    if (res->ndim != x->ndim || memcmp(res->sizes, x->sizes, sizeof(int64_t) * (size_t)x->ndim) != 0)
+      return lt_fail(LT_ERR_SHAPE, "%s: the residual has shape %s, the input %s (they must match)", op,
+                     lt_tensor_shape_str(res, b1), lt_tensor_shape_str(x, b2));
+    if (res->dtype != x->dtype)
+      return lt_fail(LT_ERR_DTYPE, "%s: the residual is %s, the input %s", op, lt_dtype_name(res->dtype),
+                     lt_dtype_name(x->dtype));
+  }
   int64_t C = x->sizes[x->ndim - 1], N = C ? lt_tensor_numel(x) / C : 0;
   LT_TRY(vector_of(op, "the weight", w, C));
   LT_TRY(vector_of(op, "the bias", b, C));
@@ -135,8 +192,13 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *w, const lt_
   if ((rms && !be->rms_norm_fwd) || (!rms && !be->layer_norm_fwd))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   lt_dtype cd = compute_dtype(x->dtype);
-  lt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL, *r = NULL;
+  lt_tensor *xc = NULL, *rc = NULL, *hc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+  lt_tensor *ry = NULL, *rh = NULL;
   lt_status st = as_compute(x, cd, &xc);
+  if (st == LT_OK && res)
+    st = as_compute(res, cd, &rc);
+  if (st == LT_OK && res)
+    st = lt_tensor_empty_like(xc, cd, &hc);
   if (st == LT_OK && w)
     st = as_compute(w, cd, &wc);
   if (st == LT_OK && b)
@@ -147,24 +209,32 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *w, const lt_
     st = lt_tensor_empty(1, &N, cd, x->storage->device, &mean);
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, cd, x->storage->device, &rstd);
+  const void *prc = rc ? lt_tensor_ptr(rc) : NULL;
+  void *phc = hc ? lt_tensor_ptr(hc) : NULL;
   if (st == LT_OK)
-    st = rms ? be->rms_norm_fwd(cd, lt_tensor_ptr(xc), wc ? lt_tensor_ptr(wc) : NULL, lt_tensor_ptr(y),
+    st = rms ? be->rms_norm_fwd(cd, lt_tensor_ptr(xc), prc, wc ? lt_tensor_ptr(wc) : NULL, lt_tensor_ptr(y), phc,
                                 lt_tensor_ptr(rstd), N, C, eps)
-             : be->layer_norm_fwd(cd, lt_tensor_ptr(xc), wc ? lt_tensor_ptr(wc) : NULL,
-                                  bc ? lt_tensor_ptr(bc) : NULL, lt_tensor_ptr(y), lt_tensor_ptr(mean),
+             : be->layer_norm_fwd(cd, lt_tensor_ptr(xc), prc, wc ? lt_tensor_ptr(wc) : NULL,
+                                  bc ? lt_tensor_ptr(bc) : NULL, lt_tensor_ptr(y), phc, lt_tensor_ptr(mean),
                                   lt_tensor_ptr(rstd), N, C, eps);
   if (st == LT_OK) {
     lt_tensor_retain(y);
-    st = to_dtype(y, x->dtype, &r);
+    st = to_dtype(y, x->dtype, &ry);
+  }
+  if (st == LT_OK && hc) {
+    lt_tensor_retain(hc);
+    st = to_dtype(hc, x->dtype, &rh);
   }
   if (st == LT_OK && lt_ag_needed(nin, ins)) {
     lt_node *n;
-    st = lt_ag_node_new(rms ? &rms_norm_ops : &layer_norm_ops, nin, ins, &n);
+    st = lt_ag_node_new(res ? (rms ? &add_rms_norm_ops : &add_layer_norm_ops) : (rms ? &rms_norm_ops : &layer_norm_ops),
+                        nin, ins, &n);
     if (st == LT_OK) {
       n->i[0] = rms;
       n->i[1] = w != NULL;
       n->i[2] = b != NULL;
-      st = lt_ag_save(n, xc);
+      n->i[3] = res != NULL;
+      st = lt_ag_save(n, hc ? hc : xc);
       if (st == LT_OK && w)
         st = lt_ag_save(n, wc);
       if (st == LT_OK && !rms)
@@ -172,25 +242,40 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *w, const lt_
       if (st == LT_OK)
         st = lt_ag_save(n, rstd);
       if (st == LT_OK)
-        st = lt_ag_attach(n, r, 0);
+        st = lt_ag_attach(n, ry, 0);
+      if (st == LT_OK && rh)
+        st = lt_ag_attach(n, rh, 1);
       lt_node_release(n);
     }
   }
-  RELEASE_ALL(xc, wc, bc, y, mean, rstd);
+  RELEASE_ALL(xc, rc, hc, wc, bc, y, mean, rstd);
   if (st != LT_OK) {
-    lt_tensor_release(r);
+    lt_tensor_release(ry);
+    lt_tensor_release(rh);
     return st;
   }
-  *res = r;
+  *out_y = ry;
+  if (out_h)
+    *out_h = rh;
   return LT_OK;
 }
 
 lt_status lt_layer_norm(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, double eps, lt_tensor **y) {
-  return norm(0, x, w, b, eps, y);
+  return norm(0, x, NULL, w, b, eps, y, NULL);
 }
 
 lt_status lt_rms_norm(const lt_tensor *x, const lt_tensor *w, double eps, lt_tensor **y) {
-  return norm(1, x, w, NULL, eps, y);
+  return norm(1, x, NULL, w, NULL, eps, y, NULL);
+}
+
+lt_status lt_add_norm(int rms, const lt_tensor *x, const lt_tensor *res, const lt_tensor *w, const lt_tensor *b,
+                      double eps, lt_tensor **h, lt_tensor **y) {
+  if (!res)
+    return lt_fail(LT_ERR_ARG, "%s: argument 2 is nil, expected the residual tensor",
+                   rms ? "add_rms_norm" : "add_layer_norm");
+  if (rms && b)
+    return lt_fail(LT_ERR_ARG, "add_rms_norm: RMSNorm has no bias");
+  return norm(rms, x, res, w, b, eps, y, h);
 }
 
 /* ---- softmax and log_softmax ----------------------------------------------------------- */

@@ -159,14 +159,16 @@ typedef struct lt_backend_i {
   lt_status (*scatter_add)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
   lt_status (*uniform)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
   /* fused nn kernels on contiguous rows (f32 or f64; see kernels/cpu/cpu.h) */
-  lt_status (*layer_norm_fwd)(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
-                              void *rstd, int64_t N, int64_t C, double eps);
+  /* norms; with res (else NULL) the input is h = x + res, written to h (the
+     residual add fused in); backward adds dadd (else NULL) into dx */
+  lt_status (*layer_norm_fwd)(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,
+                              void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps);
   lt_status (*layer_norm_bwd)(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
-                              const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C);
-  lt_status (*rms_norm_fwd)(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
-                            int64_t C, double eps);
+                              const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C);
+  lt_status (*rms_norm_fwd)(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h, void *rstd,
+                            int64_t N, int64_t C, double eps);
   lt_status (*rms_norm_bwd)(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
-                            void *dx, void *dw, int64_t N, int64_t C);
+                            const void *dadd, void *dx, void *dw, int64_t N, int64_t C);
   /* softmax of scale * x over rows of C; causal > 0: row r is query r % causal
      of causal queries, seeing the first r % causal + C - causal + 1 entries
      (the rest give 0); backward multiplies by scale */

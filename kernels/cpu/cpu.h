@@ -47,14 +47,15 @@ lt_status lt_cpu_uniform(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, ui
 lt_status lt_cpu_normal(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
 
 /* norm.c, softmax.c, loss.c, rope.c: row kernels on contiguous f32 or f64 data */
-lt_status lt_cpu_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y,
-                                void *mean, void *rstd, int64_t N, int64_t C, double eps);
+lt_status lt_cpu_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,
+                                void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps);
 lt_status lt_cpu_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
-                                const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C);
-lt_status lt_cpu_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
-                              int64_t C, double eps);
+                                const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
+                                int64_t C);
+lt_status lt_cpu_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
+                              void *rstd, int64_t N, int64_t C, double eps);
 lt_status lt_cpu_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
-                              void *dx, void *dw, int64_t N, int64_t C);
+                              const void *dadd, void *dx, void *dw, int64_t N, int64_t C);
 lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
                              int64_t causal);
 lt_status lt_cpu_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,

@@ -41,15 +41,15 @@ lt_status lt_cuda_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim
                               lt_cuda_stream s);
 
 /* nn row kernels on contiguous f32 or f64 data, as kernels/cpu/cpu.h */
-lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y, void *mean,
-                                 void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
+lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,
+                                 void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
 lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
-                                 const void *rstd, void *dx, void *dw, void *db, int64_t N, int64_t C,
-                                 lt_cuda_stream s);
-lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N, int64_t C,
-                               double eps, lt_cuda_stream s);
-lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd, void *dx,
-                               void *dw, int64_t N, int64_t C, lt_cuda_stream s);
+                                 const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
+                                 int64_t C, lt_cuda_stream s);
+lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
+                               void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
+lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
+                               const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s);
 lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
                               double scale, int64_t causal, lt_cuda_stream s);
 lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,

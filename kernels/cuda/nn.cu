@@ -26,12 +26,23 @@ static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 
 
 /* ---- LayerNorm / RMSNorm -------------------------------------------------- */
 
+/* with res, the row is h = x + res, written to h by the threads that read it
+   back (the same c stride), so no barrier is needed before the sums */
 template <typename T>
-__global__ void layer_norm_fwd_kernel(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd, int64_t N,
-                                      int64_t C, double eps) {
+__device__ __forceinline__ const T *residual_row(const T *x, const T *res, T *h, int64_t r, int64_t C) {
+  if (!res)
+    return x + r * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    h[r * C + c] = x[r * C + c] + res[r * C + c];
+  return h + r * C;
+}
+
+template <typename T>
+__global__ void layer_norm_fwd_kernel(const T *x, const T *res, const T *w, const T *b, T *y, T *h, T *mean, T *rstd,
+                                      int64_t N, int64_t C, double eps) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = x + r * C;
+    const T *xr = residual_row(x, res, h, r, C);
     double m = 0, v = 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
       m += xr[c];
@@ -52,8 +63,8 @@ __global__ void layer_norm_fwd_kernel(const T *x, const T *w, const T *b, T *y, 
 }
 
 template <typename T>
-__global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *mean, const T *rstd, T *dx,
-                                     int64_t N, int64_t C) {
+__global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *mean, const T *rstd,
+                                     const T *dadd, T *dx, int64_t N, int64_t C) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     const T *xr = x + r * C, *gr = dy + r * C;
@@ -68,7 +79,7 @@ __global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const 
     T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       T g = gr[c] * (w ? w[c] : (T)1), n = (xr[c] - m) * s;
-      dx[r * C + c] = s * (g - mg - n * mgn);
+      dx[r * C + c] = s * (g - mg - n * mgn) + (dadd ? dadd[r * C + c] : (T)0);
     }
   }
 }
@@ -108,10 +119,11 @@ __global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *
 }
 
 template <typename T>
-__global__ void rms_norm_fwd_kernel(const T *x, const T *w, T *y, T *rstd, int64_t N, int64_t C, double eps) {
+__global__ void rms_norm_fwd_kernel(const T *x, const T *res, const T *w, T *y, T *h, T *rstd, int64_t N, int64_t C,
+                                    double eps) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = x + r * C;
+    const T *xr = residual_row(x, res, h, r, C);
     double ss = 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
       ss += (double)xr[c] * xr[c];
@@ -125,7 +137,8 @@ __global__ void rms_norm_fwd_kernel(const T *x, const T *w, T *y, T *rstd, int64
 }
 
 template <typename T>
-__global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *rstd, T *dx, int64_t N, int64_t C) {
+__global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *rstd, const T *dadd, T *dx, int64_t N,
+                                   int64_t C) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     const T *xr = x + r * C, *gr = dy + r * C;
@@ -136,7 +149,7 @@ __global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T 
     T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       T g = gr[c] * (w ? w[c] : (T)1), n = xr[c] * s;
-      dx[r * C + c] = s * (g - n * mgn);
+      dx[r * C + c] = s * (g - n * mgn) + (dadd ? dadd[r * C + c] : (T)0);
     }
   }
 }
@@ -299,74 +312,79 @@ __global__ void rope_kernel(const T *x, T *y, int64_t R, int64_t Tn, int64_t D, 
 /* ---- launchers ------------------------------------------------------------------ */
 
 
-extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *w, const void *b, void *y,
-                                            void *mean, void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s) {
+extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b,
+                                            void *y, void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps,
+                                            lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
     layer_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const double *)x, (const double *)w, (const double *)b, (double *)y, (double *)mean, (double *)rstd, N, C, eps);
+        (const double *)x, (const double *)res, (const double *)w, (const double *)b, (double *)y, (double *)h,
+        (double *)mean, (double *)rstd, N, C, eps);
   else
     layer_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const float *)x, (const float *)w, (const float *)b, (float *)y, (float *)mean, (float *)rstd, N, C, eps);
+        (const float *)x, (const float *)res, (const float *)w, (const float *)b, (float *)y, (float *)h,
+        (float *)mean, (float *)rstd, N, C, eps);
   return lt_cuda_check_launch("layer_norm_fwd_kernel");
 }
 
 template <typename T>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
-                                  void *dx, void *dw, void *db, int64_t N, int64_t C, cudaStream_t cs) {
+                                  const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
+                                  cudaStream_t cs) {
   if (dx)
     layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                             (const T *)mean, (const T *)rstd, (T *)dx, N, C);
+                                                             (const T *)mean, (const T *)rstd, (const T *)dadd,
+                                                             (T *)dx, N, C);
   if (dw || db)
     norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
                                                               (const T *)rstd, (T *)dw, (T *)db, N, C);
 }
 
 extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w,
-                                            const void *mean, const void *rstd, void *dx, void *dw, void *db,
-                                            int64_t N, int64_t C, lt_cuda_stream s) {
+                                            const void *mean, const void *rstd, const void *dadd, void *dx, void *dw,
+                                            void *db, int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
-    layer_norm_bwd_launch<double>(dy, x, w, mean, rstd, dx, dw, db, N, C, (cudaStream_t)s);
+    layer_norm_bwd_launch<double>(dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
   else
-    layer_norm_bwd_launch<float>(dy, x, w, mean, rstd, dx, dw, db, N, C, (cudaStream_t)s);
+    layer_norm_bwd_launch<float>(dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm backward");
 }
 
-extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *w, void *y, void *rstd, int64_t N,
-                                          int64_t C, double eps, lt_cuda_stream s) {
+extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
+                                          void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
     rms_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const double *)x, (const double *)w, (double *)y, (double *)rstd, N, C, eps);
+        (const double *)x, (const double *)res, (const double *)w, (double *)y, (double *)h, (double *)rstd, N, C, eps);
   else
     rms_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const float *)x, (const float *)w, (float *)y, (float *)rstd, N, C, eps);
+        (const float *)x, (const float *)res, (const float *)w, (float *)y, (float *)h, (float *)rstd, N, C, eps);
   return lt_cuda_check_launch("rms_norm_fwd_kernel");
 }
 
 template <typename T>
-static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, void *dx, void *dw,
-                                int64_t N, int64_t C, cudaStream_t cs) {
+static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
+                                void *dx, void *dw, int64_t N, int64_t C, cudaStream_t cs) {
   if (dx)
     rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                           (const T *)rstd, (T *)dx, N, C);
+                                                           (const T *)rstd, (const T *)dadd, (T *)dx, N, C);
   if (dw)
     norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL, (const T *)rstd,
                                                               (T *)dw, NULL, N, C);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
-                                          void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
+                                          const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   if (dt == LT_DTYPE_F64)
-    rms_norm_bwd_launch<double>(dy, x, w, rstd, dx, dw, N, C, (cudaStream_t)s);
+    rms_norm_bwd_launch<double>(dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
   else
-    rms_norm_bwd_launch<float>(dy, x, w, rstd, dx, dw, N, C, (cudaStream_t)s);
+    rms_norm_bwd_launch<float>(dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm backward");
 }
 

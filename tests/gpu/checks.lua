@@ -406,6 +406,12 @@ end
 
 grad_check("layer_norm (4096, 768) with weight and bias", { { shape = { 4096, 768 } }, { shape = { 768 } },
   { shape = { 768 } } }, function(x, w, b) return F.layer_norm(x, w, b) end, { gtol = 1e-4 })
+grad_check("add_layer_norm (4096, 768): h and the norm of it", { { shape = { 4096, 768 } }, { shape = { 4096, 768 } },
+  { shape = { 768 } }, { shape = { 768 } } }, function(x, r, w, b) return lt.stack({ F.add_layer_norm(x, r, w, b) }) end,
+  { gtol = 1e-4 })
+grad_check("add_rms_norm (2048, 1024) in bf16", { { shape = { 2048, 1024 }, dtype = "bf16" },
+  { shape = { 2048, 1024 }, dtype = "bf16" }, { shape = { 1024 }, dtype = "bf16" } },
+  function(x, r, w) return lt.stack({ F.add_rms_norm(x, r, w) }) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
   function(x, w) return F.rms_norm(x, w) end, { gtol = 1e-4 })
 grad_check("softmax (4096, 1024)", { { shape = { 4096, 1024 } } }, function(x) return F.softmax(x, -1) end)

@@ -36,6 +36,24 @@ describe("lt.F against PyTorch (" .. fixture.torch .. ")", function()
 end)
 
 describe("lt.F edge cases", function()
+  it("add_layer_norm and add_rms_norm: finite differences through h, y or both; bad arguments named", function()
+    local g = lt.Generator(12)
+    local function r(shape) return lt.randn(shape, { generator = g, dtype = "f64" }):requires_grad_() end
+    local x, res, w, b = r { 2, 3, 6 }, r { 2, 3, 6 }, r { 6 }, r { 6 }
+    lt.autograd.gradcheck(function(x, res, w, b) return lt.stack({ F.add_layer_norm(x, res, w, b) }) end, { x, res, w, b })
+    lt.autograd.gradcheck(function(x, res, w) return lt.stack({ F.add_rms_norm(x, res, w) }) end, { x, res, w })
+    -- only y used, only h used
+    lt.autograd.gradcheck(function(x, res, w) return select(2, F.add_layer_norm(x, res, w)) end, { x, res, w })
+    lt.autograd.gradcheck(function(x, res) return (F.add_rms_norm(x, res)) end, { x, res })
+    -- a residual that needs no gradient
+    local c = lt.randn({ 2, 3, 6 }, { generator = g, dtype = "f64" })
+    lt.autograd.gradcheck(function(x) return lt.stack({ F.add_layer_norm(x, c) }) end, { x })
+    H.assert_error(function() F.add_layer_norm(lt.randn(2, 6), lt.randn(3, 6)) end, "add_layer_norm",
+      "residual has shape [3, 6], the input [2, 6]")
+    H.assert_error(function() F.add_rms_norm(lt.randn(2, 6), lt.randn(2, 6, "f64")) end, "residual is f64")
+    H.assert_error(function() F.add_layer_norm(lt.randn(2, 6), nil) end, "add_layer_norm")
+    H.assert_error(function() F.add_layer_norm(lt.randn(2, 6), lt.randn(2, 6), lt.randn(5)) end, "the weight")
+  end)
   it("scaled_softmax: finite differences in f64, masked entries 0, bad arguments named", function()
     local x = lt.randn({ 2, 4, 6 }, { generator = lt.Generator(8), dtype = "f64" }):requires_grad_()
     for _, causal in ipairs { false, true } do

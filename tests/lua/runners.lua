@@ -55,6 +55,8 @@ local NN = {
   rms_norm = function(a, x, w) return F.rms_norm(x, w, a.eps) end,
   softmax = function(a, x) return F.softmax(x, a.dim) end,
   scaled_softmax = function(a, x) return F.scaled_softmax(x, a.scale, { causal = a.causal }) end,
+  add_layer_norm = function(a, x, r, w, b) return lt.stack({ F.add_layer_norm(x, r, w, b, a.eps) }) end,
+  add_rms_norm = function(a, x, r, w) return lt.stack({ F.add_rms_norm(x, r, w, a.eps) }) end,
   log_softmax = function(a, x) return F.log_softmax(x, a.dim) end,
   cross_entropy = function(a, x, t) return (F.cross_entropy(x, t, { reduction = a.reduction })) end,
   gelu = function(_, x) return F.gelu(x) end,

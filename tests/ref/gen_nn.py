@@ -156,5 +156,16 @@ for dt in ["f32", "f64"]:
              "scaled_softmax", [(xs, True)], lambda x, s=scale, c=causal: scaled_softmax(x, s, c),
              {"scale": scale, "causal": causal})
 
+# the residual add fused into the next norm: (h, norm(h)) stacked, h = x + res
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    x, r = torch.randn(3, 5, 16, dtype=d), torch.randn(3, 5, 16, dtype=d)
+    w, b = torch.randn(16, dtype=d), torch.randn(16, dtype=d)
+    case(f"add_layer_norm {dt}", "add_layer_norm", [(x, True), (r, True), (w, True), (b, True)],
+         lambda x, r, w, b: torch.stack([x + r, F.layer_norm(x + r, (16,), w, b, 1e-5)]), {"eps": 1e-5})
+    case(f"add_rms_norm {dt}", "add_rms_norm", [(x, True), (r, True), (w, True)],
+         lambda x, r, w: torch.stack([x + r, (x + r) * torch.rsqrt((x + r).pow(2).mean(-1, keepdim=True) + 1e-6) * w]),
+         {"eps": 1e-6})
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

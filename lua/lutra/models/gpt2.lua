@@ -67,8 +67,10 @@ function Block:init(cfg, o)
   self.mlp = MLP(cfg, o)
 end
 function Block:forward(x, kv)
-  x = x + self.attn(self.ln_1(x), kv)
-  return x + self.mlp(self.ln_2(x))
+  -- x + attn(...) and ln_2 of it in one pass (F.add_layer_norm)
+  local ln = self.ln_2
+  local h, y = F.add_layer_norm(x, self.attn(self.ln_1(x), kv), ln.weight, ln._params.by_name.bias, ln.eps)
+  return h + self.mlp(y)
 end
 
 local Transformer = nn.Module:extend("Transformer")

@@ -59,8 +59,10 @@ function Layer:init(cfg, o)
   self.mlp = MLP(cfg, o)
 end
 function Layer:forward(x, kv)
-  x = x + self.self_attn(self.input_layernorm(x), kv)
-  return x + self.mlp(self.post_attention_layernorm(x))
+  -- x + attention and the post-attention norm of it in one pass (F.add_rms_norm)
+  local n = self.post_attention_layernorm
+  local h, y = F.add_rms_norm(x, self.self_attn(self.input_layernorm(x), kv), n.weight, n.eps)
+  return h + self.mlp(y)
 end
 
 local Body = nn.Module:extend("LlamaModel")

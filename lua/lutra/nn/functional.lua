@@ -80,6 +80,31 @@ function F.layer_norm(x, weight, bias, eps)
   return take()
 end
 
+local h_box = ffi.new("lt_tensor*[1]")
+local function add_norm(op, rms, x, res, weight, bias, eps, default_eps)
+  need(op, x, 1)
+  need(op, res, 2)
+  optional_tensor(op, weight, 3)
+  if not rms then optional_tensor(op, bias, 4) end
+  number_arg(op, "eps", eps)
+  if C.lt_add_norm(rms and 1 or 0, x, res, weight, bias, eps or default_eps, h_box, box) ~= 0 then fail(3) end
+  local h = ffi.gc(h_box[0], C.lt_tensor_release)
+  return h, take()
+end
+
+--- F.add_layer_norm(x, residual, weight, bias, eps) -> h, y: h = x + residual
+-- and y = layer_norm(h) in one pass (a pre-norm block's residual add and
+-- its next norm; eps default 1e-5). x and residual of one shape and dtype.
+function F.add_layer_norm(x, res, weight, bias, eps)
+  return add_norm("add_layer_norm", false, x, res, weight, bias, eps, 1e-5)
+end
+
+--- F.add_rms_norm(x, residual, weight, eps) -> h, y: h = x + residual and
+-- y = rms_norm(h) in one pass (eps default 1e-6).
+function F.add_rms_norm(x, res, weight, eps)
+  return add_norm("add_rms_norm", true, x, res, weight, nil, eps, 1e-6)
+end
+
 --- F.rms_norm(x, weight, eps): RMSNorm over the last dim (eps default 1e-6).
 function F.rms_norm(x, weight, eps)
   need("rms_norm", x, 1)
