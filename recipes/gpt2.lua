@@ -79,7 +79,9 @@ local schedules = lt.optim.schedules
 if not (cfg.schedule == "cosine" or cfg.schedule == "linear" or cfg.schedule == "wsd") then
   error(("--schedule must be cosine, linear or wsd, got %s"):format(cfg.schedule), 0)
 end
-local schedule = schedules[cfg.schedule] { lr = cfg.lr, warmup = math.min(cfg.warmup, cfg.steps), steps = cfg.steps,
+-- (a short run warms up for at most its first tenth, so it still decays)
+local warmup = math.min(cfg.warmup, math.floor(cfg.steps / 10))
+local schedule = schedules[cfg.schedule] { lr = cfg.lr, warmup = warmup, steps = cfg.steps,
   final = cfg.min_lr }
 
 local summary = lt.train {
