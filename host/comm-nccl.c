@@ -159,19 +159,19 @@ lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tens
   switch (kind) {
   case LT_NCCL_ALL_REDUCE:
     what = "ncclAllReduce";
-    r = nccl.ncclAllReduce(lt_tensor_data(in), lt_tensor_data(out), n, dt, nccl_op(op), comm, ctx->comm);
+    r = nccl.ncclAllReduce(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, nccl_op(op), comm, ctx->comm);
     break;
   case LT_NCCL_BROADCAST:
     what = "ncclBroadcast";
-    r = nccl.ncclBroadcast(lt_tensor_data(in), lt_tensor_data(out), n, dt, root, comm, ctx->comm);
+    r = nccl.ncclBroadcast(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, root, comm, ctx->comm);
     break;
   case LT_NCCL_ALL_GATHER: /* in: this rank's n elements; out: size x n */
     what = "ncclAllGather";
-    r = nccl.ncclAllGather(lt_tensor_data(in), lt_tensor_data(out), n, dt, comm, ctx->comm);
+    r = nccl.ncclAllGather(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, comm, ctx->comm);
     break;
   default: /* reduce_scatter: in: size x m elements; out: this rank's m */
     what = "ncclReduceScatter";
-    r = nccl.ncclReduceScatter(lt_tensor_data(in), lt_tensor_data(out), (size_t)lt_tensor_numel(out), dt,
+    r = nccl.ncclReduceScatter(lt_tensor_ptr(in), lt_tensor_ptr(out), (size_t)lt_tensor_numel(out), dt,
                                nccl_op(op), comm, ctx->comm);
     break;
   }

@@ -20,7 +20,7 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
 nproc
 
-make_args=(MPI=0) # collectives are a later issue; the device's MPI is not needed yet
+make_args=(MPI=0) # one process on the device: NCCL needs no MPI for one rank (the GPU checks use it)
 if ! pkg-config --exists luajit 2>/dev/null && [ -d .deps ]; then
   step "unpacking .deps into /tmp/sysroot"
   SYSROOT=/tmp/sysroot
