@@ -21,16 +21,23 @@ local M = {}
 local Zero = {}
 Zero.__index = Zero
 
-local function flat_groups(params, wd)
-  -- decayed (dim >= 2) and not, and one dtype per flat vector; frozen
-  -- parameters (requires_grad false) stay out: nothing updates them
+--- flat_groups(params, wd[, size]) -> flats: the parameters laid end to end
+-- per weight-decay group (decay on dims >= 2, as lt.optim) and dtype, each
+-- {params, offsets, numel, dtype, device, weight_decay}. Without size,
+-- frozen parameters (requires_grad false) stay out: nothing updates them.
+-- With size (ZeRO 3, which shards them all): frozen ones get flats of
+-- their own (frozen = true), and every flat is padded to a multiple of
+-- size (chunk = padded / size: equal chunks, as NCCL needs).
+local function flat_groups(params, wd, size)
   local out, by = {}, {}
   for _, p in ipairs(params) do
-    if not p.requires_grad then goto continue end
+    local frozen = not p.requires_grad
+    if frozen and not size then goto continue end
     local decay = p:dim() >= 2
-    local key = (decay and "d" or "n") .. p.dtype
+    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
     if not by[key] then
-      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, weight_decay = decay and wd or 0 }
+      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
+        weight_decay = decay and wd or 0, frozen = frozen }
       out[#out + 1] = by[key]
     end
     local g = by[key]
@@ -39,8 +46,13 @@ local function flat_groups(params, wd)
     g.numel = g.numel + p:numel()
     ::continue::
   end
+  for _, g in ipairs(size and out or {}) do
+    g.chunk = math.ceil(g.numel / size)
+    g.padded = g.chunk * size
+  end
   return out
 end
+M.flat_groups = flat_groups
 
 local function elsize(dtype) return dtype == "f64" and 8 or (dtype == "f32" and 4 or 2) end
 

@@ -55,31 +55,6 @@ local function default_units(model)
   return out
 end
 
--- flat vectors of params per (decay, dtype, frozen), padded to a multiple
--- of size; a frozen flat (requires_grad false) is sharded but never updated
-local function flats_of(params, wd, size)
-  local out, by = {}, {}
-  for _, p in ipairs(params) do
-    local decay = p:dim() >= 2
-    local frozen = not p.requires_grad
-    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
-    if not by[key] then
-      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
-        weight_decay = decay and wd or 0, frozen = frozen }
-      out[#out + 1] = by[key]
-    end
-    local f = by[key]
-    f.params[#f.params + 1] = p
-    f.offsets[#f.offsets + 1] = f.numel
-    f.numel = f.numel + p:numel()
-  end
-  for _, f in ipairs(out) do
-    f.chunk = math.ceil(f.numel / size)
-    f.padded = f.chunk * size
-  end
-  return out
-end
-
 --- Builds the stage-3 optimizer (called by lt.dist.Zero); base is Zero's
 -- class, whose set_lr, clip_grad_norm, state_dict, load_state_dict and
 -- state_bytes work on the shards unchanged.
@@ -130,7 +105,7 @@ function M.new(base, model, opts, settings, kind)
     if #lists[i] > 0 or i == 0 then
       local u = { module = i == 0 and model or modules[i], params = lists[i], root = i == 0,
         name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, launched = false }
-      u.flats = flats_of(u.params, wd, size)
+      u.flats = require("lutra.dist.zero").flat_groups(u.params, wd, size)
       u.bytes = 0
       for _, p in ipairs(u.params) do u.bytes = u.bytes + p:numel() * elsize(p.dtype) end
       self.stats.param_bytes = self.stats.param_bytes + u.bytes

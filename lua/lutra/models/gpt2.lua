@@ -149,27 +149,7 @@ end
 -- llm.c does for speed; logits keep vocab_size columns), dtype, device,
 -- generator (for the initialisation).
 function M.gpt2(name, overrides)
-  local cfg = {}
-  if type(name) == "table" then -- a config table, with any overrides on top
-    local merged = {}
-    for k, v in pairs(name) do merged[k] = v end
-    for k, v in pairs(overrides or {}) do merged[k] = v end
-    overrides, name = merged, nil
-  end
-  if name then
-    local base = M.configs[name]
-    if not base then
-      local known = {}
-      for k in pairs(M.configs) do known[#known + 1] = k end
-      table.sort(known)
-      error(("gpt2: unknown config '%s' (known: %s)"):format(tostring(name), table.concat(known, ", ")), 2)
-    end
-    for k, v in pairs(base) do cfg[k] = v end
-  end
-  local o = { init = false } -- init_weights sets every weight
-  for k, v in pairs(overrides or {}) do
-    if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
-  end
+  local cfg, o = require("lutra.models.config").resolve("gpt2", M.configs, name, overrides)
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2 }
   for k, v in pairs(cfg) do
     if not known[k] then

@@ -109,22 +109,7 @@ function Llama:loss(idx, targets, opts) return F.cross_entropy(self(idx), target
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,
 -- device, generator.
 function M.llama(name, overrides)
-  if type(name) == "table" then -- a config table, with any overrides on top
-    local merged = {}
-    for k, v in pairs(name) do merged[k] = v end
-    for k, v in pairs(overrides or {}) do merged[k] = v end
-    overrides, name = merged, nil
-  end
-  local cfg = {}
-  if name then
-    local base = M.configs[name]
-    if not base then error(("llama: unknown config '%s' (known: llama-tiny, llama3-8b)"):format(tostring(name)), 2) end
-    for k, v in pairs(base) do cfg[k] = v end
-  end
-  local o = { init = false } -- the constructor sets every weight
-  for k, v in pairs(overrides or {}) do
-    if k == "dtype" or k == "device" or k == "generator" then o[k] = v else cfg[k] = v end
-  end
+  local cfg, o = require("lutra.models.config").resolve("llama", M.configs, name, overrides)
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
     rope_theta = 2, norm_eps = 2 }
   for k, v in pairs(cfg) do
