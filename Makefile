@@ -115,7 +115,8 @@ $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/common.cuh kernels/cuda/cuda.h host/tensor-impl.h host/lutra.h
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/common.cuh kernels/cuda/cuda.h kernels/attention_rows.h \
+                           host/tensor-impl.h host/lutra.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 

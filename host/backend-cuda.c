@@ -330,6 +330,16 @@ static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, cons
                                 const void *dadd, void *dx, void *dw, int64_t N, int64_t C) {
   return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dadd, dx, dw, N, C, STREAM);
 }
+static lt_status k_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
+                                 int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,
+                                 int causal) {
+  return lt_cuda_attention_fwd(dt, q, k, v, o, lse, B, NH, NKV, T, S, HS, scale, causal, STREAM);
+}
+static lt_status k_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
+                                 const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
+                                 int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal) {
+  return lt_cuda_attention_bwd(dt, q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, HS, scale, causal, STREAM);
+}
 static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
                                int64_t causal) {
   return lt_cuda_softmax_fwd(dt, x, y, N, C, logsm, scale, causal, STREAM);
@@ -412,6 +422,8 @@ const lt_backend_i lt_backend_cuda = {
     .layer_norm_bwd = k_layer_norm_bwd,
     .rms_norm_fwd = k_rms_norm_fwd,
     .rms_norm_bwd = k_rms_norm_bwd,
+    .attention_fwd = k_attention_fwd,
+    .attention_bwd = k_attention_bwd,
     .softmax_fwd = k_softmax_fwd,
     .softmax_bwd = k_softmax_bwd,
     .cross_entropy_fwd = k_ce_fwd,

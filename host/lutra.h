@@ -285,6 +285,14 @@ lt_status lt_softmax(const lt_tensor *x, int dim, int log, lt_tensor **y);
    as torch's is_causal for S == T), the others give 0 and get no gradient.
    One pass: the scaled, masked scores are never written. */
 lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_tensor **y);
+/* Fused scaled-dot-product attention: softmax(scale q k^T (causal: query t
+   sees keys up to t + S - T)) v without storing the (T, S) scores, forward
+   and backward (FlashAttention's online softmax; kernels/attention_rows.h).
+   q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
+   query attention), one float dtype; HS at most 256 (else an
+   LT_ERR_UNSUPPORTED error: the caller composes it from matmuls). */
+lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
+                       lt_tensor **out);
 /* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).

@@ -9,6 +9,7 @@
  */
 #include "autograd.h"
 #include "iter.h"
+#include "../kernels/attention_rows.h"
 
 #include <math.h>
 #include <string.h>
@@ -395,6 +396,119 @@ lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_ten
   if (x && x->storage && x->ndim == 0)
     return lt_fail(LT_ERR_SHAPE, "scaled_softmax: needs at least 1 dim");
   return softmax_any("scaled_softmax", x, x && x->storage ? x->ndim - 1 : 0, 0, scale, causal, res);
+}
+
+/* ---- fused attention --------------------------------------------------------------------- */
+
+/* i[0..5] = B, NH, NKV, T, S, HS; i[6] causal; f[0] scale. Saved: q, k, v,
+   o (compute dtype, contiguous) and lse. */
+static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  lt_tensor *q, *k, *v, *o, *lse;
+  LT_TRY(lt_ag_saved(n, 0, &q));
+  LT_TRY(lt_ag_saved(n, 1, &k));
+  LT_TRY(lt_ag_saved(n, 2, &v));
+  LT_TRY(lt_ag_saved(n, 3, &o));
+  LT_TRY(lt_ag_saved(n, 4, &lse));
+  lt_dtype cd = q->dtype;
+  lt_tensor *dout = NULL, *D = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  lt_status st = as_compute(go[0], cd, &dout);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(lse, cd, &D);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(q, cd, &dq);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(k, cd, &dk);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(v, cd, &dv);
+  if (st == LT_OK)
+    st = q->storage->backend->attention_bwd(cd, lt_tensor_ptr(q), lt_tensor_ptr(k), lt_tensor_ptr(v),
+                                            lt_tensor_ptr(o), lt_tensor_ptr(dout), lt_tensor_ptr(lse),
+                                            lt_tensor_ptr(D), lt_tensor_ptr(dq), lt_tensor_ptr(dk), lt_tensor_ptr(dv),
+                                            n->i[0], n->i[1], n->i[2], n->i[3], n->i[4], n->i[5], n->f[0],
+                                            (int)n->i[6]);
+  lt_tensor *outs[3] = {dq, dk, dv};
+  for (int j = 0; j < 3; j++) {
+    if (st == LT_OK && n->next[j].node) {
+      st = to_dtype(outs[j], n->in[j].dtype, &gi[j]);
+      outs[j] = NULL;
+    }
+    lt_tensor_release(outs[j]);
+  }
+  RELEASE_ALL(dout, D);
+  return st;
+}
+
+static const lt_node_ops attention_ops = {"AttentionBackward", attention_backward, NULL};
+
+lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
+                       lt_tensor **res) {
+  const char *op = "attention";
+  const lt_tensor *ins[3] = {q, k, v};
+  const lt_backend_i *be;
+  LT_TRY(lt_same_device(op, 3, ins, &be));
+  for (int j = 0; j < 3; j++)
+    LT_TRY(need_float(op, ins[j]));
+  char b1[200], b2[200], b3[200];
+  if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || k->sizes[0] != q->sizes[0] || v->sizes[0] != q->sizes[0] ||
+      k->sizes[3] != q->sizes[3] || v->sizes[3] != q->sizes[3] || v->sizes[1] != k->sizes[1] ||
+      v->sizes[2] != k->sizes[2] || k->sizes[1] == 0 || q->sizes[1] % k->sizes[1] != 0)
+    return lt_fail(LT_ERR_SHAPE,
+                   "%s: expects q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH; got %s, %s, %s", op,
+                   lt_tensor_shape_str(q, b1), lt_tensor_shape_str(k, b2), lt_tensor_shape_str(v, b3));
+  if (q->dtype != k->dtype || q->dtype != v->dtype)
+    return lt_fail(LT_ERR_DTYPE, "%s: q, k and v are %s, %s and %s; convert them to one dtype", op,
+                   lt_dtype_name(q->dtype), lt_dtype_name(k->dtype), lt_dtype_name(v->dtype));
+  int64_t B = q->sizes[0], NH = q->sizes[1], T = q->sizes[2], HS = q->sizes[3], NKV = k->sizes[1], S = k->sizes[2];
+  if (HS > LT_ATTN_MAX_HS)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: head size %lld is over the fused kernel's %d", op, (long long)HS,
+                   LT_ATTN_MAX_HS);
+  if (!isfinite(scale))
+    return lt_fail(LT_ERR_ARG, "%s: the scale must be finite, got %g", op, scale);
+  if (!be->attention_fwd || !be->attention_bwd)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
+  lt_dtype cd = compute_dtype(q->dtype);
+  lt_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *lse = NULL, *r = NULL;
+  int64_t rows = B * NH * T;
+  lt_status st = as_compute(q, cd, &qc);
+  if (st == LT_OK)
+    st = as_compute(k, cd, &kc);
+  if (st == LT_OK)
+    st = as_compute(v, cd, &vc);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(qc, cd, &o);
+  if (st == LT_OK)
+    st = lt_tensor_empty(1, &rows, cd, q->storage->device, &lse);
+  if (st == LT_OK)
+    st = be->attention_fwd(cd, lt_tensor_ptr(qc), lt_tensor_ptr(kc), lt_tensor_ptr(vc), lt_tensor_ptr(o),
+                           lt_tensor_ptr(lse), B, NH, NKV, T, S, HS, scale, causal != 0);
+  if (st == LT_OK) {
+    lt_tensor_retain(o);
+    st = to_dtype(o, q->dtype, &r);
+  }
+  if (st == LT_OK && lt_ag_needed(3, ins)) {
+    lt_node *n;
+    st = lt_ag_node_new(&attention_ops, 3, ins, &n);
+    if (st == LT_OK) {
+      int64_t dims[6] = {B, NH, NKV, T, S, HS};
+      for (int j = 0; j < 6; j++)
+        n->i[j] = dims[j];
+      n->i[6] = causal != 0;
+      n->f[0] = scale;
+      lt_tensor *save[5] = {qc, kc, vc, o, lse};
+      for (int j = 0; j < 5 && st == LT_OK; j++)
+        st = lt_ag_save(n, save[j]);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+  }
+  RELEASE_ALL(qc, kc, vc, o, lse);
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
 }
 
 /* ---- cross_entropy --------------------------------------------------------------------- */

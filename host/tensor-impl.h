@@ -176,6 +176,14 @@ typedef struct lt_backend_i {
                            int64_t causal);
   lt_status (*softmax_bwd)(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
                            int logsm, double scale);
+  /* fused attention (kernels/attention_rows.h) on contiguous f32/f64 rows:
+     q, o (B, NH, T, HS), k, v (B, NKV, S, HS), lse (B, NH, T); backward
+     takes D (B, NH, T) scratch and writes dq, dk, dv */
+  lt_status (*attention_fwd)(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse, int64_t B,
+                             int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
+  lt_status (*attention_bwd)(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
+                             const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
+                             int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
   lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
                                  int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
   lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,

@@ -50,6 +50,13 @@ lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, cons
                                void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
 lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s);
+lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
+                                int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,
+                                int causal, lt_cuda_stream s);
+lt_status lt_cuda_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
+                                const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
+                                int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal,
+                                lt_cuda_stream s);
 lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
                               double scale, int64_t causal, lt_cuda_stream s);
 lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,

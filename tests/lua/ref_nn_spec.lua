@@ -35,7 +35,54 @@ describe("lt.F against PyTorch (" .. fixture.torch .. ")", function()
   end
 end)
 
+describe("the fused attention against PyTorch (" .. fixture.torch .. ")", function()
+  for _, case in ipairs(fixture.cases) do
+    if case.op == "sdpa" then
+      it(case.name, function()
+        local ins = {}
+        for i, spec in ipairs(case.inputs) do ins[i] = H.from_flat(spec.values, spec.shape, spec.dtype):requires_grad_() end
+        local out = F.scaled_dot_product_attention(ins[1], ins[2], ins[3], { causal = case.args.causal, fused = true })
+        H.assert_matches(out, case.output, case.name .. " output", 4)
+        ;(out * H.from_flat(case.w.values, case.w.shape, case.w.dtype)):sum():backward()
+        for i = 1, 3 do H.assert_matches(ins[i].grad, case.grads[i], case.name .. " grad " .. i, 10) end
+      end)
+    end
+  end
+end)
+
 describe("lt.F edge cases", function()
+  it("fused attention: finite differences (causal, grouped-query, queries after a cache, more queries than keys)", function()
+    local g = lt.Generator(21)
+    local function r(shape) return lt.randn(shape, { generator = g, dtype = "f64" }):requires_grad_() end
+    for _, c in ipairs { { 2, 4, 2, 5, 5, true }, { 1, 2, 1, 3, 7, true }, { 1, 2, 2, 6, 4, true }, { 2, 2, 2, 4, 6, false } } do
+      local B, NH, NKV, T, S, causal = unpack(c)
+      local q, k, v = r { B, NH, T, 8 }, r { B, NKV, S, 8 }, r { B, NKV, S, 8 }
+      lt.autograd.gradcheck(function(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, { causal = causal, fused = true })
+      end, { q, k, v })
+    end
+  end)
+  it("fused attention equals the composed one (matmul, scaled_softmax, matmul) in f32, outputs and gradients", function()
+    local g = lt.Generator(22)
+    local function r(shape) return lt.randn(shape, { generator = g }) end
+    local q0, k0, v0 = r { 2, 6, 33, 16 }, r { 2, 3, 40, 16 }, r { 2, 3, 40, 16 }
+    local w = r { 2, 6, 33, 16 }
+    local outs, grads = {}, {}
+    for _, fused in ipairs { true, false } do
+      local q, k, v = q0:clone():requires_grad_(), k0:clone():requires_grad_(), v0:clone():requires_grad_()
+      local o = F.scaled_dot_product_attention(q, k, v, { causal = true, fused = fused })
+      ;(o * w):sum():backward()
+      outs[#outs + 1], grads[#grads + 1] = o, { q.grad, k.grad, v.grad }
+    end
+    assert((outs[1] - outs[2]):abs():max():item() < 1e-5, "outputs differ")
+    for j = 1, 3 do assert((grads[1][j] - grads[2][j]):abs():max():item() < 1e-4, "gradient " .. j .. " differs") end
+    -- head sizes over the fused kernel's run composed
+    local big = F.scaled_dot_product_attention(r { 1, 1, 3, 300 }, r { 1, 1, 3, 300 }, r { 1, 1, 3, 300 },
+      { fused = true })
+    assert.are.same({ 1, 1, 3, 300 }, big:shape())
+    H.assert_error(function() F.scaled_dot_product_attention(r { 1, 2, 3, 8 }, r { 1, 2, 3, 8 }:to("f64"),
+      r { 1, 2, 3, 8 }, { fused = true }) end, "attention", "convert them to one dtype")
+  end)
   it("add_layer_norm and add_rms_norm: finite differences through h, y or both; bad arguments named", function()
     local g = lt.Generator(12)
     local function r(shape) return lt.randn(shape, { generator = g, dtype = "f64" }):requires_grad_() end

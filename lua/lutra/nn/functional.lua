@@ -198,12 +198,18 @@ function F.rope(x, opts)
   return take()
 end
 
---- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS)})
+local FUSED_MAX_HS = 256 -- LT_ATTN_MAX_HS (kernels/attention_rows.h)
+
+--- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = (on a GPU)})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
 -- query attention repeats each K/V head NH/NKV times). The causal mask lets
 -- query t see keys up to t + S - T (aligned at the end, so a query after a
 -- KV cache sees the whole prefix; the same as torch's when S == T). A row
--- whose every score is masked gives zeros.
+-- whose every score is masked gives zeros. On a GPU, head sizes up to 256
+-- run fused (one pass, nothing of size (T, S) stored, forward and
+-- backward); on the CPU (faster there through OpenBLAS), for larger heads
+-- or with fused = false it runs as matmul, scaled_softmax, matmul; fused =
+-- true asks for the fused kernel on the CPU too.
 function F.scaled_dot_product_attention(q, k, v, opts)
   need("scaled_dot_product_attention", q, 1)
   need("scaled_dot_product_attention", k, 2)
@@ -219,12 +225,19 @@ function F.scaled_dot_product_attention(q, k, v, opts)
     error(("scaled_dot_product_attention: heads do not fit: q %s, k %s, v %s (K/V heads must divide Q heads)")
       :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
   end
+  local scale = opts.scale or 1 / math.sqrt(HS)
+  local fused = opts.fused
+  if fused == nil then fused = q.device ~= "cpu" end -- on the CPU, OpenBLAS products are faster
+  if fused and HS <= FUSED_MAX_HS then
+    -- fused: the (T, S) scores are never stored (lt_attention, FlashAttention's online softmax)
+    if C.lt_attention(q, k, v, scale, opts.causal and 1 or 0, box) ~= 0 then fail(2) end
+    return take()
+  end
   if NKV ~= NH then
     local rep = NH / NKV
     k = k:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
     v = v:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
   end
-  local scale = opts.scale or 1 / math.sqrt(HS)
   -- the scale and the mask inside the softmax: one pass over the (T, S) scores
   local probs = F.scaled_softmax(tensor.matmul(q, k:transpose(3, 4)), scale, { causal = opts.causal })
   return tensor.matmul(probs, v)
