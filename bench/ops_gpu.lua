@@ -113,7 +113,10 @@ fwd_bwd("embedding (V, C) with BT ids", function()
   local ids = lt.randint(0, V, { BT }, { device = D })
   return { params = { wte }, f = function() return F.embedding(ids, wte) end }
 end, 2 * BT * C * esize)
-fwd_bwd("causal attention (B, NH, T, 64)", function()
-  local q, k, v = randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true)
-  return { params = { q, k, v }, f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true }) end }
-end)
+for _, fused in ipairs { false, true } do
+  fwd_bwd(("causal attention (B, NH, T, 64), %s"):format(fused and "fused (lt_attention)" or "composed"), function()
+    local q, k, v = randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true)
+    return { params = { q, k, v },
+      f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = fused }) end }
+  end)
+end

@@ -31,8 +31,14 @@
 #else
 #define LT_HD static inline
 #endif
+#ifdef __CUDA_ARCH__ /* the device pass: loops over a fixed HS unroll into registers */
+#define LT_UNROLL _Pragma("unroll")
+#else
+#define LT_UNROLL
+#endif
 
-/* head sizes up to this run fused (the CUDA thread keeps a row of HS accumulators) */
+/* head sizes up to this run fused (the CUDA thread keeps a row of HS
+   accumulators; kernels compiled for a fixed HS keep them in registers) */
 #define LT_ATTN_MAX_HS 256
 
 /* the keys query i of T sees among S */
@@ -54,6 +60,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
 #define LT_DEFINE_ATTENTION_ROWS(T_, SFX, EXP, LOG)                                                        \
   LT_HD T_ lt_attn_dot_##SFX(const T_ *a, const T_ *b, int64_t n) {                                         \
     T_ s = 0;                                                                                              \
+    LT_UNROLL                                                                                              \
     for (int64_t d = 0; d < n; d++)                                                                        \
       s += a[d] * b[d];                                                                                    \
     return s;                                                                                              \
@@ -62,6 +69,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
   LT_HD void lt_attn_fwd_row_##SFX(const T_ *q, const T_ *k, const T_ *v, T_ *o, T_ *lse, int64_t L,        \
                                    int64_t HS, T_ scale, T_ *acc) {                                        \
     T_ m = -(T_)INFINITY, l = 0;                                                                           \
+    LT_UNROLL                                                                                              \
     for (int64_t d = 0; d < HS; d++)                                                                       \
       acc[d] = 0;                                                                                          \
     for (int64_t j = 0; j < L; j++) {                                                                      \
@@ -70,23 +78,27 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
       if (s > m) { /* a new maximum: rescale what was summed */                                           \
         T_ c = m == -(T_)INFINITY ? (T_)0 : EXP(m - s);                                                    \
         l = l * c + 1;                                                                                     \
+        LT_UNROLL                                                                                          \
         for (int64_t d = 0; d < HS; d++)                                                                   \
           acc[d] = acc[d] * c + vj[d];                                                                     \
         m = s;                                                                                             \
       } else {                                                                                             \
         T_ p = EXP(s - m);                                                                                 \
         l += p;                                                                                            \
+        LT_UNROLL                                                                                          \
         for (int64_t d = 0; d < HS; d++)                                                                   \
           acc[d] += p * vj[d];                                                                             \
       }                                                                                                    \
     }                                                                                                      \
     if (!(l > 0)) { /* no visible key (or all scores -inf) */                                              \
+      LT_UNROLL                                                                                            \
       for (int64_t d = 0; d < HS; d++)                                                                     \
         o[d] = 0;                                                                                          \
       *lse = -(T_)INFINITY;                                                                                \
       return;                                                                                              \
     }                                                                                                      \
     T_ inv = 1 / l;                                                                                        \
+    LT_UNROLL                                                                                              \
     for (int64_t d = 0; d < HS; d++)                                                                       \
       o[d] = acc[d] * inv;                                                                                 \
     *lse = m + LOG(l);                                                                                     \
@@ -94,6 +106,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
   /* dq = scale sum_j p (dO . V_j - D) K_j over the first L keys (D = dO . O) */                           \
   LT_HD void lt_attn_bwd_q_row_##SFX(const T_ *q, const T_ *k, const T_ *v, const T_ *dout, T_ lse, T_ D,    \
                                      T_ *dq, int64_t L, int64_t HS, T_ scale) {                            \
+    LT_UNROLL                                                                                              \
     for (int64_t d = 0; d < HS; d++)                                                                       \
       dq[d] = 0;                                                                                           \
     if (lse == -(T_)INFINITY)                                                                              \
@@ -102,6 +115,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
       const T_ *kj = k + j * HS, *vj = v + j * HS;                                                         \
       T_ p = EXP(lt_attn_dot_##SFX(q, kj, HS) * scale - lse);                                              \
       T_ ds = p * (lt_attn_dot_##SFX(dout, vj, HS) - D) * scale;                                           \
+      LT_UNROLL                                                                                            \
       for (int64_t d = 0; d < HS; d++)                                                                     \
         dq[d] += ds * kj[d];                                                                               \
     }                                                                                                      \
@@ -116,6 +130,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
       const T_ *qi = q + i * HS, *gi = dout + i * HS;                                                      \
       T_ p = EXP(lt_attn_dot_##SFX(qi, kj, HS) * scale - lse[i]);                                          \
       T_ ds = p * (lt_attn_dot_##SFX(gi, vj, HS) - D[i]) * scale;                                          \
+      LT_UNROLL                                                                                            \
       for (int64_t d = 0; d < HS; d++) {                                                                   \
         dv[d] += p * gi[d];                                                                                \
         dk[d] += ds * qi[d];                                                                               \

@@ -18,51 +18,97 @@ LT_DEFINE_ATTENTION_ROWS(double, f64, exp, log)
 
 static const int THREADS = 128;
 
-#define DEFINE_ATTENTION_KERNELS(T_, SFX)                                                                 \
-  __global__ void attention_fwd_kernel_##SFX(const T_ *q, const T_ *k, const T_ *v, T_ *o, T_ *lse,        \
-                                             int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,    \
-                                             int64_t HS, T_ scale, int causal) {                          \
-    int64_t rep = NH / NKV, N = B * NH * T;                                                               \
-    T_ acc[LT_ATTN_MAX_HS];                                                                               \
-    LT_GRID_STRIDE(r, N) {                                                                                \
-      int64_t i = r % T, bh = r / T, b = bh / NH, g = (bh % NH) / rep;                                    \
-      lt_attn_fwd_row_##SFX(q + r * HS, k + (b * NKV + g) * S * HS, v + (b * NKV + g) * S * HS,            \
-                            o + r * HS, lse + r, lt_attn_visible(i, T, S, causal), HS, scale, acc);        \
-    }                                                                                                     \
-  }                                                                                                       \
-  __global__ void attention_dq_kernel_##SFX(const T_ *q, const T_ *k, const T_ *v, const T_ *o,            \
-                                            const T_ *dout, const T_ *lse, T_ *D, T_ *dq, int64_t B,       \
-                                            int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,     \
-                                            T_ scale, int causal) {                                       \
-    int64_t rep = NH / NKV, N = B * NH * T;                                                               \
-    LT_GRID_STRIDE(r, N) {                                                                                \
-      int64_t i = r % T, bh = r / T, b = bh / NH, g = (bh % NH) / rep;                                    \
-      D[r] = lt_attn_dot_##SFX(dout + r * HS, o + r * HS, HS);                                             \
-      lt_attn_bwd_q_row_##SFX(q + r * HS, k + (b * NKV + g) * S * HS, v + (b * NKV + g) * S * HS,          \
-                              dout + r * HS, lse[r], D[r], dq + r * HS, lt_attn_visible(i, T, S, causal),  \
-                              HS, scale);                                                                 \
-    }                                                                                                     \
-  }                                                                                                       \
-  __global__ void attention_dkv_kernel_##SFX(const T_ *q, const T_ *k, const T_ *v, const T_ *dout,        \
-                                             const T_ *lse, const T_ *D, T_ *dk, T_ *dv, int64_t B,        \
-                                             int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,    \
-                                             T_ scale, int causal) {                                      \
-    int64_t rep = NH / NKV, M = B * NKV * S;                                                              \
-    LT_GRID_STRIDE(r, M) {                                                                                \
-      int64_t j = r % S, bg = r / S, b = bg / NKV, g = bg % NKV;                                          \
-      T_ *dkj = dk + r * HS, *dvj = dv + r * HS;                                                          \
-      for (int64_t d = 0; d < HS; d++)                                                                    \
-        dkj[d] = dvj[d] = 0;                                                                              \
-      for (int64_t h = g * rep; h < (g + 1) * rep; h++) {                                                 \
-        int64_t qs = (b * NH + h) * T;                                                                    \
-        lt_attn_bwd_kv_row_##SFX(q + qs * HS, k + r * HS, v + r * HS, dout + qs * HS, lse + qs, D + qs,   \
-                                 dkj, dvj, lt_attn_first_query(j, T, S, causal), T, HS, scale);           \
-      }                                                                                                   \
-    }                                                                                                     \
-  }
+/* the shared row functions by type */
+__device__ __forceinline__ float dot(const float *a, const float *b, int64_t n) { return lt_attn_dot_f32(a, b, n); }
+__device__ __forceinline__ double dot(const double *a, const double *b, int64_t n) { return lt_attn_dot_f64(a, b, n); }
+__device__ __forceinline__ void fwd_row(const float *q, const float *k, const float *v, float *o, float *lse, int64_t L,
+                                        int64_t HS, float scale, float *acc) {
+  lt_attn_fwd_row_f32(q, k, v, o, lse, L, HS, scale, acc);
+}
+__device__ __forceinline__ void fwd_row(const double *q, const double *k, const double *v, double *o, double *lse,
+                                        int64_t L, int64_t HS, double scale, double *acc) {
+  lt_attn_fwd_row_f64(q, k, v, o, lse, L, HS, scale, acc);
+}
+__device__ __forceinline__ void q_row(const float *q, const float *k, const float *v, const float *g, float lse,
+                                      float D, float *dq, int64_t L, int64_t HS, float scale) {
+  lt_attn_bwd_q_row_f32(q, k, v, g, lse, D, dq, L, HS, scale);
+}
+__device__ __forceinline__ void q_row(const double *q, const double *k, const double *v, const double *g, double lse,
+                                      double D, double *dq, int64_t L, int64_t HS, double scale) {
+  lt_attn_bwd_q_row_f64(q, k, v, g, lse, D, dq, L, HS, scale);
+}
+__device__ __forceinline__ void kv_row(const float *q, const float *kj, const float *vj, const float *g,
+                                       const float *lse, const float *D, float *dk, float *dv, int64_t first, int64_t T,
+                                       int64_t HS, float scale) {
+  lt_attn_bwd_kv_row_f32(q, kj, vj, g, lse, D, dk, dv, first, T, HS, scale);
+}
+__device__ __forceinline__ void kv_row(const double *q, const double *kj, const double *vj, const double *g,
+                                       const double *lse, const double *D, double *dk, double *dv, int64_t first,
+                                       int64_t T, int64_t HS, double scale) {
+  lt_attn_bwd_kv_row_f64(q, kj, vj, g, lse, D, dk, dv, first, T, HS, scale);
+}
 
-DEFINE_ATTENTION_KERNELS(float, f32)
-DEFINE_ATTENTION_KERNELS(double, f64)
+/* HSC: the head size fixed at compile time (loops unroll, rows stay in
+   registers), or 0 for any head size up to LT_ATTN_MAX_HS */
+template <typename T, int HSC>
+__global__ void attention_fwd_kernel(const T *q, const T *k, const T *v, T *o, T *lse, int64_t B, int64_t NH,
+                                     int64_t NKV, int64_t Tq, int64_t S, int64_t hs, T scale, int causal) {
+  const int64_t HS = HSC ? HSC : hs, rep = NH / NKV, N = B * NH * Tq;
+  T acc[HSC ? HSC : LT_ATTN_MAX_HS];
+  LT_GRID_STRIDE(r, N) {
+    int64_t i = r % Tq, bh = r / Tq, b = bh / NH, g = (bh % NH) / rep;
+    fwd_row(q + r * HS, k + (b * NKV + g) * S * HS, v + (b * NKV + g) * S * HS, o + r * HS, lse + r,
+            lt_attn_visible(i, Tq, S, causal), HS, scale, acc);
+  }
+}
+
+template <typename T, int HSC>
+__global__ void attention_dq_kernel(const T *q, const T *k, const T *v, const T *o, const T *dout, const T *lse, T *D,
+                                    T *dq, int64_t B, int64_t NH, int64_t NKV, int64_t Tq, int64_t S, int64_t hs,
+                                    T scale, int causal) {
+  const int64_t HS = HSC ? HSC : hs, rep = NH / NKV, N = B * NH * Tq;
+  T acc[HSC ? HSC : LT_ATTN_MAX_HS]; /* dq summed here (registers for a fixed HS), stored once */
+  LT_GRID_STRIDE(r, N) {
+    int64_t i = r % Tq, bh = r / Tq, b = bh / NH, g = (bh % NH) / rep;
+    T Dr = dot(dout + r * HS, o + r * HS, HS);
+    D[r] = Dr;
+    q_row(q + r * HS, k + (b * NKV + g) * S * HS, v + (b * NKV + g) * S * HS, dout + r * HS, lse[r], Dr, acc,
+          lt_attn_visible(i, Tq, S, causal), HS, scale);
+    for (int64_t d = 0; d < HS; d++)
+      dq[r * HS + d] = acc[d];
+  }
+}
+
+template <typename T, int HSC>
+__global__ void attention_dkv_kernel(const T *q, const T *k, const T *v, const T *dout, const T *lse, const T *D,
+                                     T *dk, T *dv, int64_t B, int64_t NH, int64_t NKV, int64_t Tq, int64_t S,
+                                     int64_t hs, T scale, int causal) {
+  const int64_t HS = HSC ? HSC : hs, rep = NH / NKV, M = B * NKV * S;
+  T dka[HSC ? HSC : LT_ATTN_MAX_HS], dva[HSC ? HSC : LT_ATTN_MAX_HS]; /* summed here, stored once */
+  LT_GRID_STRIDE(r, M) {
+    int64_t j = r % S, bg = r / S, b = bg / NKV, g = bg % NKV;
+    for (int64_t d = 0; d < HS; d++)
+      dka[d] = dva[d] = 0;
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+      int64_t qs = (b * NH + h) * Tq;
+      kv_row(q + qs * HS, k + r * HS, v + r * HS, dout + qs * HS, lse + qs, D + qs, dka, dva,
+             lt_attn_first_query(j, Tq, S, causal), Tq, HS, scale);
+    }
+    for (int64_t d = 0; d < HS; d++) {
+      dk[r * HS + d] = dka[d];
+      dv[r * HS + d] = dva[d];
+    }
+  }
+}
+
+/* launches K<T, HSC> for the head sizes compiled in, else K<T, 0> */
+#define LT_ATTN_DISPATCH(HS, LAUNCH)                                                                        \
+  switch (HS) {                                                                                          \
+  case 32: LAUNCH(32); break;                                                                            \
+  case 64: LAUNCH(64); break;                                                                            \
+  case 128: LAUNCH(128); break;                                                                          \
+  default: LAUNCH(0); break;                                                                             \
+  }
 
 extern "C" lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o,
                                            void *lse, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
@@ -71,14 +117,21 @@ extern "C" lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const voi
   if (N == 0)
     return LT_OK;
   unsigned g = lt_cuda_blocks(N, THREADS);
-  if (dt == LT_DTYPE_F64)
-    attention_fwd_kernel_f64<<<g, THREADS, 0, (cudaStream_t)s>>>((const double *)q, (const double *)k,
-                                                                 (const double *)v, (double *)o, (double *)lse, B,
-                                                                 NH, NKV, T, S, HS, scale, causal);
-  else
-    attention_fwd_kernel_f32<<<g, THREADS, 0, (cudaStream_t)s>>>((const float *)q, (const float *)k,
-                                                                 (const float *)v, (float *)o, (float *)lse, B, NH,
-                                                                 NKV, T, S, HS, (float)scale, causal);
+  cudaStream_t cs = (cudaStream_t)s;
+  if (dt == LT_DTYPE_F64) {
+#define L(H)                                                                                                   \
+  attention_fwd_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v, \
+                                                         (double *)o, (double *)lse, B, NH, NKV, T, S, HS, scale, causal)
+    LT_ATTN_DISPATCH(HS, L)
+#undef L
+  } else {
+#define L(H)                                                                                                   \
+  attention_fwd_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,      \
+                                                        (float *)o, (float *)lse, B, NH, NKV, T, S, HS, (float)scale, \
+                                                        causal)
+    LT_ATTN_DISPATCH(HS, L)
+#undef L
+  }
   return lt_cuda_check_launch("attention_fwd_kernel");
 }
 
@@ -90,31 +143,45 @@ extern "C" lt_status lt_cuda_attention_bwd(lt_dtype dt, const void *q, const voi
   cudaStream_t cs = (cudaStream_t)s;
   if (N > 0) { /* D and dq first: the key rows read D */
     unsigned g = lt_cuda_blocks(N, THREADS);
-    if (dt == LT_DTYPE_F64)
-      attention_dq_kernel_f64<<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,
-                                                     (const double *)o, (const double *)dout, (const double *)lse,
-                                                     (double *)D, (double *)dq, B, NH, NKV, T, S, HS, scale, causal);
-    else
-      attention_dq_kernel_f32<<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,
-                                                     (const float *)o, (const float *)dout, (const float *)lse,
-                                                     (float *)D, (float *)dq, B, NH, NKV, T, S, HS, (float)scale,
-                                                     causal);
+    if (dt == LT_DTYPE_F64) {
+#define L(H)                                                                                                       \
+  attention_dq_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,      \
+                                                        (const double *)o, (const double *)dout, (const double *)lse, \
+                                                        (double *)D, (double *)dq, B, NH, NKV, T, S, HS, scale, causal)
+      LT_ATTN_DISPATCH(HS, L)
+#undef L
+    } else {
+#define L(H)                                                                                                     \
+  attention_dq_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,        \
+                                                       (const float *)o, (const float *)dout, (const float *)lse,    \
+                                                       (float *)D, (float *)dq, B, NH, NKV, T, S, HS, (float)scale,  \
+                                                       causal)
+      LT_ATTN_DISPATCH(HS, L)
+#undef L
+    }
     lt_status st = lt_cuda_check_launch("attention_dq_kernel");
     if (st != LT_OK)
       return st;
   }
   if (M > 0) {
     unsigned g = lt_cuda_blocks(M, THREADS);
-    if (dt == LT_DTYPE_F64)
-      attention_dkv_kernel_f64<<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,
-                                                      (const double *)dout, (const double *)lse, (const double *)D,
-                                                      (double *)dk, (double *)dv, B, NH, NKV, T, S, HS, scale,
-                                                      causal);
-    else
-      attention_dkv_kernel_f32<<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,
-                                                      (const float *)dout, (const float *)lse, (const float *)D,
-                                                      (float *)dk, (float *)dv, B, NH, NKV, T, S, HS, (float)scale,
-                                                      causal);
+    if (dt == LT_DTYPE_F64) {
+#define L(H)                                                                                                        \
+  attention_dkv_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,      \
+                                                         (const double *)dout, (const double *)lse, (const double *)D, \
+                                                         (double *)dk, (double *)dv, B, NH, NKV, T, S, HS, scale,      \
+                                                         causal)
+      LT_ATTN_DISPATCH(HS, L)
+#undef L
+    } else {
+#define L(H)                                                                                                      \
+  attention_dkv_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,        \
+                                                        (const float *)dout, (const float *)lse, (const float *)D,   \
+                                                        (float *)dk, (float *)dv, B, NH, NKV, T, S, HS, (float)scale, \
+                                                        causal)
+      LT_ATTN_DISPATCH(HS, L)
+#undef L
+    }
     return lt_cuda_check_launch("attention_dkv_kernel");
   }
   return LT_OK;

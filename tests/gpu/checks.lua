@@ -432,7 +432,11 @@ grad_check("scaled causal softmax (2, 12, 256, 300): keys after a cache", { { sh
   function(x) return F.scaled_softmax(x, 0.125, { causal = true }) end)
 grad_check("fused attention, grouped-query, 128 queries after 64 cached keys (2, 8 / 2 heads, 64)",
   { { shape = { 2, 8, 128, 64 } }, { shape = { 2, 2, 192, 64 } }, { shape = { 2, 2, 192, 64 } } }, function(q, k, v)
-  return F.scaled_dot_product_attention(q, k, v, { causal = true })
+  return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
+end, { gtol = 1e-4 })
+grad_check("fused causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }, { shape = { 2, 12, 256, 64 } },
+  { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
 end, { gtol = 1e-4 })
 grad_check("causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }, { shape = { 2, 12, 256, 64 } },
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)

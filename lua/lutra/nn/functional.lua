@@ -200,16 +200,21 @@ end
 
 local FUSED_MAX_HS = 256 -- LT_ATTN_MAX_HS (kernels/attention_rows.h)
 
---- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = (on a GPU)})
+--- F.fused_attention: whether scaled_dot_product_attention fuses on a GPU
+-- by default (off until a GPU run has measured the fused kernel against
+-- the composed path: bench/ops_gpu.lua prints both).
+F.fused_attention = false
+
+--- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
 -- query attention repeats each K/V head NH/NKV times). The causal mask lets
 -- query t see keys up to t + S - T (aligned at the end, so a query after a
 -- KV cache sees the whole prefix; the same as torch's when S == T). A row
--- whose every score is masked gives zeros. On a GPU, head sizes up to 256
--- run fused (one pass, nothing of size (T, S) stored, forward and
--- backward); on the CPU (faster there through OpenBLAS), for larger heads
--- or with fused = false it runs as matmul, scaled_softmax, matmul; fused =
--- true asks for the fused kernel on the CPU too.
+-- whose every score is masked gives zeros. fused = true (head sizes up to
+-- 256) runs the fused kernel: one pass, nothing of size (T, S) stored,
+-- forward and backward; otherwise (the default on the CPU, where OpenBLAS
+-- products are 3-5x faster, and on a GPU unless F.fused_attention) it runs
+-- as matmul, scaled_softmax, matmul.
 function F.scaled_dot_product_attention(q, k, v, opts)
   need("scaled_dot_product_attention", q, 1)
   need("scaled_dot_product_attention", k, 2)
@@ -227,7 +232,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   end
   local scale = opts.scale or 1 / math.sqrt(HS)
   local fused = opts.fused
-  if fused == nil then fused = q.device ~= "cpu" end -- on the CPU, OpenBLAS products are faster
+  if fused == nil then fused = F.fused_attention and q.device ~= "cpu" end
   if fused and HS <= FUSED_MAX_HS then
     -- fused: the (T, S) scores are never stored (lt_attention, FlashAttention's online softmax)
     if C.lt_attention(q, k, v, scale, opts.causal and 1 or 0, box) ~= 0 then fail(2) end
