@@ -13,14 +13,21 @@
 -- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
 --
 --   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
+--       [--fused_attention=1]
 local lt = require "lutra"
 
-local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128 }
+local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128,
+  fused_attention = 0 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
-  if not k or opts[k] == nil then error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] [--pad_vocab=128]") end
+  if not k or opts[k] == nil then
+    error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] "
+      .. "[--pad_vocab=128] [--fused_attention=0|1]")
+  end
   opts[k] = tonumber(v) or v
 end
+-- --fused_attention=1: attention through the fused kernel (lt_attention) instead of matmul, softmax, matmul
+lt.F.fused_attention = opts.fused_attention == 1
 
 local n, why = lt.cuda.device_count()
 if n == 0 then
