@@ -273,10 +273,20 @@ function M.run(settings)
   -- under data parallelism rank 0 alone prints and writes the metrics
   local lead = not ddp or lt.dist.rank() == 0
   local metrics = { write = function() end, flush = function() end, close = function() end }
+  local opened, why = true, nil
   if lead then
-    mkdir_p(dir)
-    metrics = assert(io.open(dir .. "/metrics.jsonl", "a"))
+    opened, why = pcall(function()
+      mkdir_p(dir)
+      local f, err = io.open(dir .. "/metrics.jsonl", "a")
+      if not f then error(("train: cannot open %s/metrics.jsonl: %s"):format(dir, err), 0) end
+      metrics = f
+    end)
   end
+  if ddp then -- rank 0 alone opens the metrics: the others learn whether it could, and stop with it
+    local bad = ddp:reduce_number(opened and 0 or 1)
+    if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", 2) end
+  end
+  if not opened then error(why, 2) end
   local function record(t)
     metrics:write(json_line(t), "\n")
     metrics:flush()

@@ -300,4 +300,20 @@ H.test("all_gather into an out of the wrong size on one rank: it raises, the job
   assert(t:totable()[1] == w)
 end)
 
+H.test("a metrics directory that rank 0 cannot make stops every rank, not only rank 0", function(r, w)
+  local m = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 40,
+    generator = lt.Generator(5) }
+  local ddp = lt.dist.DataParallel(m)
+  local blocker = os.tmpname() -- a file where rank 0's directory would go
+  local data = { next = function() return lt.zeros({ 1, 8 }, { dtype = "i64" }), lt.zeros({ 1, 8 }, { dtype = "i64" }) end }
+  H.raises(function()
+    lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.1 }), train = data, steps = 1, quiet = true, ddp = ddp,
+      out_dir = r == 0 and blocker or "/tmp", name = "x" }
+  end, r == 0 and "cannot create the directory" or "rank 0 could not open the metrics file")
+  -- the job goes on in step
+  local t = lt.ones(2)
+  lt.dist.all_reduce(t)
+  assert(t:totable()[1] == w)
+end)
+
 H.run("zero_spec")
