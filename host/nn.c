@@ -11,6 +11,7 @@
 #include "iter.h"
 #include "../kernels/attention_rows.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -41,6 +42,18 @@ static lt_status to_dtype(lt_tensor *r, lt_dtype d, lt_tensor **out) {
   LT_NO_GRAD(st = lt_tensor_to(r, d, r->storage->device, out));
   lt_tensor_release(r);
   return st;
+}
+
+/* a scale that is finite in the dtype the kernels compute in */
+static lt_status check_scale(const char *op, double scale, lt_dtype cd) {
+  if (isfinite(scale) && !(cd == LT_DTYPE_F32 && fabs(scale) > FLT_MAX))
+    return LT_OK;
+  char v[40];
+  if (isnan(scale))
+    snprintf(v, sizeof v, "nan");
+  else
+    snprintf(v, sizeof v, "%g", scale);
+  return lt_fail(LT_ERR_ARG, "%s: the scale must be finite (in %s), got %s", op, lt_dtype_name(cd), v);
 }
 
 static lt_status need_float(const char *op, const lt_tensor *t) {
@@ -84,7 +97,8 @@ static lt_status norm_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
   lt_dtype cd = x->dtype;
   int64_t C = x->sizes[x->ndim - 1], N = C ? lt_tensor_numel(x) / C : 0;
   const lt_backend_i *be = x->storage->backend;
-  int need_dx = n->next[ix].node || (fused && n->next[ir].node);
+  /* (h's own retained gradient is the total one too: the part through y included) */
+  int need_dx = n->next[ix].node || (fused && (n->next[ir].node || n->retain[1]));
   lt_tensor *dy = NULL, *dadd = NULL, *dx = NULL, *dw = NULL, *db = NULL;
   lt_status st = LT_OK;
   if (go[0])
@@ -129,6 +143,15 @@ static lt_status norm_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
       }
     }
     lt_tensor_release(outs[j]);
+  }
+  if (st == LT_OK && conv[0] && fused && n->retain[1]) { /* h.grad after retain_grad: dL/dh, all of it */
+    lt_tensor *c = NULL;
+    st = lt_tensor_clone(conv[0], &c);
+    if (st == LT_OK) {
+      lt_autograd_meta *m = lt_meta(n->retain[1]);
+      lt_tensor_release(m->grad);
+      m->grad = c;
+    }
   }
   if (st == LT_OK) {
     if (conv[0] && fused && n->next[ir].node) {
@@ -343,8 +366,7 @@ static lt_status softmax_any(const char *op, const lt_tensor *x, int dim, int lo
     char b[200];
     return lt_fail(LT_ERR_ARG, "%s: dim %d is out of range for shape %s", op, dim + 1, lt_tensor_shape_str(x, b));
   }
-  if (!isfinite(scale))
-    return lt_fail(LT_ERR_ARG, "%s: the scale must be finite, got %g", op, scale);
+  LT_TRY(check_scale(op, scale, compute_dtype(x->dtype)));
   if (causal && x->ndim < 2) {
     char b[200];
     return lt_fail(LT_ERR_SHAPE, "%s: a causal mask needs (..., queries, keys) scores, got shape %s", op,
@@ -442,7 +464,7 @@ static const lt_node_ops attention_ops = {"AttentionBackward", attention_backwar
 
 lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                        lt_tensor **res) {
-  const char *op = "attention";
+  const char *op = "scaled_dot_product_attention";
   const lt_tensor *ins[3] = {q, k, v};
   const lt_backend_i *be;
   LT_TRY(lt_same_device(op, 3, ins, &be));
@@ -462,8 +484,7 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
   if (HS > LT_ATTN_MAX_HS)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: head size %lld is over the fused kernel's %d", op, (long long)HS,
                    LT_ATTN_MAX_HS);
-  if (!isfinite(scale))
-    return lt_fail(LT_ERR_ARG, "%s: the scale must be finite, got %g", op, scale);
+  LT_TRY(check_scale(op, scale, compute_dtype(q->dtype)));
   if (!be->attention_fwd || !be->attention_bwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   lt_dtype cd = compute_dtype(q->dtype);

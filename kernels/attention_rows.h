@@ -69,12 +69,19 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
   LT_HD void lt_attn_fwd_row_##SFX(const T_ *q, const T_ *k, const T_ *v, T_ *o, T_ *lse, int64_t L,        \
                                    int64_t HS, T_ scale, T_ *acc) {                                        \
     T_ m = -(T_)INFINITY, l = 0;                                                                           \
+    int nan = 0;                                                                                           \
     LT_UNROLL                                                                                              \
     for (int64_t d = 0; d < HS; d++)                                                                       \
       acc[d] = 0;                                                                                          \
     for (int64_t j = 0; j < L; j++) {                                                                      \
       const T_ *kj = k + j * HS, *vj = v + j * HS;                                                         \
       T_ s = lt_attn_dot_##SFX(q, kj, HS) * scale;                                                         \
+      if (s != s) { /* NaN: the row is NaN, as the composed softmax gives */                              \
+        nan = 1;                                                                                           \
+        continue;                                                                                          \
+      }                                                                                                    \
+      if (s == -(T_)INFINITY) /* weight 0 */                                                               \
+        continue;                                                                                          \
       if (s > m) { /* a new maximum: rescale what was summed */                                           \
         T_ c = m == -(T_)INFINITY ? (T_)0 : EXP(m - s);                                                    \
         l = l * c + 1;                                                                                     \
@@ -89,6 +96,12 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
         for (int64_t d = 0; d < HS; d++)                                                                   \
           acc[d] += p * vj[d];                                                                             \
       }                                                                                                    \
+    }                                                                                                      \
+    if (nan || l != l) { /* a NaN score (or inf - inf): NaN, as the composed softmax gives */             \
+      for (int64_t d = 0; d < HS; d++)                                                                     \
+        o[d] = (T_)NAN;                                                                                    \
+      *lse = (T_)NAN;                                                                                      \
+      return;                                                                                              \
     }                                                                                                      \
     if (!(l > 0)) { /* no visible key (or all scores -inf) */                                              \
       LT_UNROLL                                                                                            \

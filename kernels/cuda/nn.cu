@@ -174,9 +174,13 @@ __global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int l
     for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
       mloc = fmax(mloc, (double)(xr[c] * scale));
     T m = (T)lt_block_max(mloc, sh);
-    if (m == ninf) {
+    if (m == ninf) { /* all masked, or all NaN (the maximum skips NaN) */
+      double nan = 0;
+      for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
+        nan += xr[c] != xr[c];
+      bool any_nan = lt_block_sum(nan, sh) > 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = logsm ? ninf : (T)0;
+        yr[c] = any_nan ? (T)NAN : logsm ? ninf : (T)0;
       continue;
     }
     double sum = 0;

@@ -51,6 +51,63 @@ describe("the fused attention against PyTorch (" .. fixture.torch .. ")", functi
 end)
 
 describe("lt.F edge cases", function()
+  it("fused attention: a NaN score gives NaN, a -inf score weight 0 (as the composed path)", function()
+    local q, k, v = lt.randn(1, 1, 2, 4), lt.randn(1, 1, 3, 4), lt.randn(1, 1, 3, 4)
+    k:narrow(3, 3, 1):narrow(4, 2, 1):fill_(0 / 0)
+    local o = F.scaled_dot_product_attention(q, k, v, { fused = true })
+    assert(o:sum():item() ~= o:sum():item(), "NaN expected")
+    local q1, k1, v1 = lt.tensor({ { { { 1e20 } } } }), lt.tensor({ { { { -1e20 }, { 1 } } } }), lt.tensor({ { { { 5 }, { 7 } } } })
+    assert.are.equal(7, F.scaled_dot_product_attention(q1, k1, v1, { fused = true, scale = 1 }):item())
+    assert.are.equal(7, F.scaled_dot_product_attention(q1, k1, v1, { fused = false, scale = 1 }):item())
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { fused = true, scale = 1e300 }) end,
+      "scale must be finite (in f32)")
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { scale = "x" }) end, "scale must be a number")
+    -- a softmax row of NaN is NaN, one of -inf zeros
+    assert(F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1] ~= F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1])
+    assert.are.same({ 0, 0 }, F.softmax(lt.tensor { -math.huge, -math.huge }, -1):totable())
+  end)
+  it("scaled_dot_product_attention: k and v of batch 1, a value head size of its own, clear shape messages", function()
+    local g = lt.Generator(30)
+    local q, k, v = lt.randn({ 2, 4, 3, 8 }, { generator = g }), lt.randn({ 1, 2, 5, 8 }, { generator = g }),
+      lt.randn({ 1, 2, 5, 6 }, { generator = g })
+    local o = F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
+    assert.are.same({ 2, 4, 3, 6 }, o:shape())
+    -- the same as each batch row with its own copy of k and v
+    local kk, vv = k:expand(2, 2, 5, 8):contiguous(), v:expand(2, 2, 5, 6):contiguous()
+    local ref = F.scaled_dot_product_attention(q, kk, vv, { causal = true })
+    assert((o - ref):abs():max():item() < 1e-6)
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, lt.randn(1, 2, 4, 6)) end,
+      "k and v have different heads or lengths")
+    H.assert_error(function() F.scaled_dot_product_attention(q, lt.randn(1, 3, 5, 8), lt.randn(1, 3, 5, 8)) end,
+      "K/V heads must divide the query heads")
+    H.assert_error(function() F.scaled_dot_product_attention(q, lt.randn(3, 2, 5, 8), lt.randn(3, 2, 5, 8)) end,
+      "batch")
+    H.assert_error(function() F.scaled_softmax(lt.randn(2, 2), 1, true) end, "options must be a table")
+  end)
+  it("add_*_norm: h.grad after retain_grad is the whole gradient of h; norm modules take the residual", function()
+    local x, res = lt.randn(3, 4, "f64"):requires_grad_(), lt.randn(3, 4, "f64"):requires_grad_()
+    local h, y = F.add_rms_norm(x, res)
+    h:retain_grad()
+    ;(h * 2 + y * y * y):sum():backward()
+    local x2, r2 = x:detach():requires_grad_(), res:detach():requires_grad_()
+    local h2 = x2 + r2
+    h2:retain_grad()
+    local y2 = F.rms_norm(h2)
+    ;(h2 * 2 + y2 * y2 * y2):sum():backward()
+    assert((h.grad - h2.grad):abs():max():item() < 1e-12)
+    local ln = lt.nn.LayerNorm(4, { dtype = "f64" })
+    local hh, yy = ln(x:detach(), res:detach())
+    assert((yy - F.layer_norm(hh, ln.weight, ln.bias)):abs():max():item() < 1e-12)
+    -- a block whose norm is swapped for one without the fused form adds the residual itself
+    local m = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16, generator = lt.Generator(1) }
+    local ids = lt.tensor({ { 1, 2, 3 } }, "i64")
+    local before = m(ids)
+    local Plain = lt.nn.Module:extend("PlainLayerNorm")
+    function Plain:init(inner) self.inner = inner end
+    function Plain:forward(t) return self.inner(t) end
+    m.transformer.h[1].ln_2 = Plain(m.transformer.h[1].ln_2)
+    assert((m(ids) - before):abs():max():item() < 1e-6)
+  end)
   it("fused attention: finite differences (causal, grouped-query, queries after a cache, more queries than keys)", function()
     local g = lt.Generator(21)
     local function r(shape) return lt.randn(shape, { generator = g, dtype = "f64" }):requires_grad_() end

@@ -67,10 +67,13 @@ function Block:init(cfg, o)
   self.mlp = MLP(cfg, o)
 end
 function Block:forward(x, kv)
-  -- x + attn(...) and ln_2 of it in one pass (F.add_layer_norm)
-  local ln = self.ln_2
-  local h, y = F.add_layer_norm(x, self.attn(self.ln_1(x), kv), ln.weight, ln._params.by_name.bias, ln.eps)
-  return h + self.mlp(y)
+  local a = self.attn(self.ln_1(x), kv)
+  if self.ln_2.fuses_residual then -- x + a and ln_2 of it in one pass (F.add_layer_norm)
+    local h, y = self.ln_2(x, a)
+    return h + self.mlp(y)
+  end
+  x = x + a
+  return x + self.mlp(self.ln_2(x))
 end
 
 local Transformer = nn.Module:extend("Transformer")

@@ -59,10 +59,14 @@ function Layer:init(cfg, o)
   self.mlp = MLP(cfg, o)
 end
 function Layer:forward(x, kv)
-  -- x + attention and the post-attention norm of it in one pass (F.add_rms_norm)
-  local n = self.post_attention_layernorm
-  local h, y = F.add_rms_norm(x, self.self_attn(self.input_layernorm(x), kv), n.weight, n.eps)
-  return h + self.mlp(y)
+  local a = self.self_attn(self.input_layernorm(x), kv)
+  local norm = self.post_attention_layernorm
+  if norm.fuses_residual then -- x + a and its norm in one pass (F.add_rms_norm)
+    local h, y = norm(x, a)
+    return h + self.mlp(y)
+  end
+  x = x + a
+  return x + self.mlp(norm(x))
 end
 
 local Body = nn.Module:extend("LlamaModel")

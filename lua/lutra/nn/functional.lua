@@ -60,13 +60,13 @@ end
 
 local function number_arg(op, name, v)
   if v ~= nil and (type(v) ~= "number" or v ~= v) then
-    error(("%s: %s must be a number, got %s"):format(op, name, tostring(v)), 4)
+    error(("%s: %s must be a number, got %s"):format(op, name, tostring(v)), 3) -- at the F function's caller
   end
 end
 
 local function whole_arg(op, name, v)
   if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or math.abs(v) > 2 ^ 53) then
-    error(("%s: %s must be a whole number, got %s"):format(op, name, tostring(v)), 4)
+    error(("%s: %s must be a whole number, got %s"):format(op, name, tostring(v)), 3)
   end
 end
 
@@ -81,28 +81,32 @@ function F.layer_norm(x, weight, bias, eps)
 end
 
 local h_box = ffi.new("lt_tensor*[1]")
-local function add_norm(op, rms, x, res, weight, bias, eps, default_eps)
-  need(op, x, 1)
-  need(op, res, 2)
-  optional_tensor(op, weight, 3)
-  if not rms then optional_tensor(op, bias, 4) end
-  number_arg(op, "eps", eps)
-  if C.lt_add_norm(rms and 1 or 0, x, res, weight, bias, eps or default_eps, h_box, box) ~= 0 then fail(3) end
-  local h = ffi.gc(h_box[0], C.lt_tensor_release)
-  return h, take()
-end
+local function h_take() return ffi.gc(h_box[0], C.lt_tensor_release) end
 
 --- F.add_layer_norm(x, residual, weight, bias, eps) -> h, y: h = x + residual
 -- and y = layer_norm(h) in one pass (a pre-norm block's residual add and
 -- its next norm; eps default 1e-5). x and residual of one shape and dtype.
 function F.add_layer_norm(x, res, weight, bias, eps)
-  return add_norm("add_layer_norm", false, x, res, weight, bias, eps, 1e-5)
+  need("add_layer_norm", x, 1)
+  need("add_layer_norm", res, 2)
+  optional_tensor("add_layer_norm", weight, 3)
+  optional_tensor("add_layer_norm", bias, 4)
+  number_arg("add_layer_norm", "eps", eps)
+  if C.lt_add_norm(0, x, res, weight, bias, eps or 1e-5, h_box, box) ~= 0 then fail(2) end
+  local h = h_take()
+  return h, take()
 end
 
 --- F.add_rms_norm(x, residual, weight, eps) -> h, y: h = x + residual and
 -- y = rms_norm(h) in one pass (eps default 1e-6).
 function F.add_rms_norm(x, res, weight, eps)
-  return add_norm("add_rms_norm", true, x, res, weight, nil, eps, 1e-6)
+  need("add_rms_norm", x, 1)
+  need("add_rms_norm", res, 2)
+  optional_tensor("add_rms_norm", weight, 3)
+  number_arg("add_rms_norm", "eps", eps)
+  if C.lt_add_norm(1, x, res, weight, nil, eps or 1e-6, h_box, box) ~= 0 then fail(2) end
+  local h = h_take()
+  return h, take()
 end
 
 --- F.rms_norm(x, weight, eps): RMSNorm over the last dim (eps default 1e-6).
@@ -156,6 +160,7 @@ function F.softmax(x, dim) return softmax("softmax", x, dim, 0) end
 function F.scaled_softmax(x, scale, opts)
   need("scaled_softmax", x, 1)
   if type(scale) ~= "number" then error("scaled_softmax: scale must be a number", 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("scaled_softmax: options must be a table {causal = ...}", 2) end
   if C.lt_scaled_softmax(x, scale, opts and opts.causal and 1 or 0, box) ~= 0 then fail(2) end
   return take()
 end
@@ -225,23 +230,34 @@ function F.scaled_dot_product_attention(q, k, v, opts)
       :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
   end
   local B, NH, T, HS = q:size(1), q:size(2), q:size(3), q:size(4)
-  local NKV, S = k:size(2), k:size(3)
-  if NH % NKV ~= 0 or v:size(2) ~= NKV or k:size(4) ~= HS or v:size(3) ~= S then
-    error(("scaled_dot_product_attention: heads do not fit: q %s, k %s, v %s (K/V heads must divide Q heads)")
-      :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
+  local NKV, S, Bk, HSV = k:size(2), k:size(3), k:size(1), v:size(4)
+  local function bad(what)
+    error(("scaled_dot_product_attention: %s: q %s, k %s, v %s"):format(what, tostring(q:shape()),
+      tostring(k:shape()), tostring(v:shape())), 3)
   end
-  local scale = opts.scale or 1 / math.sqrt(HS)
+  if k:size(4) ~= HS then bad("q and k have different head sizes") end
+  if v:size(2) ~= NKV or v:size(3) ~= S then bad("k and v have different heads or lengths") end
+  if NKV == 0 or NH % NKV ~= 0 then bad("the K/V heads must divide the query heads") end
+  if (Bk ~= B and Bk ~= 1) or v:size(1) ~= Bk then bad("k and v need q's batch (or 1)") end
+  if opts.scale ~= nil and type(opts.scale) ~= "number" then
+    error("scaled_dot_product_attention: scale must be a number, got " .. type(opts.scale), 2)
+  end
+  if opts.causal ~= nil and type(opts.causal) ~= "boolean" then
+    error("scaled_dot_product_attention: causal must be true or false", 2)
+  end
+  local scale = opts.scale or (HS > 0 and 1 / math.sqrt(HS) or 1)
   local fused = opts.fused
   if fused == nil then fused = F.fused_attention and q.device ~= "cpu" end
-  if fused and HS <= FUSED_MAX_HS then
+  -- the fused kernel takes k and v of q's batch and head size; other inputs run composed
+  if fused and HS <= FUSED_MAX_HS and Bk == B and HSV == HS then
     -- fused: the (T, S) scores are never stored (lt_attention, FlashAttention's online softmax)
     if C.lt_attention(q, k, v, scale, opts.causal and 1 or 0, box) ~= 0 then fail(2) end
     return take()
   end
   if NKV ~= NH then
     local rep = NH / NKV
-    k = k:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
-    v = v:unsqueeze(3):expand(B, NKV, rep, S, HS):reshape(B, NH, S, HS)
+    k = k:unsqueeze(3):expand(Bk, NKV, rep, S, HS):reshape(Bk, NH, S, HS)
+    v = v:unsqueeze(3):expand(Bk, NKV, rep, S, HSV):reshape(Bk, NH, S, HSV)
   end
   -- the scale and the mask inside the softmax: one pass over the (T, S) scores
   local probs = F.scaled_softmax(tensor.matmul(q, k:transpose(3, 4)), scale, { causal = opts.causal })

@@ -374,7 +374,14 @@ function nn.LayerNorm:init(dim, o)
   self.weight = nn.Parameter(lt.ones({ dim }, opts_of(o)))
   if not (o and o.bias == false) then self.bias = nn.Parameter(lt.zeros({ dim }, opts_of(o))) end
 end
-function nn.LayerNorm:forward(x) return F.layer_norm(x, self.weight, self._params.by_name.bias, self.eps) end
+--- ln(x) -> layer_norm(x); ln(x, residual) -> h, y with h = x + residual and
+-- y = layer_norm(h) in one pass (F.add_layer_norm: a pre-norm block's
+-- residual add and its next norm; fuses_residual says a norm takes it).
+function nn.LayerNorm:forward(x, residual)
+  if residual ~= nil then return F.add_layer_norm(x, residual, self.weight, self._params.by_name.bias, self.eps) end
+  return F.layer_norm(x, self.weight, self._params.by_name.bias, self.eps)
+end
+nn.LayerNorm.fuses_residual = true
 
 --- nn.RMSNorm(dim[, {eps = 1e-6}]): weight 1.
 nn.RMSNorm = Module:extend("RMSNorm")
@@ -382,7 +389,12 @@ function nn.RMSNorm:init(dim, o)
   self.eps = o and o.eps or 1e-6
   self.weight = nn.Parameter(lt.ones({ dim }, opts_of(o)))
 end
-function nn.RMSNorm:forward(x) return F.rms_norm(x, self.weight, self.eps) end
+--- norm(x) -> rms_norm(x); norm(x, residual) -> h, y (F.add_rms_norm), as LayerNorm.
+function nn.RMSNorm:forward(x, residual)
+  if residual ~= nil then return F.add_rms_norm(x, residual, self.weight, self.eps) end
+  return F.rms_norm(x, self.weight, self.eps)
+end
+nn.RMSNorm.fuses_residual = true
 
 --- nn.Dropout(p): dropout while training, the identity in eval mode.
 nn.Dropout = Module:extend("Dropout")
