@@ -6,8 +6,9 @@
  * 20240801, version 7 and uint32 tokens for vocabularies over 65,535. Every
  * header is checked against the file's size before a token is read.
  *
- * The loader maps its shards and cuts them into windows of T+1 tokens at a
- * stride of T (x = tokens[0..T), y = tokens[1..T]). An epoch visits every
+ * The loader keeps its shards open and reads windows of T+1 tokens at a
+ * stride of T with pread (a shard cut short under it is an error naming
+ * it, never a SIGBUS) (x = tokens[0..T), y = tokens[1..T]). An epoch visits every
  * window once, in an order shuffled by (seed, epoch) with Philox-driven
  * Fisher-Yates (or in file order, unshuffled); rank r of world takes the
  * windows at positions r, r + world, ... of that order, so the ranks'
@@ -116,7 +117,8 @@ lt_status lt_shard_write(const char *path, const int32_t *ids, int64_t n, int64_
 
 typedef struct {
   char *path;
-  const unsigned char *map;
+  const unsigned char *map; /* lt_shard_read maps a shard; the loader reads with pread */
+  int fd;                   /* the loader's open file, or -1 */
   size_t len;
   int64_t ntokens, nwindows, first_window;
   int token_bytes;
@@ -175,8 +177,10 @@ static void make_perm(lt_loader *l, int64_t epoch) {
   l->perm_epoch = epoch;
 }
 
-/* Copies window w's T+1 tokens into x (T) and y (T) rows. */
-static void copy_window(const lt_loader *l, int64_t w, int32_t *x, int32_t *y) {
+/* Copies window w's T+1 tokens into x (T) and y (T) rows, read with pread
+   into buf ((T+1) * 4 bytes): a shard cut short while the loader runs is an
+   error naming it, not a SIGBUS as a mapped file would give. */
+static lt_status copy_window(const lt_loader *l, int64_t w, int32_t *x, int32_t *y, unsigned char *buf) {
   int lo = 0, hi = l->nshards - 1;
   while (lo < hi) { /* the shard holding window w */
     int mid = (lo + hi + 1) / 2;
@@ -187,15 +191,26 @@ static void copy_window(const lt_loader *l, int64_t w, int32_t *x, int32_t *y) {
   }
   const shard *s = &l->shards[lo];
   int64_t start = (w - s->first_window) * l->T;
-  const unsigned char *p = s->map + HEADER_BYTES;
+  size_t want = (size_t)(l->T + 1) * (size_t)s->token_bytes, got = 0;
+  off_t at = (off_t)(HEADER_BYTES + start * s->token_bytes);
+  while (got < want) {
+    ssize_t n = pread(s->fd, buf + got, want - got, at + (off_t)got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return lt_fail(LT_ERR_IO, "shard %s: read %zu of %zu bytes at offset %lld%s%s: the file changed under the loader",
+                     s->path, got, want, (long long)at, n < 0 ? ": " : "", n < 0 ? strerror(errno) : " (truncated?)");
+    got += (size_t)n;
+  }
   for (int64_t k = 0; k <= l->T; k++) {
-    int64_t at = (start + k) * s->token_bytes;
-    int32_t v = s->token_bytes == 2 ? (int32_t)(p[at] | p[at + 1] << 8) : read_i32(p + at);
+    const unsigned char *p = buf + k * s->token_bytes;
+    int32_t v = s->token_bytes == 2 ? (int32_t)(p[0] | p[1] << 8) : read_i32(p);
     if (k < l->T)
       x[k] = v;
     if (k > 0)
       y[k - 1] = v;
   }
+  return LT_OK;
 }
 
 /* Builds the next batch at the producer's position (advancing it). */
@@ -214,7 +229,10 @@ static lt_status produce(lt_loader *l, batch *b) {
     return st;
   }
   int32_t *xp = (int32_t *)lt_tensor_ptr(b->x), *yp = (int32_t *)lt_tensor_ptr(b->y);
-  for (int64_t r = 0; r < l->B; r++) {
+  unsigned char *buf = malloc((size_t)(l->T + 1) * 4);
+  if (!buf)
+    st = lt_fail(LT_ERR_OOM, "loader: out of host memory");
+  for (int64_t r = 0; st == LT_OK && r < l->B; r++) {
     if (l->p_index >= len) {
       l->p_epoch++;
       l->p_index = 0;
@@ -223,14 +241,23 @@ static lt_status produce(lt_loader *l, batch *b) {
         lt_tensor_release(b->y);
         b->x = b->y = NULL;
         b->end = 1;
+        free(buf);
         return LT_OK;
       }
     }
     if (l->perm_epoch != l->p_epoch)
       make_perm(l, l->p_epoch);
     int64_t w = l->perm[l->rank + l->p_index * l->world];
-    copy_window(l, w, xp + r * l->T, yp + r * l->T);
-    l->p_index++;
+    st = copy_window(l, w, xp + r * l->T, yp + r * l->T, buf);
+    if (st == LT_OK)
+      l->p_index++;
+  }
+  free(buf);
+  if (st != LT_OK) {
+    lt_tensor_release(b->x);
+    lt_tensor_release(b->y);
+    b->x = b->y = NULL;
+    return st;
   }
   b->epoch = l->p_epoch;
   b->index = l->p_index;
@@ -303,8 +330,8 @@ void lt_loader_close(lt_loader *l) {
     return;
   stop_producer(l);
   for (int i = 0; i < l->nshards; i++) {
-    if (l->shards[i].map)
-      munmap((void *)l->shards[i].map, l->shards[i].len);
+    if (l->shards[i].fd >= 0)
+      close(l->shards[i].fd);
     free(l->shards[i].path);
   }
   free(l->shards);
@@ -333,6 +360,34 @@ static lt_status map_shard(shard *s, const char *path) {
     return lt_fail(LT_ERR_IO, "shard %s: cannot map: %s", path, strerror(errno));
   s->map = m;
   return lt_shard_parse_header(m ? m : "", s->len, path, &s->ntokens, &s->token_bytes);
+}
+
+/* The loader's shard: the file stays open (pread), its header checked against its size. */
+static lt_status open_shard(shard *s, const char *path) {
+  s->fd = -1;
+  s->path = strdup(path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return lt_fail(LT_ERR_IO, "shard %s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return lt_fail(LT_ERR_IO, "shard %s: not a regular file", path);
+  }
+  s->fd = fd;
+  s->len = (size_t)sb.st_size;
+  unsigned char header[HEADER_BYTES];
+  size_t got = 0, want = s->len < HEADER_BYTES ? s->len : HEADER_BYTES;
+  while (got < want) {
+    ssize_t n = pread(fd, header + got, want - got, (off_t)got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return lt_fail(LT_ERR_IO, "shard %s: cannot read its header: %s", path, n < 0 ? strerror(errno) : "end of file");
+    got += (size_t)n;
+  }
+  /* the parser reads the header alone and checks its count against the file's size */
+  return lt_shard_parse_header(header, s->len, path, &s->ntokens, &s->token_bytes);
 }
 
 lt_status lt_shard_read(const char *path, lt_tensor **out) {
@@ -384,7 +439,7 @@ lt_status lt_loader_open(int npaths, const char *const *paths, int64_t B, int64_
   lt_status st = l->shards && l->queue ? LT_OK : lt_fail(LT_ERR_OOM, "loader: out of host memory");
   for (int i = 0; st == LT_OK && i < npaths; i++) {
     l->nshards++;
-    st = map_shard(&l->shards[i], paths[i]);
+    st = open_shard(&l->shards[i], paths[i]);
     if (st == LT_OK) {
       shard *s = &l->shards[i];
       s->nwindows = s->ntokens > 0 ? (s->ntokens - 1) / T : 0;

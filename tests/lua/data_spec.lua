@@ -145,6 +145,22 @@ describe("shards and the loader", function()
     H.assert_error(function() lt.data.write_shard(d .. "/x.bin", { 1, 70000 }, 50257) end, "token 70000", "position 2")
     os.execute("rm -rf " .. d)
   end)
+  it("a shard cut short while the loader reads it is an error naming it (not a SIGBUS)", function()
+    local d = tmpdir()
+    make_shards(d, { 5001 })
+    local L = lt.data.shards { path = d, batch = 2, seq = 10, shuffle = false }
+    L:next()
+    os.execute(("truncate -s 2048 %s/train_001.bin"):format(d))
+    local ok, err
+    for _ = 1, 300 do -- past the batches already prefetched
+      ok, err = pcall(L.next, L)
+      if not ok then break end
+    end
+    assert(not ok, "the loader went on reading a truncated shard")
+    assert(tostring(err):find("train_001.bin", 1, true) and tostring(err):find("changed under the loader", 1, true),
+      tostring(err))
+  end)
+
   it("writes u32 shards for large vocabularies", function()
     local d = tmpdir()
     lt.data.write_shard(d .. "/big.bin", lt.tensor({ 1, 100000, 128255 }, "i32"), 128256)
