@@ -343,24 +343,28 @@ function M.run(settings)
     local xs, ys, total = {}, {}, 0
     for k = 1, o.accum do
       local x, y = next_batch()
+      -- counted where the batch arrives (the CPU, for a loader): no device sync for it
+      total = total + y:ne(o.ignore_index):to("i64"):sum():item()
       if device ~= "cpu" then x, y = x:to(device), y:to(device) end
       xs[k], ys[k] = x, y
-      total = total + y:ne(o.ignore_index):to("i64"):sum():item()
     end
     -- data parallel: every rank divides by the global batch's count, and the
     -- summed gradients are those of the global batch
     if ddp then total = ddp:reduce_number(total) end
     opt:zero_grad()
-    local loss_sum, tokens = 0, 0
+    local loss_sum, tokens, sums = 0, 0, nil
     for k = 1, o.accum do
       if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
       local logits = model(xs[k])
       local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index })
       if total > 0 then (l / total):backward() end
-      loss_sum = loss_sum + l:item()
+      -- the micro-batches' losses add up where they are; one read per step (a GPU syncs once)
+      local ld = l:detach():to("f64")
+      sums = sums and sums + ld or ld
       tokens = tokens + xs[k]:numel()
       xs[k], ys[k] = nil, nil
     end
+    loss_sum = sums:item()
     if ddp then
       ddp:finish()
       -- one all_reduce for the sums and for whether any rank was signalled
