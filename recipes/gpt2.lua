@@ -28,7 +28,7 @@ local cfg = lt.config {
   steps = 1500, lr = 6e-3, min_lr = 0, warmup = 30, weight_decay = 0.1, beta2 = 0.95, clip = 1.0,
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 0.8,
   prompt = "The ", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
-  schedule = "linear", zero = 0,
+  schedule = "linear", zero = 0, log_all_ranks = false,
 }
 
 -- checked before anything runs
@@ -89,6 +89,7 @@ local summary = lt.train {
   clip = cfg.clip, val = val, eval_every = cfg.eval_every, eval_batches = eval_batches,
   sample_every = cfg.sample_every, name = cfg.name, log_every = cfg.log_every,
   ckpt_every = cfg.ckpt_every, keep_last = cfg.keep_last, resume = cfg.resume, config = cfg, ddp = ddp,
+  log_all_ranks = cfg.log_all_ranks,
   sample = { tokenizer = tok, prompt = cfg.prompt, tokens = cfg.sample_tokens, temperature = cfg.temperature,
     generator = lt.Generator(cfg.seed) },
 }

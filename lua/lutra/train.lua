@@ -36,7 +36,8 @@
 -- gives its slice of the global batch; token counts and loss sums are
 -- reduced over ranks, gradients all-reduced in buckets during the last
 -- micro-batch's backward, so the logged loss is the single-process loss of
--- the global batch; rank 0 alone logs and samples.
+-- the global batch; rank 0 alone logs and samples (log_all_ranks = true: every
+-- rank prints its lines too, prefixed "[rank N]"; metrics stay rank 0's).
 --
 -- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
 -- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
@@ -54,7 +55,7 @@ local DEFAULTS = {
   sample_every = 0, sample = false, name = "run", log_every = 1, ignore_index = -100,
   skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
   on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none", ddp = false,
-  config = false, rng = false, on_checkpoint = false,
+  config = false, rng = false, on_checkpoint = false, log_all_ranks = false,
 }
 
 local function fmt_bytes(b) return ("%.0f MiB"):format(b / 2 ^ 20) end
@@ -291,9 +292,10 @@ function M.run(settings)
     metrics:write(json_line(t), "\n")
     metrics:flush()
   end
+  local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(lt.dist.rank()) or ""
   local function say(line)
-    if not o.quiet and lead then
-      print(line)
+    if not o.quiet and (lead or (ddp and o.log_all_ranks)) then
+      print(prefix .. line)
       io.stdout:flush()
     end
   end

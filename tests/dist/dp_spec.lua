@@ -99,4 +99,26 @@ H.test("DataParallel broadcasts rank 0's weights and rejects bad settings", func
   end, "checkpoints need a training loader with state() and load_state()")
 end)
 
+H.test("only rank 0 logs, unless log_all_ranks: then every rank, prefixed with its rank", function(r, w)
+  local m = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 40,
+    generator = lt.Generator(5) }
+  local ddp = lt.dist.DataParallel(m)
+  local data = { next = function() return lt.zeros({ 1, 8 }, { dtype = "i64" }), lt.zeros({ 1, 8 }, { dtype = "i64" }) end }
+  for _, all in ipairs { false, true } do
+    local lines, print0 = {}, print
+    rawset(_G, "print", function(s) lines[#lines + 1] = s end)
+    local ok, err = pcall(lt.train, { model = m, optimizer = lt.optim.SGD(m, { lr = 0.1 }), train = data, steps = 2,
+      ddp = ddp, out_dir = os.tmpname() .. "-logs", log_all_ranks = all })
+    rawset(_G, "print", print0)
+    assert(ok, err)
+    if all then
+      assert(#lines > 0 and lines[1]:sub(1, #("[rank " .. r .. "]")) == "[rank " .. r .. "]", tostring(lines[1]))
+    elseif r == 0 then
+      assert(#lines > 0 and not lines[1]:find("^%[rank"), tostring(lines[1]))
+    else
+      assert(#lines == 0, ("rank %d printed %d lines"):format(r, #lines))
+    end
+  end
+end)
+
 H.run("dp_spec")
