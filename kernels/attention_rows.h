@@ -36,6 +36,11 @@
 #else
 #define LT_UNROLL
 #endif
+#if defined(_OPENMP) && !defined(__CUDACC__) /* the CPU: dot products in SIMD lanes (summed in another order) */
+#define LT_SIMD_SUM(s) _Pragma("omp simd reduction(+ : s)")
+#else
+#define LT_SIMD_SUM(s)
+#endif
 
 /* head sizes up to this run fused (the CUDA thread keeps a row of HS
    accumulators; kernels compiled for a fixed HS keep them in registers) */
@@ -60,7 +65,7 @@ LT_HD int64_t lt_attn_first_query(int64_t j, int64_t T, int64_t S, int causal) {
 #define LT_DEFINE_ATTENTION_ROWS(T_, SFX, EXP, LOG)                                                        \
   LT_HD T_ lt_attn_dot_##SFX(const T_ *a, const T_ *b, int64_t n) {                                         \
     T_ s = 0;                                                                                              \
-    LT_UNROLL                                                                                              \
+    LT_UNROLL LT_SIMD_SUM(s)                                                                               \
     for (int64_t d = 0; d < n; d++)                                                                        \
       s += a[d] * b[d];                                                                                    \
     return s;                                                                                              \
