@@ -149,6 +149,7 @@ H.test("ZeRO 3: dropped parameters are named when used, and unshard brings them 
     "holds a parameter the model does not")
   local z = lt.dist.Zero(g, { stage = 3, units = g.transformer.h }) -- a ModuleList: its blocks
   assert(#z.units == 1 + g.transformer.h:len(), #z.units .. " units from a ModuleList")
+  H.raises(function() lt.dist.Zero(g, { stage = 3 }) end, "already sharded by another ZeRO-3 optimizer")
 end)
 
 H.test("ZeRO 3 without lt.train: forward, backward and step by hand; evaluation under no_grad", function(r, w)

@@ -59,6 +59,9 @@ end
 -- class, whose set_lr, clip_grad_norm, state_dict, load_state_dict and
 -- state_bytes work on the shards unchanged.
 function M.new(base, model, opts, settings, kind)
+  if rawget(model, "_zero3") then
+    error("Zero: this model is already sharded by another ZeRO-3 optimizer (make one per model)", 3)
+  end
   local group = opts.group
   local size = group and group:size() or lt.dist.world_size()
   local rank = group and group:rank() or lt.dist.rank()
@@ -221,6 +224,10 @@ end
 
 function Z:_wrap(u)
   local m = u.module
+  if rawget(m, "_zero3") then
+    error(("Zero: %s is already sharded by another ZeRO-3 optimizer (make one per model)"):format(m:path()), 4)
+  end
+  rawset(m, "_zero3", self)
   local forward = m.forward
   rawset(m, "forward", function(mod, ...)
     self:_pre_forward(u)
