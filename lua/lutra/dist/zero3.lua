@@ -15,8 +15,8 @@
 --
 -- Around every forward of a unit its chunks are all-gathered into the
 -- parameters, and dropped again after it (the root's stay until its
--- backward). The outputs pass through an identity autograd function whose
--- backward gathers the unit again before the unit's own backward runs.
+-- backward). The outputs pass through lt.autograd.hook, whose backward
+-- gathers the unit again before the unit's own backward runs.
 -- When every parameter of a unit has its gradient (gradient-ready hooks),
 -- the unit's flat gradient is reduce-scattered (units strictly in reverse
 -- forward order, the same on every rank), its parameters and full
@@ -97,17 +97,13 @@ function M.new(base, model, opts, settings, kind)
   end
   local lists = { [0] = {} }
   for i = 1, #modules do lists[i] = {} end
-  for _, p in ipairs(self.params) do
-    local u = owner[p] or 0
-    if owner[p] == nil then owner[p] = 0 end
-    table.insert(lists[u], p)
-  end
+  for _, p in ipairs(self.params) do table.insert(lists[owner[p] or 0], p) end
   self.units = {}
   local wd = settings.weight_decay or (kind == "AdamW" and 0.01 or 0)
   for i = 0, #modules do
     if #lists[i] > 0 or i == 0 then
       local u = { module = i == 0 and model or modules[i], params = lists[i], root = i == 0,
-        name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, launched = false }
+        name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, nready = 0 }
       u.flats = require("lutra.dist.zero").flat_groups(u.params, wd, size)
       u.bytes = 0
       for _, p in ipairs(u.params) do u.bytes = u.bytes + p:numel() * elsize(p.dtype) end
@@ -145,20 +141,18 @@ function M.new(base, model, opts, settings, kind)
   self.groups = self.inner.groups
   self.kind = kind
 
+  self.identity = {} -- per unit: passes its outputs through and gathers it before its backward
   for _, u in ipairs(self.units) do
     self:_wrap(u)
     for _, p in ipairs(u.params) do
-      if p.requires_grad then p:register_hook(function() self:_param_ready(u) end) end
+      if p.requires_grad then
+        p:register_hook(function() self:_param_ready(u) end)
+        u.nready = u.nready + 1
+      end
     end
-    u.nready = 0
-    for _, p in ipairs(u.params) do if p.requires_grad then u.nready = u.nready + 1 end end
-  end
-  self.root = self.units[1]
-  -- the identity whose backward gathers a unit before its own backward
-  self.identity = {}
-  for _, u in ipairs(self.units) do
     self.identity[u] = lt.autograd.hook(function() self:_pre_backward(u) end)
   end
+  self.root = self.units[1]
   return self
 end
 
