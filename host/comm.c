@@ -283,24 +283,34 @@ static int check_enabled(void) {
   return on;
 }
 
-/* Every rank of the group gives (op code, dtype, count, root); all must
-   agree on the op and dtype, and on the count unless counts may differ. */
-static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
-                       int counts_may_differ, int64_t *all_counts) {
-  int64_t mine[4] = {opcode, dt, count, root};
-  int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
-  if (!all)
+/* The agreement exchange under the watchdog: every rank's 4 numbers into
+   *all (size x 4, malloc'd; the caller frees it on success). */
+static lt_status exchange(lt_comm *c, uint64_t seq, const char *op, const int64_t mine[4], int64_t count,
+                          int64_t **all) {
+  *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
+  if (!*all)
     return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
   MPI_Request req;
-  lt_status st = LT_OK;
-  if (MPI_Iallgather(mine, 4, MPI_INT64_T, all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
+  lt_status st;
+  if (MPI_Iallgather(mine, 4, MPI_INT64_T, *all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
     st = lt_fail(LT_ERR_IO, "%s: exchanging sizes failed on rank %d", op, world.rank);
   else
     st = wait_request(&req, op, c, seq, count);
   if (st != LT_OK) {
-    free(all);
-    return st;
+    free(*all);
+    *all = NULL;
   }
+  return st;
+}
+
+/* Every rank of the group gives (op code, dtype, count, root); all must
+   agree on the op and dtype, and on the count unless counts may differ. */
+static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
+                       int counts_may_differ, int64_t *all_counts) {
+  int64_t mine[4] = {opcode, dt, count, root}, *all;
+  lt_status st = exchange(c, seq, op, mine, count, &all);
+  if (st != LT_OK)
+    return st;
   for (int r = 0; r < c->size && st == LT_OK; r++) {
     int64_t *o = all + 4 * r;
     if (o[0] == OP_REFUSED)
@@ -333,17 +343,8 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
 
 /* this rank's side of a refused call's agreement exchange */
 static lt_status announce_refusal(lt_comm *c) {
-  int64_t mine[4] = {OP_REFUSED, 0, 0, 0};
-  int64_t *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
-  if (!all)
-    return lt_fail(LT_ERR_OOM, "refusing a collective: out of memory");
-  uint64_t seq = c->seq++;
-  MPI_Request req;
-  lt_status st = LT_OK;
-  if (MPI_Iallgather(mine, 4, MPI_INT64_T, all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
-    st = lt_fail(LT_ERR_IO, "refusing a collective: the exchange failed on rank %d", world.rank);
-  else
-    st = wait_request(&req, "a refused collective", c, seq, 0);
+  int64_t mine[4] = {OP_REFUSED, 0, 0, 0}, *all;
+  lt_status st = exchange(c, c->seq++, "a refused collective", mine, 0, &all);
   free(all);
   return st;
 }

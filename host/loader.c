@@ -26,7 +26,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,8 +116,7 @@ lt_status lt_shard_write(const char *path, const int32_t *ids, int64_t n, int64_
 
 typedef struct {
   char *path;
-  const unsigned char *map; /* lt_shard_read maps a shard; the loader reads with pread */
-  int fd;                   /* the loader's open file, or -1 */
+  int fd; /* open for pread, or -1 */
   size_t len;
   int64_t ntokens, nwindows, first_window;
   int token_bytes;
@@ -177,6 +175,20 @@ static void make_perm(lt_loader *l, int64_t epoch) {
   l->perm_epoch = epoch;
 }
 
+/* n bytes at off into buf (pread until done); the bytes read, fewer at end of file or on an error (errno) */
+static size_t pread_full(int fd, void *buf, size_t n, off_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      break;
+    got += (size_t)k;
+  }
+  return got;
+}
+
 /* Copies window w's T+1 tokens into x (T) and y (T) rows, read with pread
    into buf ((T+1) * 4 bytes): a shard cut short while the loader runs is an
    error naming it, not a SIGBUS as a mapped file would give. */
@@ -191,17 +203,13 @@ static lt_status copy_window(const lt_loader *l, int64_t w, int32_t *x, int32_t 
   }
   const shard *s = &l->shards[lo];
   int64_t start = (w - s->first_window) * l->T;
-  size_t want = (size_t)(l->T + 1) * (size_t)s->token_bytes, got = 0;
+  size_t want = (size_t)(l->T + 1) * (size_t)s->token_bytes;
   off_t at = (off_t)(HEADER_BYTES + start * s->token_bytes);
-  while (got < want) {
-    ssize_t n = pread(s->fd, buf + got, want - got, at + (off_t)got);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return lt_fail(LT_ERR_IO, "shard %s: read %zu of %zu bytes at offset %lld%s%s: the file changed under the loader",
-                     s->path, got, want, (long long)at, n < 0 ? ": " : "", n < 0 ? strerror(errno) : " (truncated?)");
-    got += (size_t)n;
-  }
+  errno = 0;
+  size_t got = pread_full(s->fd, buf, want, at);
+  if (got < want)
+    return lt_fail(LT_ERR_IO, "shard %s: read %zu of %zu bytes at offset %lld%s%s: the file changed under the loader",
+                   s->path, got, want, (long long)at, errno ? ": " : "", errno ? strerror(errno) : " (truncated?)");
   for (int64_t k = 0; k <= l->T; k++) {
     const unsigned char *p = buf + k * s->token_bytes;
     int32_t v = s->token_bytes == 2 ? (int32_t)(p[0] | p[1] << 8) : read_i32(p);
@@ -343,26 +351,7 @@ void lt_loader_close(lt_loader *l) {
   free(l);
 }
 
-static lt_status map_shard(shard *s, const char *path) {
-  s->path = strdup(path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return lt_fail(LT_ERR_IO, "shard %s: cannot open: %s", path, strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return lt_fail(LT_ERR_IO, "shard %s: not a regular file", path);
-  }
-  s->len = (size_t)sb.st_size;
-  void *m = s->len ? mmap(NULL, s->len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-  close(fd);
-  if (s->len && m == MAP_FAILED)
-    return lt_fail(LT_ERR_IO, "shard %s: cannot map: %s", path, strerror(errno));
-  s->map = m;
-  return lt_shard_parse_header(m ? m : "", s->len, path, &s->ntokens, &s->token_bytes);
-}
-
-/* The loader's shard: the file stays open (pread), its header checked against its size. */
+/* A shard opened for reading: the file stays open (pread), its header checked against its size. */
 static lt_status open_shard(shard *s, const char *path) {
   s->fd = -1;
   s->path = strdup(path);
@@ -377,34 +366,43 @@ static lt_status open_shard(shard *s, const char *path) {
   s->fd = fd;
   s->len = (size_t)sb.st_size;
   unsigned char header[HEADER_BYTES];
-  size_t got = 0, want = s->len < HEADER_BYTES ? s->len : HEADER_BYTES;
-  while (got < want) {
-    ssize_t n = pread(fd, header + got, want - got, (off_t)got);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return lt_fail(LT_ERR_IO, "shard %s: cannot read its header: %s", path, n < 0 ? strerror(errno) : "end of file");
-    got += (size_t)n;
-  }
+  size_t want = s->len < HEADER_BYTES ? s->len : HEADER_BYTES;
+  errno = 0;
+  if (pread_full(fd, header, want, 0) < want)
+    return lt_fail(LT_ERR_IO, "shard %s: cannot read its header: %s", path, errno ? strerror(errno) : "end of file");
   /* the parser reads the header alone and checks its count against the file's size */
   return lt_shard_parse_header(header, s->len, path, &s->ntokens, &s->token_bytes);
 }
 
 lt_status lt_shard_read(const char *path, lt_tensor **out) {
   shard s = {0};
-  lt_status st = map_shard(&s, path);
+  lt_status st = open_shard(&s, path);
   lt_tensor *t = NULL;
   if (st == LT_OK)
     st = lt_tensor_empty(1, (int64_t[]){s.ntokens}, LT_DTYPE_I32, LT_DEVICE_CPU, &t);
-  if (st == LT_OK) {
-    const unsigned char *tok = (const unsigned char *)s.map + HEADER_BYTES;
-    int32_t *dst = (int32_t *)lt_tensor_ptr(t);
-    for (int64_t i = 0; i < s.ntokens; i++)
-      dst[i] = s.token_bytes == 2 ? (int32_t)(tok[2 * i] | tok[2 * i + 1] << 8) : read_i32(tok + 4 * i);
-    *out = t;
+  enum { CHUNK = 1 << 16 }; /* tokens read at a time */
+  unsigned char *buf = st == LT_OK ? malloc((size_t)CHUNK * 4) : NULL;
+  if (st == LT_OK && !buf)
+    st = lt_fail(LT_ERR_OOM, "shard %s: out of host memory", path);
+  int32_t *dst = t ? (int32_t *)lt_tensor_ptr(t) : NULL;
+  for (int64_t at = 0; st == LT_OK && at < s.ntokens; at += CHUNK) {
+    int64_t n = s.ntokens - at < CHUNK ? s.ntokens - at : CHUNK;
+    size_t want = (size_t)n * (size_t)s.token_bytes;
+    errno = 0;
+    if (pread_full(s.fd, buf, want, (off_t)(HEADER_BYTES + at * s.token_bytes)) < want) {
+      st = lt_fail(LT_ERR_IO, "shard %s: cannot read its tokens: %s", path, errno ? strerror(errno) : "end of file");
+      break;
+    }
+    for (int64_t i = 0; i < n; i++)
+      dst[at + i] = s.token_bytes == 2 ? (int32_t)(buf[2 * i] | buf[2 * i + 1] << 8) : read_i32(buf + 4 * i);
   }
-  if (s.map)
-    munmap((void *)s.map, s.len);
+  free(buf);
+  if (st == LT_OK)
+    *out = t;
+  else
+    lt_tensor_release(t);
+  if (s.fd >= 0)
+    close(s.fd);
   free(s.path);
   return st;
 }

@@ -247,6 +247,10 @@ end
 
 function T.dim(t) return C.lt_tensor_ndim(t) end
 function T.numel(t) return tonumber(C.lt_tensor_numel(t)) end
+--- t:element_size() -> bytes per element of t's dtype (as torch's).
+function T.element_size(t) return tonumber(C.lt_dtype_size(C.lt_tensor_dtype(t))) end
+--- t:nbytes() -> t:numel() * t:element_size().
+function T.nbytes(t) return tonumber(C.lt_tensor_numel(t)) * tonumber(C.lt_dtype_size(C.lt_tensor_dtype(t))) end
 function T.is_contiguous(t) return C.lt_tensor_is_contiguous(t) ~= 0 end
 function T.storage_offset(t) return tonumber(C.lt_tensor_offset(t)) end
 --- Whether two tensors view the same storage.

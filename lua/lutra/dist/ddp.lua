@@ -61,7 +61,7 @@ function M.DataParallel(what, opts)
   for _, p in ipairs(params) do if p.requires_grad then trainable[#trainable + 1] = p end end
   for i = #trainable, 1, -1 do
     local p = trainable[i]
-    local bytes = p:numel() * (p.dtype == "f64" and 8 or (p.dtype == "f32" and 4 or 2))
+    local bytes = p:nbytes()
     if not cur or cur.dtype ~= p.dtype or cur.device ~= p.device or (cur.bytes > 0 and cur.bytes + bytes > limit) then
       cur = { params = {}, offsets = {}, numel = 0, bytes = 0, dtype = p.dtype, device = p.device, ready = 0 }
       self.buckets[#self.buckets + 1] = cur
@@ -160,11 +160,7 @@ function DDP:buffer_bytes()
 end
 
 --- ddp:reduce_number(x) -> the sum of x over the ranks (token counts, loss sums).
-function DDP:reduce_number(x)
-  local t = lt.tensor({ x }, { dtype = "f64" })
-  lt.dist.all_reduce(t, { group = self.group })
-  return t:item()
-end
+function DDP:reduce_number(x) return self:reduce_numbers({ x })[1] end
 
 --- ddp:reduce_numbers({x1, x2, ...}) -> {sums}: several sums in one all_reduce (f64).
 function DDP:reduce_numbers(xs)

@@ -301,18 +301,17 @@ end
 -- buffers; total is the sum of the first three. Counts tensors by their
 -- elements (a tied weight once), not the allocator's caches.
 function M.memory_bytes(model, opt, ddp)
-  local function bytes(t) return t:numel() * (t.dtype == "f64" and 8 or (t.dtype == "f32" and 4 or 2)) end
   local r
   if opt and opt.memory_bytes then
     r = opt:memory_bytes()
   else
     r = { params = 0, grads = 0, optimizer = 0 }
     for _, p in ipairs(model:parameters()) do
-      if p.has_data then r.params = r.params + bytes(p) end
-      if p.grad ~= nil then r.grads = r.grads + bytes(p.grad) end
+      if p.has_data then r.params = r.params + p:nbytes() end
+      if p.grad ~= nil then r.grads = r.grads + p.grad:nbytes() end
     end
     for _, s in pairs(opt and opt.state or {}) do
-      for _, t in pairs(s) do if lt.is_tensor(t) then r.optimizer = r.optimizer + bytes(t) end end
+      for _, t in pairs(s) do if lt.is_tensor(t) then r.optimizer = r.optimizer + t:nbytes() end end
     end
   end
   r.buffers = ddp and ddp:buffer_bytes() or 0

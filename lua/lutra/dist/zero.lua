@@ -54,8 +54,6 @@ local function flat_groups(params, wd, size)
 end
 M.flat_groups = flat_groups
 
-local function elsize(dtype) return dtype == "f64" and 8 or (dtype == "f32" and 4 or 2) end
-
 --- lt.dist.Zero(model, {stage = 1, 2 or 3, optimizer = "AdamW" or "SGD", group =,
 -- units = (stage 3: the modules gathered one at a time), <the optimizer's
 -- settings>}) -> an optimizer for lt.train (with lt.dist.DataParallel,
@@ -202,7 +200,7 @@ function Zero:state_bytes()
   local n = 0
   for _, s in pairs(self.inner.state) do
     for _, t in pairs(s) do
-      if type(t) ~= "boolean" then n = n + t:numel() * elsize(t.dtype) end
+      if type(t) ~= "boolean" then n = n + t:nbytes() end
     end
   end
   return n
@@ -215,12 +213,12 @@ end
 function Zero:memory_bytes()
   local params, grads, optimizer = 0, 0, self:state_bytes()
   for _, p in ipairs(self.params) do
-    params = params + p:numel() * elsize(p.dtype)
-    if p.grad ~= nil then grads = grads + p:numel() * elsize(p.dtype) end
+    params = params + p:nbytes()
+    if p.grad ~= nil then grads = grads + p:nbytes() end
   end
   for _, f in ipairs(self.flats) do
-    optimizer = optimizer + f.shard:numel() * elsize(f.dtype)
-    if f.shard.grad ~= nil then grads = grads + f.shard:numel() * elsize(f.dtype) end
+    optimizer = optimizer + f.shard:nbytes()
+    if f.shard.grad ~= nil then grads = grads + f.shard:nbytes() end
   end
   return { params = params, grads = grads, optimizer = optimizer }
 end

@@ -37,8 +37,6 @@ local lt = require "lutra"
 
 local M = {}
 
-local function elsize(dtype) return dtype == "f64" and 8 or (dtype == "f32" and 4 or 2) end
-
 -- the default units: children of the outermost ModuleLists
 local function default_units(model)
   local out = {}
@@ -106,7 +104,7 @@ function M.new(base, model, opts, settings, kind)
         name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, nready = 0 }
       u.flats = require("lutra.dist.zero").flat_groups(u.params, wd, size)
       u.bytes = 0
-      for _, p in ipairs(u.params) do u.bytes = u.bytes + p:numel() * elsize(p.dtype) end
+      for _, p in ipairs(u.params) do u.bytes = u.bytes + p:nbytes() end
       self.stats.param_bytes = self.stats.param_bytes + u.bytes
       self.units[#self.units + 1] = u
     end
@@ -457,14 +455,14 @@ end
 function Z:memory_bytes()
   local params, grads = 0, 0
   for _, p in ipairs(self.params) do
-    if p.has_data then params = params + p:numel() * elsize(p.dtype) end
+    if p.has_data then params = params + p:nbytes() end
     local g = p.grad
-    if g ~= nil then grads = grads + g:numel() * elsize(g.dtype) end
+    if g ~= nil then grads = grads + g:nbytes() end
   end
   for _, f in ipairs(self.flats) do
-    params = params + f.shard:numel() * elsize(f.dtype)
+    params = params + f.shard:nbytes()
     local g = f.shard.grad
-    if g ~= nil then grads = grads + g:numel() * elsize(g.dtype) end
+    if g ~= nil then grads = grads + g:nbytes() end
   end
   return { params = params, grads = grads, optimizer = self:state_bytes() }
 end
