@@ -1,6 +1,6 @@
 --- bench/gpt2_gpu.lua: GPT-2 124M training steps on one CUDA device: forward,
--- backward and an SGD update (the optimizer issue brings fused AdamW), at
--- T=1024 and the micro-batches given. Prints ms per step, tokens/s, MFU and
+-- backward and a fused AdamW update (lt.optim.AdamW: one call per parameter
+-- group, f32 master weights for bf16), at T=1024 and the micro-batches given. Prints ms per step, tokens/s, MFU and
 -- peak memory per dtype and batch, and the bf16 product rate measured in the
 -- same run. MFU uses llm.c's FLOP count (as DESIGN.md and bench/model_cpu.lua):
 -- 6N + 6 L C T FLOPs per token (N all parameters; L layers, C channels, T
@@ -13,21 +13,29 @@
 -- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
 --
 --   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
---       [--fused_attention=1]
+--       [--attention=auto|fused|composed]
+--
+-- --attention: auto (the default) is what training uses: cuDNN's flash
+-- attention for bf16/f16 (F.library_attention), else the composed path;
+-- fused runs lutra's fused kernel (lt_attention); composed runs matmul,
+-- scaled_softmax, matmul.
 local lt = require "lutra"
 
 local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128,
-  fused_attention = 0 }
+  attention = "auto" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
   if not k or opts[k] == nil then
     error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] "
-      .. "[--pad_vocab=128] [--fused_attention=0|1]")
+      .. "[--pad_vocab=128] [--attention=auto|fused|composed]")
   end
   opts[k] = tonumber(v) or v
 end
--- --fused_attention=1: attention through the fused kernel (lt_attention) instead of matmul, softmax, matmul
-lt.F.fused_attention = opts.fused_attention == 1
+if opts.attention ~= "auto" and opts.attention ~= "fused" and opts.attention ~= "composed" then
+  error("--attention: auto, fused or composed, got " .. tostring(opts.attention))
+end
+lt.F.library_attention = opts.attention == "auto"
+lt.F.fused_attention = opts.attention == "fused"
 
 local n, why = lt.cuda.device_count()
 if n == 0 then
@@ -80,17 +88,15 @@ local function bench(dtype, B)
   local V = cfg.vocab_size
   local x = lt.randint(0, V, { B, T }, { device = DEV })
   local y = lt.randint(0, V, { B, T }, { device = DEV })
-  local params = model:parameters()
+  local opt = lt.optim.AdamW(model, { lr = 1e-4, weight_decay = 0.1 })
   local times, last_loss = {}, 0
   for step = 0, opts.steps do
     lt.cuda.synchronize()
     local t0 = lt.clock()
     local loss = model:loss(x, y)
-    model:zero_grad()
     loss:backward()
-    lt.no_grad(function()
-      for _, p in ipairs(params) do p:sub_(p.grad * 1e-4) end
-    end)
+    opt:step()
+    opt:zero_grad()
     last_loss = loss:item() -- the one read per step, as a training loop logs it
     if step > 0 then times[#times + 1] = lt.clock() - t0 end
     if step % 4 == 0 then collectgarbage() end
@@ -102,6 +108,7 @@ local function bench(dtype, B)
     peak = mem.peak / 2 ^ 30, loss = last_loss }
 end
 
+print(("attention: %s"):format(opts.attention))
 print(("%-6s %4s %6s %10s %12s %8s %12s %10s %8s"):format("dtype", "B", "T", "ms/step", "tokens/s", "MFU",
   "MFU(meas.)", "peak GiB", "loss"))
 for _, dtype in ipairs(list(opts.dtypes)) do

@@ -113,10 +113,17 @@ fwd_bwd("embedding (V, C) with BT ids", function()
   local ids = lt.randint(0, V, { BT }, { device = D })
   return { params = { wte }, f = function() return F.embedding(ids, wte) end }
 end, 2 * BT * C * esize)
-for _, fused in ipairs { false, true } do
-  fwd_bwd(("causal attention (B, NH, T, 64), %s"):format(fused and "fused (lt_attention)" or "composed"), function()
+local attention_paths = {
+  { "composed", { fused = false, library = false } },
+  { "fused (lt_attention)", { fused = true, library = false } },
+  { "library: cuDNN (lt_attention_library)", { library = true } },
+}
+for _, path in ipairs(attention_paths) do
+  local name, o = path[1], path[2]
+  local ok, err = pcall(fwd_bwd, ("causal attention (B, NH, T, 64), %s"):format(name), function()
     local q, k, v = randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true)
     return { params = { q, k, v },
-      f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = fused }) end }
+      f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = o.fused, library = o.library }) end }
   end)
+  if not ok then print(("causal attention, %s: failed: %s"):format(name, tostring(err):gsub("\n.*", ""))) end
 end

@@ -35,6 +35,20 @@ static lt_status cpu_synchronize(lt_device device) {
   return LT_OK;
 }
 
+/* library attention: the f64 reference (kernels/cpu/sdpa_ref.c) */
+static lt_status cpu_sdpa_prepare(const lt_sdpa_desc *d, int backward) {
+  (void)backward;
+  if (!lt_cpu_sdpa_supports(d))
+    return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: the CPU reference takes bf16/f16, and a causal "
+                                       "mask only with as many queries as keys");
+  return LT_OK;
+}
+static lt_status sdpa_status(lt_status st) {
+  return st == LT_OK ? st : lt_fail(st, "scaled_dot_product_attention: %s", st == LT_ERR_OOM ? "out of host memory" : "unsupported operands");
+}
+static lt_status cpu_sdpa_fwd(const lt_sdpa_desc *d) { return sdpa_status(lt_cpu_sdpa_fwd(d)); }
+static lt_status cpu_sdpa_bwd(const lt_sdpa_desc *d) { return sdpa_status(lt_cpu_sdpa_bwd(d)); }
+
 const lt_backend_i lt_backend_cpu = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -63,6 +77,9 @@ const lt_backend_i lt_backend_cpu = {
     .rms_norm_bwd = lt_cpu_rms_norm_bwd,
     .attention_fwd = lt_cpu_attention_fwd,
     .attention_bwd = lt_cpu_attention_bwd,
+    .sdpa_prepare = cpu_sdpa_prepare,
+    .sdpa_fwd = cpu_sdpa_fwd,
+    .sdpa_bwd = cpu_sdpa_bwd,
     .softmax_fwd = lt_cpu_softmax_fwd,
     .softmax_bwd = lt_cpu_softmax_bwd,
     .cross_entropy_fwd = lt_cpu_cross_entropy_fwd,

@@ -293,6 +293,15 @@ lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_ten
    LT_ERR_UNSUPPORTED error: the caller composes it from matmuls). */
 lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                        lt_tensor **out);
+/* Scaled-dot-product attention by the device's vendor library (cuDNN's
+   fused flash attention on CUDA; FlashAttention-2, Dao 2023), forward and
+   backward: q (B, NH, T, HS), k and v (B, NKV, S, HS), bf16 or f16, NKV
+   dividing NH, causal only with T == S. The result is (B, NH, T, HS) laid
+   out as (B, T, NH, HS). LT_ERR_UNSUPPORTED (with the reason) where there is
+   no library, for other dtypes or shapes, or when the library refuses the
+   shape: the caller then uses lt_attention or composes matmuls. */
+lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
+                               lt_tensor **out);
 /* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).

@@ -462,12 +462,13 @@ static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor 
 
 static const lt_node_ops attention_ops = {"AttentionBackward", attention_backward, NULL};
 
-lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
-                       lt_tensor **res) {
-  const char *op = "scaled_dot_product_attention";
+/* The checks every attention entry makes: one device, float dtypes, the
+   shapes (B, NH, T, HS) and (B, NKV, S, HS) with NKV dividing NH, one dtype,
+   a finite scale. */
+static lt_status attention_args(const char *op, const lt_tensor *q, const lt_tensor *k, const lt_tensor *v,
+                                double scale, const lt_backend_i **be) {
   const lt_tensor *ins[3] = {q, k, v};
-  const lt_backend_i *be;
-  LT_TRY(lt_same_device(op, 3, ins, &be));
+  LT_TRY(lt_same_device(op, 3, ins, be));
   for (int j = 0; j < 3; j++)
     LT_TRY(need_float(op, ins[j]));
   char b1[200], b2[200], b3[200];
@@ -480,11 +481,19 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
   if (q->dtype != k->dtype || q->dtype != v->dtype)
     return lt_fail(LT_ERR_DTYPE, "%s: q, k and v are %s, %s and %s; convert them to one dtype", op,
                    lt_dtype_name(q->dtype), lt_dtype_name(k->dtype), lt_dtype_name(v->dtype));
+  return check_scale(op, scale, compute_dtype(q->dtype));
+}
+
+lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
+                       lt_tensor **res) {
+  const char *op = "scaled_dot_product_attention";
+  const lt_tensor *ins[3] = {q, k, v};
+  const lt_backend_i *be;
+  LT_TRY(attention_args(op, q, k, v, scale, &be));
   int64_t B = q->sizes[0], NH = q->sizes[1], T = q->sizes[2], HS = q->sizes[3], NKV = k->sizes[1], S = k->sizes[2];
   if (HS > LT_ATTN_MAX_HS)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: head size %lld is over the fused kernel's %d", op, (long long)HS,
                    LT_ATTN_MAX_HS);
-  LT_TRY(check_scale(op, scale, compute_dtype(q->dtype)));
   if (!be->attention_fwd || !be->attention_bwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   lt_dtype cd = compute_dtype(q->dtype);
@@ -529,6 +538,181 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
     return st;
   }
   *res = r;
+  return LT_OK;
+}
+
+/* ---- attention by a vendor library (cuDNN) ------------------------------------------------ */
+
+/* An uninitialised (B, H, L, HS) tensor laid out as (B, L, H, HS): a
+   position's heads side by side, so the model's transpose back to
+   (B, L, H*HS) is contiguous and costs no copy. */
+static lt_status empty_heads_interleaved(int64_t B, int64_t H, int64_t L, int64_t HS, lt_dtype dt, lt_device dev,
+                                         lt_tensor **out) {
+  int64_t phys[4] = {B, L, H, HS};
+  lt_tensor *p = NULL;
+  LT_TRY(lt_tensor_empty(4, phys, dt, dev, &p));
+  int64_t sizes[4] = {B, H, L, HS}, strides[4] = {L * H * HS, HS, H * HS, 1};
+  *out = lt_tensor_wrap(p->storage, 0, 4, sizes, strides, dt);
+  lt_tensor_release(p);
+  return *out ? LT_OK : lt_fail(LT_ERR_OOM, "scaled_dot_product_attention: out of host memory");
+}
+
+/* Whether a library can read t where it is: the last stride 1, the others
+   positive multiples of 8 elements and the address 16-byte aligned (what
+   cuDNN's flash attention asks of 16-bit operands). */
+static int library_layout(const lt_tensor *t) {
+  if (t->strides[3] != 1 || (uintptr_t)lt_tensor_ptr(t) % 16)
+    return 0;
+  for (int d = 0; d < 3; d++)
+    if (t->sizes[d] > 1 && (t->strides[d] <= 0 || t->strides[d] % 8))
+      return 0;
+  return 1;
+}
+
+/* t itself (retained) when a library can read it, else a contiguous copy. */
+static lt_status library_operand(const lt_tensor *t, lt_tensor **out) {
+  if (library_layout(t)) {
+    lt_tensor_retain((lt_tensor *)t);
+    *out = (lt_tensor *)t;
+    return LT_OK;
+  }
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)t, out));
+  return st;
+}
+
+static void strides_of(const lt_tensor *t, int64_t *s) {
+  for (int d = 0; d < 4; d++)
+    s[d] = t->strides[d];
+}
+
+/* The descriptor of a call on q, k, v (o, dout and the gradients get the
+   interleaved layout empty_heads_interleaved makes). */
+static void sdpa_desc_fill(lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale,
+                           int causal) {
+  memset(d, 0, sizeof *d);
+  d->dtype = q->dtype;
+  d->B = q->sizes[0], d->NH = q->sizes[1], d->T = q->sizes[2], d->HS = q->sizes[3];
+  d->NKV = k->sizes[1], d->S = k->sizes[2];
+  d->scale = scale;
+  d->causal = causal != 0;
+  d->q = lt_tensor_ptr(q), d->k = lt_tensor_ptr(k), d->v = lt_tensor_ptr(v);
+  strides_of(q, d->sq), strides_of(k, d->sk), strides_of(v, d->sv);
+  int64_t T = d->T, S = d->S, HS = d->HS, NH = d->NH, NKV = d->NKV;
+  int64_t o[4] = {T * NH * HS, HS, NH * HS, 1}, kv[4] = {S * NKV * HS, HS, NKV * HS, 1};
+  memcpy(d->so, o, sizeof o), memcpy(d->sdo, o, sizeof o), memcpy(d->sdq, o, sizeof o);
+  memcpy(d->sdk, kv, sizeof kv), memcpy(d->sdv, kv, sizeof kv);
+}
+
+/* Saved: q, k, v (as the library read them), o, stats; i[0] causal, f[0] scale. */
+static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  lt_tensor *q, *k, *v, *o, *stats;
+  LT_TRY(lt_ag_saved(n, 0, &q));
+  LT_TRY(lt_ag_saved(n, 1, &k));
+  LT_TRY(lt_ag_saved(n, 2, &v));
+  LT_TRY(lt_ag_saved(n, 3, &o));
+  LT_TRY(lt_ag_saved(n, 4, &stats));
+  lt_sdpa_desc d;
+  sdpa_desc_fill(&d, q, k, v, n->f[0], (int)n->i[0]);
+  lt_device dev = q->storage->device;
+  lt_tensor *g = NULL, *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  lt_status st;
+  /* dout in o's layout, the one the backward was prepared for */
+  LT_NO_GRAD({
+    st = lt_tensor_to(go[0], q->dtype, dev, &g);
+    if (st == LT_OK && memcmp(g->strides, o->strides, sizeof o->strides[0] * 4) == 0 && library_layout(g)) {
+      dout = g;
+      g = NULL;
+    }
+    if (st == LT_OK && !dout && (st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &dout)) == LT_OK)
+      st = lt_tensor_copy_(dout, g);
+  });
+  if (st == LT_OK)
+    st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &dq);
+  if (st == LT_OK)
+    st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dk);
+  if (st == LT_OK)
+    st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dv);
+  if (st == LT_OK) {
+    d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats), d.dout = lt_tensor_ptr(dout);
+    d.dq = lt_tensor_ptr(dq), d.dk = lt_tensor_ptr(dk), d.dv = lt_tensor_ptr(dv);
+    st = q->storage->backend->sdpa_bwd(&d);
+  }
+  lt_tensor *outs[3] = {dq, dk, dv};
+  for (int j = 0; j < 3; j++) {
+    if (st == LT_OK && n->next[j].node) {
+      st = to_dtype(outs[j], n->in[j].dtype, &gi[j]);
+      outs[j] = NULL;
+    }
+    lt_tensor_release(outs[j]);
+  }
+  RELEASE_ALL(g, dout);
+  return st;
+}
+
+static const lt_node_ops sdpa_ops = {"LibraryAttentionBackward", sdpa_backward, NULL};
+
+lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
+                               lt_tensor **res) {
+  const char *op = "scaled_dot_product_attention";
+  const lt_tensor *ins[3] = {q, k, v};
+  const lt_backend_i *be;
+  LT_TRY(attention_args(op, q, k, v, scale, &be));
+  if (!be->sdpa_fwd)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: no attention library on the %s backend", op, be->name);
+  if (q->dtype != LT_DTYPE_BF16 && q->dtype != LT_DTYPE_F16)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library takes bf16 or f16, not %s", op,
+                   lt_dtype_name(q->dtype));
+  int64_t T = q->sizes[2], S = k->sizes[2], HS = q->sizes[3];
+  if (causal && T != S)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library's causal mask needs as many queries as keys (%lld, %lld)",
+                   op, (long long)T, (long long)S);
+  if (HS % 8 || lt_tensor_numel(q) == 0 || lt_tensor_numel(k) == 0)
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library needs a head size that is a multiple of 8 and no empty dim",
+                   op);
+  lt_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *stats = NULL;
+  lt_status st = library_operand(q, &qc);
+  if (st == LT_OK)
+    st = library_operand(k, &kc);
+  if (st == LT_OK)
+    st = library_operand(v, &vc);
+  int need_grad = lt_ag_needed(3, ins);
+  lt_sdpa_desc d;
+  if (st == LT_OK) {
+    sdpa_desc_fill(&d, qc, kc, vc, scale, causal);
+    st = be->sdpa_prepare(&d, need_grad);
+  }
+  lt_device dev = q->storage->device;
+  if (st == LT_OK)
+    st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &o);
+  if (st == LT_OK) {
+    int64_t rows = d.B * d.NH * d.T;
+    st = lt_tensor_empty(1, &rows, LT_DTYPE_F32, dev, &stats);
+  }
+  if (st == LT_OK) {
+    d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats);
+    st = be->sdpa_fwd(&d);
+  }
+  if (st == LT_OK && need_grad) {
+    lt_node *n;
+    st = lt_ag_node_new(&sdpa_ops, 3, ins, &n);
+    if (st == LT_OK) {
+      n->i[0] = causal != 0;
+      n->f[0] = scale;
+      lt_tensor *save[5] = {qc, kc, vc, o, stats};
+      for (int j = 0; j < 5 && st == LT_OK; j++)
+        st = lt_ag_save(n, save[j]);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, o, 0);
+      lt_node_release(n);
+    }
+  }
+  RELEASE_ALL(qc, kc, vc, stats);
+  if (st != LT_OK) {
+    lt_tensor_release(o);
+    return st;
+  }
+  *res = o;
   return LT_OK;
 }
 

@@ -132,6 +132,23 @@ typedef struct lt_sgd_hparams {
 } lt_sgd_hparams;
 
 /* Backend vtable: one static const table per backend; optional entries are NULL. */
+/* Attention by a vendor library (cuDNN's fused flash attention on CUDA):
+   16-bit q (B, NH, T, HS), k and v (B, NKV, S, HS), o and dout (B, NH, T,
+   HS), any strides in elements whose last is 1; stats f32 (B, NH, T)
+   contiguous, the log-sum-exp of each query's scaled, masked scores. The
+   forward reads q, k, v and writes o and stats; the backward reads q, k,
+   v, o, dout and stats and writes dq, dk, dv (strides as q's, k's, v's
+   fields say). causal: query t sees keys up to t (T == S only). */
+typedef struct lt_sdpa_desc {
+  lt_dtype dtype;
+  int64_t B, NH, NKV, T, S, HS;
+  double scale;
+  int causal;
+  const void *q, *k, *v, *dout;
+  void *o, *stats, *dq, *dk, *dv;
+  int64_t sq[4], sk[4], sv[4], so[4], sdo[4], sdq[4], sdk[4], sdv[4];
+} lt_sdpa_desc;
+
 typedef struct lt_backend_i {
   const char *name;
   lt_status (*alloc)(lt_device device, size_t nbytes, void **ptr);
@@ -184,6 +201,13 @@ typedef struct lt_backend_i {
   lt_status (*attention_bwd)(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
                              const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
                              int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
+  /* library attention (lt_sdpa_desc; NULL where the backend has none).
+     prepare checks that the library takes the shape (building what the
+     calls need, the backward's too when backward is set): LT_ERR_UNSUPPORTED
+     with the library's reason when it refuses, so the caller falls back */
+  lt_status (*sdpa_prepare)(const lt_sdpa_desc *d, int backward);
+  lt_status (*sdpa_fwd)(const lt_sdpa_desc *d);
+  lt_status (*sdpa_bwd)(const lt_sdpa_desc *d);
   lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
                                  int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
   lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,

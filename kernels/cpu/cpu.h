@@ -62,6 +62,11 @@ lt_status lt_cpu_attention_fwd(lt_dtype dt, const void *q, const void *k, const 
 lt_status lt_cpu_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
                                 const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
                                 int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
+/* library attention's reference (sdpa_ref.c): lt_sdpa_desc operands in f64;
+   LT_ERR_UNSUPPORTED (no message) where lt_cpu_sdpa_supports says no */
+int lt_cpu_sdpa_supports(const lt_sdpa_desc *d);
+lt_status lt_cpu_sdpa_fwd(const lt_sdpa_desc *d);
+lt_status lt_cpu_sdpa_bwd(const lt_sdpa_desc *d);
 lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
                              int64_t causal);
 lt_status lt_cpu_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,

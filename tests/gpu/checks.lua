@@ -442,6 +442,88 @@ grad_check("causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true })
 end, { gtol = 1e-4 })
+
+--- cuDNN's attention (F.library_attention) on bf16 q, k, v against the CPU
+-- in f32 from the same bf16 values: outputs and gradients within 2e-2 of
+-- the largest value. q, k and v are cut from one (B, T, 3C) tensor as the
+-- GPT-2 model does (strided, no copies) unless contiguous is set.
+local function library_check(name, B, NH, NKV, T, S, HS, causal, opts)
+  opts = opts or {}
+  check(name, function()
+    local function heads(x, H, L) return x:view(B, L, H, HS):transpose(2, 3) end
+    local cq, ck, cv
+    if opts.contiguous or NKV ~= NH or T ~= S then
+      cq = lt.randn({ B, NH, T, HS }):to("bf16")
+      ck, cv = lt.randn({ B, NKV, S, HS }):to("bf16"), lt.randn({ B, NKV, S, HS }):to("bf16")
+    else
+      local C = NH * HS
+      local qkv = lt.randn({ B, T, 3 * C }):to("bf16")
+      cq, ck, cv = heads(qkv:narrow(3, 1, C), NH, T), heads(qkv:narrow(3, C + 1, C), NH, T),
+          heads(qkv:narrow(3, 2 * C + 1, C), NH, T)
+    end
+    local ins = {}
+    local from_qkv = not opts.contiguous and NKV == NH and T == S
+    for i, c in ipairs({ cq, ck, cv }) do
+      ins[i] = { cpu = c:to("f32"):requires_grad_() }
+      if not from_qkv then ins[i].gpu = c:detach():to(CUDA):requires_grad_() end
+    end
+    if from_qkv then -- keep the GPU operands strided as the model's
+      local C = NH * HS
+      local g = lt.cat({ cq:transpose(2, 3):reshape(B, T, C), ck:transpose(2, 3):reshape(B, T, C),
+        cv:transpose(2, 3):reshape(B, T, C) }, 3):to(CUDA):requires_grad_()
+      ins.qkv = g
+    end
+    local function gpu_qkv()
+      if not ins.qkv then return ins[1].gpu, ins[2].gpu, ins[3].gpu end
+      local C = NH * HS
+      return heads(ins.qkv:narrow(3, 1, C), NH, T), heads(ins.qkv:narrow(3, C + 1, C), NH, T),
+          heads(ins.qkv:narrow(3, 2 * C + 1, C), NH, T)
+    end
+    local co = F.scaled_dot_product_attention(ins[1].cpu, ins[2].cpu, ins[3].cpu, { causal = causal })
+    local gq, gk, gv = gpu_qkv()
+    local go = F.scaled_dot_product_attention(gq, gk, gv, { causal = causal })
+    if opts.refused then
+      assert(go.grad_fn ~= "LibraryAttentionBackward", name .. ": cuDNN took a shape it should refuse")
+    else
+      assert(go.grad_fn == "LibraryAttentionBackward", ("%s: ran %s, not cuDNN"):format(name, tostring(go.grad_fn)))
+    end
+    close(go:to("f32"), co:detach(), name .. " output", 2e-2)
+    local w = lt.randn(co:shape())
+    ;(co * w):sum():backward()
+    ;(go:to("f32") * w:to(CUDA)):sum():backward()
+    if ins.qkv then
+      local C = NH * HS
+      local g = ins.qkv.grad
+      for i = 1, 3 do
+        local gi = heads(g:narrow(3, (i - 1) * C + 1, C), NH, T)
+        close(gi:to("f32"), ins[i].cpu.grad, ("%s grad %d"):format(name, i), 2e-2)
+      end
+    else
+      for i = 1, 3 do close(ins[i].gpu.grad:to("f32"), ins[i].cpu.grad, ("%s grad %d"):format(name, i), 2e-2) end
+    end
+  end, true)
+end
+
+library_check("cuDNN causal attention, GPT-2 124M's heads cut from qkv (2, 12, 1024, 64)", 2, 12, 12, 1024, 1024, 64,
+  true)
+library_check("cuDNN attention without a mask, contiguous (2, 8, 256, 128)", 2, 8, 8, 256, 256, 128, false,
+  { contiguous = true })
+library_check("cuDNN causal attention, grouped-query (2, 8 / 2 heads, 512, 64)", 2, 8, 2, 512, 512, 64, true)
+library_check("cuDNN attention, 64 queries over 320 keys, no mask", 2, 4, 4, 64, 320, 64, false)
+library_check("an odd head size (20) stays with lutra's attention", 2, 4, 4, 128, 128, 20, true,
+  { refused = true })
+check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
+  local q = lt.randn({ 1, 4, 128, 64 }):to("f16"):to(CUDA):requires_grad_()
+  local y = F.scaled_dot_product_attention(q, q, q, { causal = true })
+  assert(y.grad_fn == "LibraryAttentionBackward" and y.dtype == "f16", tostring(y.grad_fn))
+  q = q:detach()
+  local r = F.scaled_dot_product_attention(q:to("f32"):to("cpu"), q:to("f32"):to("cpu"), q:to("f32"):to("cpu"),
+    { causal = true })
+  close(y:to("f32"), r, "f16 output", 2e-2)
+  local q32 = q:to("f32"):requires_grad_()
+  assert(F.scaled_dot_product_attention(q32, q32, q32, { causal = true }).grad_fn ~= "LibraryAttentionBackward")
+end, true)
+
 grad_check("linear (8, 128, 768) -> 2304", { { shape = { 8, 128, 768 } }, { shape = { 2304, 768 } }, { shape = { 2304 } } },
   function(x, w, b) return F.linear(x, w, b) end, { gtol = 1e-4 })
 grad_check("gather and reductions with gradients", { { shape = { 64, 100 } } }, function(x)

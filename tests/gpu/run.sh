@@ -59,8 +59,9 @@ timeout 90 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16
 step "benchmark: GPT-2 124M on the GPU (lutra)"
 timeout 120 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=8,16 --dtypes=bf16,f32 | tee "$OUT/bench-lutra.txt"
 
-step "benchmark: GPT-2 124M with the fused attention kernel (lt_attention)"
-timeout 60 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --fused_attention=1
+step "benchmark: GPT-2 124M with lutra's own attention (fused kernel, then composed)"
+timeout 60 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=fused
+timeout 60 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=composed
 
 step "benchmark: the same model in PyTorch (torch.compile, fused attention and AdamW)"
 if [ "${LUTRA_BENCH_TORCH:-1}" = 0 ]; then

@@ -210,12 +210,35 @@ local FUSED_MAX_HS = 256 -- LT_ATTN_MAX_HS (kernels/attention_rows.h)
 -- the composed path: bench/ops_gpu.lua prints both).
 F.fused_attention = false
 
---- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false})
+--- F.library_attention: whether scaled_dot_product_attention on bf16/f16
+-- GPU tensors goes to the vendor library first (cuDNN's fused flash
+-- attention: lt_attention_library). Where the library refuses a shape the
+-- call falls back (below) and says why once per reason on stderr.
+F.library_attention = true
+
+local library_noted = {}
+
+-- lt_attention_library's result, or nil after noting why it did not run
+local function library_attention(q, k, v, scale, causal)
+  local rc = C.lt_attention_library(q, k, v, scale, causal and 1 or 0, box)
+  if rc == 0 then return take() end
+  local why = ffi.string(C.lt_last_error())
+  if rc ~= C.LT_ERR_UNSUPPORTED then error(why, 3) end
+  if not library_noted[why] then
+    library_noted[why] = true
+    io.stderr:write("lutra: ", why, "; using lutra's attention instead\n")
+  end
+end
+
+--- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false, library = nil})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
 -- query attention repeats each K/V head NH/NKV times). The causal mask lets
 -- query t see keys up to t + S - T (aligned at the end, so a query after a
 -- KV cache sees the whole prefix; the same as torch's when S == T). A row
--- whose every score is masked gives zeros. fused = true (head sizes up to
+-- whose every score is masked gives zeros. On a GPU, bf16/f16 inputs go to
+-- cuDNN's flash attention first (F.library_attention); library = true asks
+-- for the library path (bf16/f16; on the CPU an f64 reference) and raises
+-- its refusal, library = false never takes it. fused = true (head sizes up to
 -- 256) runs the fused kernel: one pass, nothing of size (T, S) stored,
 -- forward and backward; otherwise (the default on the CPU, where OpenBLAS
 -- products are 3-5x faster, and on a GPU unless F.fused_attention) it runs
@@ -246,7 +269,20 @@ function F.scaled_dot_product_attention(q, k, v, opts)
     error("scaled_dot_product_attention: causal must be true or false", 2)
   end
   local scale = opts.scale or (HS > 0 and 1 / math.sqrt(HS) or 1)
+  if opts.library ~= nil and type(opts.library) ~= "boolean" then
+    error("scaled_dot_product_attention: library must be true or false", 2)
+  end
+  if opts.library then -- asked for: a refusal is the caller's error
+    if C.lt_attention_library(q, k, v, scale, opts.causal and 1 or 0, box) ~= 0 then fail(2) end
+    return take()
+  end
   local fused = opts.fused
+  if opts.library == nil and fused == nil and F.library_attention and q.device ~= "cpu"
+    and (q.dtype == "bf16" or q.dtype == "f16") and Bk == B and HSV == HS and HS % 8 == 0
+    and not (opts.causal and T ~= S) then -- (queries after a KV cache stay with lutra's kernels)
+    local y = library_attention(q, k, v, scale, opts.causal)
+    if y then return y end
+  end
   if fused == nil then fused = F.fused_attention and q.device ~= "cpu" end
   -- the fused kernel takes k and v of q's batch and head size; other inputs run composed
   if fused and HS <= FUSED_MAX_HS and Bk == B and HSV == HS then
