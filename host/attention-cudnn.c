@@ -21,6 +21,7 @@
 
 #include <cudnn_graph.h>
 #include <dlfcn.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -40,6 +41,7 @@ static struct {
 } dnn;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t version; /* of the cuDNN loaded, as cudnnGetVersion gives it (9.19.0: 91900) */
 
 #ifndef LT_CUDA_LIBDIR
 #define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
@@ -52,8 +54,8 @@ static lt_status dnn_open(void) {
   if (tried)
     return why[0] ? lt_fail(LT_ERR_UNSUPPORTED, "%s", why) : LT_OK;
   tried = 1;
-  const char *names[] = {"libcudnn.so.9", LT_CUDA_LIBDIR "/libcudnn.so.9", "libcudnn_graph.so.9",
-                         LT_CUDA_LIBDIR "/libcudnn_graph.so.9"};
+  const char *names[] = {LT_CUDA_LIBDIR "/libcudnn.so.9", "libcudnn.so.9", LT_CUDA_LIBDIR "/libcudnn_graph.so.9",
+                         "libcudnn_graph.so.9"};
   void *h = NULL;
   for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++)
     h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
@@ -71,8 +73,12 @@ static lt_status dnn_open(void) {
   DNN_FUNCS(X)
 #undef X
   size_t v = dnn.cudnnGetVersion();
-  if (v < 90000) {
-    snprintf(why, sizeof why, "cuDNN %zu.%zu is loaded; lutra's attention needs cuDNN 9", v / 10000, v / 100 % 100);
+  version = v;
+  /* cudnn-frontend refuses 9.10.0 and 9.10.1 for this graph (known bugs) */
+  if (v < 90000 || (v >= 91000 && v < 91002)) {
+    snprintf(why, sizeof why, "cuDNN %zu.%zu.%zu is loaded; lutra's attention needs cuDNN 9 (not 9.10.0-9.10.1)",
+             v / 10000, v / 100 % 100, v % 100);
+    dlclose(h);
     return lt_fail(LT_ERR_UNSUPPORTED, "%s", why);
   }
   return LT_OK;
@@ -177,10 +183,14 @@ static cudnnBackendDescriptor_t tensor(builder *b, int64_t uid, cudnnDataType_t 
    lack: its failure is not the graph's. */
 static void set_lenient(builder *b, cudnnBackendDescriptor_t d, int name, cudnnBackendAttributeType_t type,
                         const void *value) {
-  if (!b->failed)
-    dnn.cudnnBackendSetAttribute(d, (cudnnBackendAttributeName_t)name, type, 1, value);
+  if (b->failed)
+    return;
+  if (dnn.cudnnBackendSetAttribute(d, (cudnnBackendAttributeName_t)name, type, 1, value) != CUDNN_STATUS_SUCCESS) {
+    char drained[200]; /* so a later failure's message is its own */
+    dnn.cudnnGetLastErrorString(drained, sizeof drained);
+  }
 }
-enum { ATTR_OPERATIONGRAPH_HANDLE = 800, ATTR_EXECUTION_PLAN_HANDLE = 400, ATTR_REDUCTION_IS_DETERMINISTIC = 1602 };
+enum { ATTR_OPERATIONGRAPH_HANDLE = 800, ATTR_REDUCTION_IS_DETERMINISTIC = 1602 };
 
 /* ---- the ops of the graphs -------------------------------------------------------------- */
 
@@ -431,7 +441,7 @@ static void backward_graph(graph *g, const lt_sdpa_desc *d) {
   if (gqa)
     reduction(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
   /* dQ */
-  cudnnBackendDescriptor_t k = vt(&v, io, kshape);
+  cudnnBackendDescriptor_t k = vt(&v, f32, kshape); /* (the frontend leaves it the intermediate type) */
   reshape(g, kt, k);
   matmul(g, ds, k, dq_accum);
   pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_accum, NULL, NULL, dq);
@@ -508,6 +518,8 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
     }
     if (count > 32 - ncfg)
       count = 32 - ncfg;
+    if (count <= 0)
+      continue;
     int first = b->n;
     for (int64_t i = 0; i < count; i++)
       make(b, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
@@ -526,8 +538,6 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
     cudnnBackendDescriptor_t x = NULL;
     if (dnn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &x) != CUDNN_STATUS_SUCCESS)
       break;
-    dnn.cudnnBackendSetAttribute(x, (cudnnBackendAttributeName_t)ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                 &ds->handle);
     cudnnStatus_t st = dnn.cudnnBackendSetAttribute(x, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
     if (st == CUDNN_STATUS_SUCCESS)
@@ -544,15 +554,16 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
       dnn.cudnnBackendDestroyDescriptor(x);
     }
   }
-  if (!p->x)
+  if (!p->x) {
     snprintf(p->why, sizeof p->why, "%s", b->why[0] ? b->why : "cuDNN offered no engine for this graph");
+    builder_free(b); /* a refusal keeps only its reason */
+  }
 }
 
 /* The device's state, cuDNN opened and its handle made on first use. */
-static lt_status device_of(lt_cuda_ctx **cc, device_state **out) {
-  int index = 0;
-  cudaGetDevice(&index);
-  LT_TRY(lt_cuda_ctx_get(LT_DEVICE_CUDA + index, cc));
+static lt_status device_of(lt_device device, lt_cuda_ctx **cc, device_state **out) {
+  LT_TRY(lt_cuda_ctx_get(device, cc)); /* (makes it current) */
+  int index = (*cc)->index;
   LT_TRY(dnn_open());
   device_state *ds = &devices[index];
   if (!ds->handle) {
@@ -561,7 +572,12 @@ static lt_status device_of(lt_cuda_ctx **cc, device_state **out) {
       ds->handle = NULL;
       return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuDNN failed to start: %s", index, dnn.cudnnGetErrorString(s));
     }
-    dnn.cudnnSetStream(ds->handle, (*cc)->compute);
+    s = dnn.cudnnSetStream(ds->handle, (*cc)->compute);
+    if (s != CUDNN_STATUS_SUCCESS) { /* (on another stream, reusing freed memory would race) */
+      ds->handle = NULL;
+      return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuDNN would not take lutra's stream: %s", index,
+                     dnn.cudnnGetErrorString(s));
+    }
   }
   *out = ds;
   return LT_OK;
@@ -577,8 +593,15 @@ static const char *describe(const lt_sdpa_desc *d, char *buf, size_t n) {
 /* The plan of d's forward or backward graph (built and cached on first use). */
 static lt_status plan_for(const lt_sdpa_desc *d, int backward, lt_cuda_ctx **cc, device_state **dso, plan **out) {
   device_state *ds = NULL;
-  LT_TRY(device_of(cc, &ds));
+  LT_TRY(device_of(d->device, cc, &ds));
   *dso = ds;
+  char buf[200];
+  if (backward && version <= 91500 && d->S % 128)
+    return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: cuDNN %zu.%zu's backward needs a key count "
+                   "divisible by 128 (%s)", version / 10000, version / 100 % 100, describe(d, buf, sizeof buf));
+  if (backward && d->T == 1 && d->S == 1)
+    return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: cuDNN's backward does not take one query "
+                   "over one key");
   plan_key k = key_of(d, backward);
   plan *p = NULL;
   for (int i = 0; i < ds->nplans && !p; i++)
@@ -604,7 +627,6 @@ static lt_status plan_for(const lt_sdpa_desc *d, int backward, lt_cuda_ctx **cc,
     ds->plans[ds->nplans++] = p;
   }
   if (!p->x) {
-    char buf[200];
     return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: cuDNN refused the %s for %s (%s)",
                    backward ? "backward" : "forward", describe(d, buf, sizeof buf), p->why);
   }
@@ -623,6 +645,9 @@ lt_status lt_cudnn_sdpa_prepare(const lt_sdpa_desc *d, int backward) {
   pthread_mutex_unlock(&lock);
   return st;
 }
+
+/* what masked scores become: -inf, or -FLT_MAX before cuDNN 9.10 (as cudnn-frontend) */
+static float mask_value(void) { return version < 91000 ? -FLT_MAX : -INFINITY; }
 
 typedef struct pack {
   int64_t uids[16];
@@ -669,7 +694,7 @@ lt_status lt_cudnn_sdpa_fwd(const lt_sdpa_desc *d) {
   plan *p;
   lt_status st = plan_for(d, 0, &cc, &ds, &p);
   if (st == LT_OK) {
-    float scale = (float)d->scale, neg_inf = -INFINITY;
+    float scale = (float)d->scale, neg_inf = mask_value();
     pack vp = {{0}, {0}, 0};
     put(&vp, ID_Q, d->q), put(&vp, ID_K, d->k), put(&vp, ID_V, d->v), put(&vp, ID_O, d->o);
     put(&vp, ID_STATS, d->stats), put(&vp, ID_SCALE, &scale);
@@ -696,8 +721,13 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
   }
   if (st == LT_OK)
     st = lt_backend_cuda.alloc(dev, accum_bytes, &dq_accum);
+  if (st == LT_OK && version < 90600) { /* older cuDNN adds into the accumulator */
+    cudaError_t e = cudaMemsetAsync(dq_accum, 0, accum_bytes, cc->compute);
+    if (e != cudaSuccess)
+      st = lt_cuda_error("clearing cuDNN's dQ accumulator", cc->index, e);
+  }
   if (st == LT_OK) {
-    float scale = (float)d->scale, neg_inf = -INFINITY, one = 1.0f;
+    float scale = (float)d->scale, neg_inf = mask_value(), one = 1.0f;
     pack vp = {{0}, {0}, 0};
     put(&vp, ID_Q, d->q), put(&vp, ID_K, d->k), put(&vp, ID_V, d->v), put(&vp, ID_O, d->o);
     put(&vp, ID_DO, d->dout), put(&vp, ID_STATS, d->stats), put(&vp, ID_DQ, d->dq), put(&vp, ID_DK, d->dk);

@@ -60,8 +60,9 @@ lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {
     } else if ((e = cudaSetDevice(index)) != cudaSuccess ||
                (e = cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking)) != cudaSuccess ||
                (e = cudaStreamCreateWithFlags(&c->comm, cudaStreamNonBlocking)) != cudaSuccess ||
-               (e = cudaMalloc((void **)&c->bad, sizeof *c->bad)) != cudaSuccess ||
-               (e = cudaMallocHost((void **)&c->bad_host, sizeof *c->bad_host)) != cudaSuccess) {
+               (e = cudaMalloc((void **)&c->bad, 2 * (LT_CUDA_CHECKS + 1) * sizeof *c->bad)) != cudaSuccess ||
+               (e = cudaMallocHost((void **)&c->bad_host, 2 * (LT_CUDA_CHECKS + 1) * sizeof *c->bad_host)) !=
+                   cudaSuccess) {
       st = lt_cuda_error("initialising the device", index, e);
     } else {
       c->index = index;
@@ -204,13 +205,17 @@ void lt_cuda_empty_cache(int device_index) {
 
 /* ---- copies and synchronisation -------------------------------------------- */
 
+static lt_status checks_poll(lt_cuda_ctx *c, int wait);
+
 static lt_status cuda_copy_to_host(lt_device device, void *dst, const void *src, size_t nbytes) {
   lt_cuda_ctx *c;
   LT_TRY(lt_cuda_ctx_get(device, &c));
   cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, c->compute);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(c->compute);
-  return e == cudaSuccess ? LT_OK : lt_cuda_error("copy to the host", c->index, e);
+  if (e != cudaSuccess)
+    return lt_cuda_error("copy to the host", c->index, e);
+  return checks_poll(c, 1);
 }
 
 static lt_status cuda_copy_from_host(lt_device device, void *dst, const void *src, size_t nbytes) {
@@ -226,7 +231,7 @@ static lt_status cuda_synchronize(lt_device device) {
   lt_cuda_ctx *c;
   LT_TRY(lt_cuda_ctx_get(device, &c));
   cudaError_t e = cudaStreamSynchronize(c->compute);
-  return e == cudaSuccess ? LT_OK : lt_cuda_error("a kernel failed", c->index, e);
+  return e == cudaSuccess ? checks_poll(c, 1) : lt_cuda_error("a kernel failed", c->index, e);
 }
 
 lt_status lt_cuda_synchronize(int device_index) { return cuda_synchronize(LT_DEVICE_CUDA + device_index); }
@@ -267,23 +272,137 @@ static lt_status k_normal(char *dst, lt_dtype dt, int64_t n, uint64_t seed, uint
   return lt_cuda_normal(dst, dt, n, seed, offset, mean, std, STREAM);
 }
 
-/* Index kernels report the first bad position through c->bad; reading it is
-   a synchronisation (the error must name the index before anything else runs). */
+/*
+ * Index checks. Kernels write the first bad position into a device word
+ * (all ones when none). index_select, index_add and cross-entropy (the
+ * training step's) do not wait for it: the word and the bad index's value
+ * are copied to pinned memory in stream order with an event, the host layer
+ * hands over what the message needs (defer_index_report), and the verdict
+ * is read at the next synchronisation (a copy to the host, synchronize) or
+ * when a later check finds the event done; the error is raised there,
+ * naming the op. gather and scatter_add (off the training path) wait at once.
+ */
+static const unsigned long long NO_BAD = ~0ULL;
+
+static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending);
+
+/* Reads the verdicts of finished checks, oldest first (all of them, waiting,
+   when wait is set); returns the first error found. */
+static lt_status checks_poll(lt_cuda_ctx *c, int wait) {
+  lt_status first = LT_OK;
+  for (int i = 0; i < LT_CUDA_CHECKS; i++) {
+    int k = (c->next_check + i) % LT_CUDA_CHECKS, pending = 0;
+    if (!c->checks[k].state)
+      continue;
+    lt_status st = check_resolve(c, k, wait, &pending);
+    if (pending)
+      break; /* later checks were recorded later */
+    if (first == LT_OK)
+      first = st;
+  }
+  return first;
+}
+
+/* Check k's verdict: *pending when its copy has not arrived (without wait). */
+static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending) {
+  struct lt_cuda_check *ck = &c->checks[k];
+  cudaError_t e = wait ? cudaEventSynchronize(ck->done) : cudaEventQuery(ck->done);
+  if (e == cudaErrorNotReady) {
+    *pending = 1;
+    return LT_OK;
+  }
+  int had = ck->state == 2;
+  lt_index_report rep = ck->report;
+  ck->state = 0;
+  if (e != cudaSuccess) {
+    if (had)
+      lt_tensor_release(rep.index);
+    return lt_cuda_error("an index check", c->index, e);
+  }
+  unsigned long long pos = c->bad_host[2 * k], value = c->bad_host[2 * k + 1];
+  lt_status st = LT_OK;
+  if (pos != NO_BAD) {
+    if (had) {
+      lt_index_report_fail(&rep, (int64_t)pos, (int64_t)value);
+      char msg[600];
+      snprintf(msg, sizeof msg, "%s", lt_last_error());
+      st = lt_fail(LT_ERR_ARG, "%s (found later: index checks on cuda:%d do not wait for the device, so what ran "
+                   "after that op computed garbage)", msg, c->index);
+    } else {
+      st = lt_fail(LT_ERR_ARG, "cuda:%d: an index kernel found index %lld (element %lld) out of range", c->index,
+                   (long long)value, (long long)pos + 1);
+    }
+  }
+  if (had)
+    lt_tensor_release(rep.index);
+  return st;
+}
+
+/* Starts a check that finishes later: its device words, cleared. */
+static lt_status check_begin(lt_cuda_ctx *c, unsigned long long **words) {
+  LT_TRY(checks_poll(c, 0));
+  int k = c->next_check, pending = 0;
+  if (c->checks[k].state) /* the ring is full: the oldest check waits */
+    LT_TRY(check_resolve(c, k, 1, &pending));
+  cudaError_t e = cudaSuccess;
+  if (!c->checks[k].done)
+    e = cudaEventCreateWithFlags(&c->checks[k].done, cudaEventDisableTiming);
+  if (e == cudaSuccess)
+    e = cudaMemsetAsync(&c->bad[2 * k], 0xff, 2 * sizeof *c->bad, c->compute);
+  if (e != cudaSuccess)
+    return lt_cuda_error("index check", c->index, e);
+  *words = &c->bad[2 * k];
+  return LT_OK;
+}
+
+/* After the kernels: the bad index's value, the copy to the host, the
+   event; *bad = LT_BAD_LATER asks the host layer for the report. */
+static lt_status check_end(lt_cuda_ctx *c, lt_status st, const char *index, lt_dtype idt, int64_t stride,
+                           int64_t *bad) {
+  if (st != LT_OK)
+    return st;
+  int k = c->next_check;
+  LT_TRY(lt_cuda_index_value(index, idt, stride, &c->bad[2 * k], c->compute));
+  cudaError_t e = cudaMemcpyAsync(&c->bad_host[2 * k], &c->bad[2 * k], 2 * sizeof *c->bad, cudaMemcpyDeviceToHost,
+                                  c->compute);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(c->checks[k].done, c->compute);
+  if (e != cudaSuccess)
+    return lt_cuda_error("index check", c->index, e);
+  c->checks[k].state = 1;
+  c->last_check = k;
+  c->next_check = (k + 1) % LT_CUDA_CHECKS;
+  *bad = LT_BAD_LATER;
+  return LT_OK;
+}
+
+static lt_status k_defer_index_report(const lt_index_report *r) {
+  lt_cuda_ctx *c = current_ctx();
+  struct lt_cuda_check *ck = &c->checks[c->last_check];
+  if (ck->state != 1)
+    return lt_fail(LT_ERR_INTERNAL, "cuda:%d: %s: no index check is waiting for its report", c->index, r->op);
+  ck->report = *r;
+  ck->state = 2;
+  return LT_OK;
+}
+
+/* The checks that wait at once use the words after the ring. */
 static lt_status bad_begin(lt_cuda_ctx *c) {
-  cudaError_t e = cudaMemsetAsync(c->bad, 0xff, sizeof *c->bad, c->compute);
+  cudaError_t e = cudaMemsetAsync(&c->bad[2 * LT_CUDA_CHECKS], 0xff, sizeof *c->bad, c->compute);
   return e == cudaSuccess ? LT_OK : lt_cuda_error("index check", c->index, e);
 }
 
 static lt_status bad_end(lt_cuda_ctx *c, lt_status st, int64_t *bad) {
   if (st != LT_OK)
     return st;
-  cudaError_t e = cudaMemcpyAsync(c->bad_host, c->bad, sizeof *c->bad, cudaMemcpyDeviceToHost, c->compute);
+  unsigned long long *word = &c->bad[2 * LT_CUDA_CHECKS], *host = &c->bad_host[2 * LT_CUDA_CHECKS];
+  cudaError_t e = cudaMemcpyAsync(host, word, sizeof *word, cudaMemcpyDeviceToHost, c->compute);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(c->compute);
   if (e != cudaSuccess)
     return lt_cuda_error("index check", c->index, e);
-  if (*c->bad_host != ~0ULL) {
-    *bad = (int64_t)*c->bad_host;
+  if (*host != NO_BAD) {
+    *bad = (int64_t)*host;
     return LT_ERR_ARG;
   }
   return LT_OK;
@@ -291,26 +410,36 @@ static lt_status bad_end(lt_cuda_ctx *c, lt_status st, int64_t *bad) {
 
 static lt_status k_index_select(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
-  LT_TRY(bad_begin(c));
-  return bad_end(c, lt_cuda_index_select(d, dst, src, elsize, c->bad, c->compute), bad);
+  unsigned long long *words;
+  LT_TRY(check_begin(c, &words));
+  return check_end(c, lt_cuda_index_select(d, dst, src, elsize, words, c->compute), d->index, d->index_dtype,
+                   d->index_stride, bad);
 }
+
+static lt_status scratch(lt_cuda_ctx *c, size_t nbytes, void **out);
 
 static lt_status k_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dt, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
-  LT_TRY(bad_begin(c));
-  return bad_end(c, lt_cuda_index_add(d, dst, src, dt, c->bad, c->compute), bad);
+  size_t need = lt_cuda_index_add_scratch(d->nindex, d->dst_dim, d->outer);
+  void *buf = NULL;
+  if (need)
+    LT_TRY(scratch(c, need, &buf));
+  unsigned long long *words;
+  LT_TRY(check_begin(c, &words));
+  return check_end(c, lt_cuda_index_add(d, dst, src, dt, words, buf, need, c->compute), d->index, d->index_dtype,
+                   d->index_stride, bad);
 }
 
 static lt_status k_gather(const lt_iter *it, int64_t dim_stride, int64_t dim_size, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
   LT_TRY(bad_begin(c));
-  return bad_end(c, lt_cuda_gather(it, dim_stride, dim_size, c->bad, c->compute), bad);
+  return bad_end(c, lt_cuda_gather(it, dim_stride, dim_size, &c->bad[2 * LT_CUDA_CHECKS], c->compute), bad);
 }
 
 static lt_status k_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim_size, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
   LT_TRY(bad_begin(c));
-  return bad_end(c, lt_cuda_scatter_add(it, dim_stride, dim_size, c->bad, c->compute), bad);
+  return bad_end(c, lt_cuda_scatter_add(it, dim_stride, dim_size, &c->bad[2 * LT_CUDA_CHECKS], c->compute), bad);
 }
 
 static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,
@@ -351,8 +480,10 @@ static lt_status k_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void 
 static lt_status k_ce_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ignore, void *loss, void *lse, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
-  LT_TRY(bad_begin(c));
-  return bad_end(c, lt_cuda_cross_entropy_fwd(dt, x, targets, tdt, N, V, ignore, loss, lse, c->bad, c->compute), bad);
+  unsigned long long *words;
+  LT_TRY(check_begin(c, &words));
+  return check_end(c, lt_cuda_cross_entropy_fwd(dt, x, targets, tdt, N, V, ignore, loss, lse, words, c->compute),
+                   targets, tdt, 1, bad);
 }
 static lt_status k_ce_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ignore, const void *lse, const void *scale, void *dx) {
@@ -412,6 +543,7 @@ const lt_backend_i lt_backend_cuda = {
     .reduce = k_reduce,
     .matmul = lt_cuda_matmul,
     .native_half_matmul = 1,
+    .defer_index_report = k_defer_index_report,
     .index_select = k_index_select,
     .index_add = k_index_add,
     .gather = k_gather,

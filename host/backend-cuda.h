@@ -12,7 +12,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-enum { LT_CUDA_MAX_DEVICES = 16 };
+enum { LT_CUDA_MAX_DEVICES = 16, LT_CUDA_CHECKS = 32 };
 
 struct lt_cuda_block;
 struct lt_cuda_plan;
@@ -20,8 +20,16 @@ struct lt_cuda_plan;
 typedef struct lt_cuda_ctx {
   int ready, index;
   cudaStream_t compute, comm;
-  /* index checks: the first bad position, on the device and pinned on the host */
+  /* index checks: per check two words (the first bad position, its index
+     value) on the device and pinned on the host; checks 0..LT_CUDA_CHECKS-1
+     finish later (a ring, oldest first from next_check), the last one at once */
   unsigned long long *bad, *bad_host;
+  struct lt_cuda_check {
+    int state; /* 0 free, 1 in flight, 2 in flight with its report */
+    cudaEvent_t done;
+    lt_index_report report;
+  } checks[LT_CUDA_CHECKS];
+  int next_check, last_check;
   /* caching allocator (bytes are rounded to size classes) */
   struct lt_cuda_block **free_lists;
   size_t allocated, reserved, peak, peak_reserved;

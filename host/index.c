@@ -27,6 +27,30 @@ static lt_status check_dim(const char *op, const lt_tensor *t, int dim) {
   return LT_OK;
 }
 
+lt_status lt_index_report_fail(const lt_index_report *r, int64_t pos, int64_t v) {
+  if (r->kind == LT_REPORT_TARGET)
+    return lt_fail(LT_ERR_ARG,
+                   "%s: target %lld at position %lld (1-based) is outside the vocabulary [0, %lld) and is not the "
+                   "ignore index %lld", r->op, (long long)v, (long long)pos + 1, (long long)r->limit,
+                   (long long)r->ignore);
+  return lt_fail(LT_ERR_ARG,
+                 "%s: index %lld (element %lld of the index, 1-based) is out of range [0, %lld) for "
+                 "dim %d of shape %s (indices are 0-based)", r->op, (long long)v, (long long)pos + 1,
+                 (long long)r->limit, r->dim + 1, r->shape);
+}
+
+static lt_index_report index_report(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
+  lt_index_report r;
+  memset(&r, 0, sizeof r);
+  r.kind = LT_REPORT_INDEX;
+  r.op = op;
+  r.dim = dim;
+  r.limit = t->sizes[dim];
+  lt_tensor_shape_str(t, r.shape);
+  r.index = (lt_tensor *)index;
+  return r;
+}
+
 /* Reports the first out-of-range index in row-major order (the kernel found
    one; its own position follows its iteration order). */
 static lt_status bad_index(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
@@ -39,11 +63,32 @@ static lt_status bad_index(const char *op, const lt_tensor *index, int dim, cons
         v = vals[i];
       }
   free(vals);
-  char b[200];
-  return lt_fail(LT_ERR_ARG,
-                 "%s: index %lld (element %lld of the index, 1-based) is out of range [0, %lld) for "
-                 "dim %d of shape %s (indices are 0-based)", op, (long long)v, (long long)pos + 1,
-                 (long long)limit, dim + 1, lt_tensor_shape_str(t, b));
+  lt_index_report r = index_report(op, index, dim, t);
+  return lt_index_report_fail(&r, pos, (int64_t)v);
+}
+
+/* After an index kernel of a backend that checks later (*bad ==
+   LT_BAD_LATER): hands it the report, with a reference to the index. */
+lt_status lt_index_defer(const lt_backend_i *be, const lt_index_report *r) {
+  lt_index_report own = *r;
+  lt_tensor_retain(own.index);
+  lt_status st = be->defer_index_report(&own);
+  if (st != LT_OK)
+    lt_tensor_release(own.index);
+  return st;
+}
+
+/* The status of a 1-D index kernel: a bad position found now, one to be
+   found later, or none. */
+static lt_status index_checked(const lt_backend_i *be, lt_status st, int64_t bad, const char *op,
+                               const lt_tensor *index, int dim, const lt_tensor *t) {
+  if (st == LT_OK && bad == LT_BAD_LATER) {
+    lt_index_report r = index_report(op, index, dim, t);
+    return lt_index_defer(be, &r);
+  }
+  if (st != LT_OK && bad >= 0)
+    return bad_index(op, index, dim, t);
+  return st;
 }
 
 /* The index itself, or a copy when it lives in the storage an in-place op
@@ -97,8 +142,7 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
     d.index_stride = index->strides[0];
     int64_t bad = -1;
     st = be->index_select(&d, lt_tensor_ptr(r), lt_tensor_ptr(src), lt_dtype_size(t->dtype), &bad);
-    if (st != LT_OK && bad >= 0)
-      st = bad_index("index_select", index, dim, t);
+    st = index_checked(be, st, bad, "index_select", index, dim, t);
   }
   lt_tensor_release(src);
   if (st == LT_OK)
@@ -155,8 +199,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
     d.index_stride = idx->strides[0];
     int64_t bad = -1;
     st = be->index_add(&d, lt_tensor_ptr(dst), lt_tensor_ptr(s), t->dtype, &bad);
-    if (st != LT_OK && bad >= 0)
-      st = bad_index("index_add_", index, dim, t);
+    st = index_checked(be, st, bad, "index_add_", idx, dim, t);
     if (st == LT_OK && dst != t)
       st = lt_tensor_copy_(t, dst);
     if (st == LT_OK)

@@ -305,7 +305,9 @@ lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_
 /* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).
-   *count receives the counted rows. Errors name a target outside [0, V). */
+   *count receives the counted rows; with count NULL a GPU does not wait to
+   count them (the mean divides on the device). Errors name a target outside
+   [0, V); on a GPU that error comes at the next read from the device. */
 lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
                            int reduction, lt_tensor **loss, int64_t *count);
 /* Rotary position embeddings on x (..., T, D), Llama's half-split convention,

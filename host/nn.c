@@ -591,6 +591,7 @@ static void strides_of(const lt_tensor *t, int64_t *s) {
 static void sdpa_desc_fill(lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale,
                            int causal) {
   memset(d, 0, sizeof *d);
+  d->device = q->storage->device;
   d->dtype = q->dtype;
   d->B = q->sizes[0], d->NH = q->sizes[1], d->T = q->sizes[2], d->HS = q->sizes[3];
   d->NKV = k->sizes[1], d->S = k->sizes[2];
@@ -735,7 +736,13 @@ static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
       st = lt_tensor_empty(1, &N, x->dtype, x->storage->device, &scale);
     if (st == LT_OK)
       st = lt_tensor_copy_(scale, g); /* broadcasts a 0-dim g */
-    if (st == LT_OK && reduction == 0) {
+    if (st == LT_OK && reduction == 0 && n->i[2]) { /* 1 / count on the device */
+      lt_tensor *inv = NULL, *r = NULL;
+      st = lt_ag_saved(n, 3, &inv);
+      if (st == LT_OK)
+        st = lt_binary(LT_BINARY_MUL, scale, inv, scale, &r);
+      lt_tensor_release(r);
+    } else if (st == LT_OK && reduction == 0) {
       lt_tensor *r = NULL;
       st = lt_binary_scalar(LT_BINARY_MUL, scale, count > 0 ? 1.0 / count : 0.0, 0, scale, &r);
       lt_tensor_release(r);
@@ -756,6 +763,26 @@ static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
 }
 
 static const lt_node_ops ce_ops = {"CrossEntropyBackward", ce_backward, NULL};
+
+/* 1 / max(the targets that are not ignore, 1), a 0-dim tensor of dtype cd
+   computed where the targets are (no wait for the device). */
+static lt_status inverse_count(const lt_tensor *targets, int64_t ignore, lt_dtype cd, lt_tensor **out) {
+  lt_status st;
+  lt_tensor *keep = NULL, *kf = NULL, *n = NULL, *n1 = NULL;
+  LT_NO_GRAD({
+    st = lt_binary_scalar(LT_BINARY_NE, targets, (double)ignore, 0, NULL, &keep);
+    if (st == LT_OK)
+      st = lt_tensor_to(keep, cd, targets->storage->device, &kf);
+    if (st == LT_OK)
+      st = lt_reduce(LT_REDUCE_SUM, kf, 0, NULL, 0, 0, &n);
+    if (st == LT_OK)
+      st = lt_clamp(n, 1, 1, 0, 0, NULL, &n1);
+    if (st == LT_OK)
+      st = lt_binary_scalar(LT_BINARY_DIV, n1, 1.0, 1, NULL, out);
+  });
+  RELEASE_ALL(keep, kf, n, n1);
+  return st;
+}
 
 lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
                            int reduction, lt_tensor **loss, int64_t *count) {
@@ -789,19 +816,28 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
   if (st == LT_OK) {
     st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
                                lt_tensor_ptr(rows), lt_tensor_ptr(lse), &bad);
-    if (st != LT_OK && bad >= 0) {
+    lt_index_report rep;
+    memset(&rep, 0, sizeof rep);
+    rep.kind = LT_REPORT_TARGET, rep.op = op, rep.limit = V, rep.ignore = ignore_index, rep.index = tc;
+    if (st == LT_OK && bad == LT_BAD_LATER) {
+      st = lt_index_defer(be, &rep);
+    } else if (st != LT_OK && bad >= 0) {
       double v = 0;
       lt_tensor *one = NULL;
       if (lt_tensor_narrow(tc, 0, bad, 1, &one) == LT_OK)
         lt_tensor_item(one, &v);
       lt_tensor_release(one);
-      st = lt_fail(LT_ERR_ARG, "%s: target %lld at position %lld (1-based) is outside the vocabulary [0, %lld) "
-                   "and is not the ignore index %lld", op, (long long)v, (long long)bad + 1, (long long)V,
-                   (long long)ignore_index);
+      st = lt_index_report_fail(&rep, bad, (int64_t)v);
     }
   }
+  /* the counted tokens: on the host when asked for (a wait for a GPU), else
+     1 / count stays on the device for the mean */
   int64_t counted = 0;
-  if (st == LT_OK) { /* the counted tokens */
+  lt_tensor *inv = NULL;
+  int count_on_device = !count && be->defer_index_report;
+  if (st == LT_OK && count_on_device && reduction == 0)
+    st = inverse_count(tc, ignore_index, cd, &inv);
+  if (st == LT_OK && !count_on_device) {
     double *tv = malloc(sizeof(double) * (size_t)(N > 0 ? N : 1));
     if (!tv || lt_tensor_to_f64(tc, tv, N) != LT_OK)
       st = lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
@@ -817,7 +853,10 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
       } else {
         lt_tensor *s = NULL;
         st = lt_reduce(LT_REDUCE_SUM, rows, 0, NULL, 0, 0, &s);
-        if (st == LT_OK && reduction == 0) { /* mean over counted tokens; 0 when none count */
+        if (st == LT_OK && reduction == 0 && inv) { /* (rows that do not count are 0) */
+          st = lt_binary(LT_BINARY_MUL, s, inv, NULL, &r);
+          lt_tensor_release(s);
+        } else if (st == LT_OK && reduction == 0) { /* mean over counted tokens; 0 when none count */
           st = lt_binary_scalar(LT_BINARY_MUL, s, counted ? 1.0 / (double)counted : 0.0, 0, NULL, &r);
           lt_tensor_release(s);
         } else if (st == LT_OK) {
@@ -832,18 +871,21 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
     if (st == LT_OK) {
       n->i[0] = reduction;
       n->i[1] = ignore_index;
+      n->i[2] = inv != NULL;
       n->f[0] = (double)counted;
       st = lt_ag_save(n, xc);
       if (st == LT_OK)
         st = lt_ag_save(n, tc);
       if (st == LT_OK)
         st = lt_ag_save(n, lse);
+      if (st == LT_OK && inv)
+        st = lt_ag_save(n, inv);
       if (st == LT_OK)
         st = lt_ag_attach(n, r, 0);
       lt_node_release(n);
     }
   }
-  RELEASE_ALL(xc, tc, rows, lse);
+  RELEASE_ALL(xc, tc, rows, lse, inv);
   if (st != LT_OK) {
     lt_tensor_release(r);
     return st;

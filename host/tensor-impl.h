@@ -140,6 +140,7 @@ typedef struct lt_sgd_hparams {
    v, o, dout and stats and writes dq, dk, dv (strides as q's, k's, v's
    fields say). causal: query t sees keys up to t (T == S only). */
 typedef struct lt_sdpa_desc {
+  lt_device device;
   lt_dtype dtype;
   int64_t B, NH, NKV, T, S, HS;
   double scale;
@@ -148,6 +149,28 @@ typedef struct lt_sdpa_desc {
   void *o, *stats, *dq, *dk, *dv;
   int64_t sq[4], sk[4], sv[4], so[4], sdo[4], sdq[4], sdk[4], sdv[4];
 } lt_sdpa_desc;
+
+/* An index check a backend finishes later (an index kernel set *bad to
+   LT_BAD_LATER): what its message needs, handed to the backend, which
+   reports it at its next synchronisation (lt_index_report_fail). */
+enum { LT_BAD_LATER = -2 };
+typedef enum { LT_REPORT_INDEX, LT_REPORT_TARGET } lt_report_kind;
+typedef struct lt_index_report {
+  lt_report_kind kind;
+  const char *op; /* a string literal */
+  int dim;        /* 0-based (LT_REPORT_INDEX) */
+  int64_t limit;  /* the indexed dim's size, or the vocabulary */
+  int64_t ignore; /* the ignored target (LT_REPORT_TARGET) */
+  char shape[200]; /* lt_tensor_shape_str's size */
+  lt_tensor *index; /* retained: 1-D, its element at the kernel's position is the bad one */
+} lt_index_report;
+
+/* The error for report r whose first bad element is position pos with value v. */
+lt_status lt_index_report_fail(const lt_index_report *r, int64_t pos, int64_t v);
+struct lt_backend_i;
+/* Hands r to the backend (retaining r->index for it), after a kernel of it
+   set *bad to LT_BAD_LATER. */
+lt_status lt_index_defer(const struct lt_backend_i *be, const lt_index_report *r);
 
 typedef struct lt_backend_i {
   const char *name;
@@ -168,7 +191,11 @@ typedef struct lt_backend_i {
   lt_status (*reduce)(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
   lt_status (*matmul)(const lt_matmul_desc *d);
   int native_half_matmul; /* matmul takes bf16/f16 itself (f32 accumulation); else the host converts */
-  /* index kernels return LT_OK, or LT_ERR_ARG with *bad set to the position
+  /* takes a report (and its index reference) for the index kernel that just
+     set *bad to LT_BAD_LATER; NULL for backends that check at once */
+  lt_status (*defer_index_report)(const lt_index_report *r);
+  /* index kernels return LT_OK (*bad LT_BAD_LATER: the check finishes later,
+     see defer_index_report), or LT_ERR_ARG with *bad set to the position
      of the first out-of-range index */
   lt_status (*index_select)(const lt_index_desc *d, char *dst, const char *src, int64_t elsize, int64_t *bad);
   lt_status (*index_add)(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype, int64_t *bad);

@@ -34,7 +34,12 @@ lt_status lt_cuda_normal(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, ui
 lt_status lt_cuda_index_select(const lt_index_desc *d, char *dst, const char *src, int64_t elsize,
                                unsigned long long *bad, lt_cuda_stream s);
 lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype,
-                            unsigned long long *bad, lt_cuda_stream s);
+                            unsigned long long *bad, void *scratch, size_t scratch_bytes, lt_cuda_stream s);
+/* bad[1] = the index's value at position bad[0], when an index check set it */
+lt_status lt_cuda_index_value(const char *index, lt_dtype dt, int64_t stride, unsigned long long *bad,
+                              lt_cuda_stream s);
+/* device scratch bytes for index_add's sorted path (0: it runs without sorting) */
+size_t lt_cuda_index_add_scratch(int64_t nindex, int64_t dst_dim, int64_t outer);
 lt_status lt_cuda_gather(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,
                          lt_cuda_stream s);
 lt_status lt_cuda_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,

@@ -4,12 +4,18 @@
  * all are checked before anything is written: a check kernel records the
  * first bad position in *bad (device memory, all ones when none), and the
  * kernels that write into existing memory do nothing when it is set.
- * Adds are deterministic: index_add runs one thread per (outer, column)
- * walking the indices in order (what embedding backward needs), and
- * scatter_add runs in the CPU's order on one thread (a slow path: nothing on
- * the training path uses it).
+ * Adds are deterministic. index_add (embedding backward) sorts the indices
+ * with CUB's stable radix sort, so each destination row's additions are
+ * grouped in the indices' order; a block per group then adds its source
+ * rows in that order, a thread per column (the CPU's order and, in f32, its
+ * results). Without scratch memory, or for sizes past 32-bit keys, it runs
+ * one thread per (outer, column) walking every index (slow: 768 threads for
+ * GPT-2). scatter_add runs in the CPU's order on one thread (a slow path:
+ * nothing on the training path uses it).
  */
 #include "common.cuh"
+
+#include <cub/device/device_radix_sort.cuh>
 
 static const int THREADS = 256;
 static const unsigned long long NONE = ~0ULL;
@@ -53,6 +59,66 @@ template <typename T> __global__ void index_add_kernel(lt_index_desc d, char *ds
       lt_store<T>(dst, dt, to, (T)(a + b));
     }
   }
+}
+
+/* bad[1] = index[bad[0]] when bad[0] holds a position (for the message of
+   a check read later, when the index may have changed) */
+__global__ void index_value_kernel(const char *index, int dt, int64_t stride, unsigned long long *bad) {
+  if (bad[0] != NONE)
+    bad[1] = (unsigned long long)index_at(index, dt, (int64_t)bad[0] * stride);
+}
+
+extern "C" lt_status lt_cuda_index_value(const char *index, lt_dtype dt, int64_t stride, unsigned long long *bad,
+                                         lt_cuda_stream s) {
+  index_value_kernel<<<1, 1, 0, (cudaStream_t)s>>>(index, dt, stride, bad);
+  return lt_cuda_check_launch("index_value_kernel");
+}
+
+/* the sort's input: each index as a 32-bit key, its position as the value */
+__global__ void sort_input_kernel(const char *index, int dt, int64_t stride, int64_t n, int32_t *keys,
+                                  int32_t *pos) {
+  LT_GRID_STRIDE(i, n) {
+    keys[i] = (int32_t)index_at(index, dt, i * stride);
+    pos[i] = (int32_t)i;
+  }
+}
+
+/* Block (i, o): when sorted position i starts a run of equal keys, adds the
+   run's source rows (outer slice o) into the key's destination row in the
+   run's order, which the stable sort keeps as the indices' order. */
+template <typename T>
+__global__ void sorted_index_add_kernel(lt_index_desc d, char *dst, const char *src, int dt, const int32_t *keys,
+                                        const int32_t *pos, const unsigned long long *bad) {
+  if (*bad != NONE)
+    return;
+  int64_t i = blockIdx.x, o = blockIdx.y, n = d.nindex;
+  int32_t v = keys[i];
+  if (i > 0 && keys[i - 1] == v)
+    return;
+  for (int64_t c = threadIdx.x; c < d.inner; c += blockDim.x) {
+    int64_t to = (o * d.dst_dim + v) * d.inner + c;
+    T acc = lt_load<T>(dst, dt, to);
+    for (int64_t j = i; j < n && keys[j] == v; j++)
+      acc = (T)(acc + lt_load<T>(src, dt, (o * d.nindex + pos[j]) * d.inner + c));
+    lt_store<T>(dst, dt, to, acc);
+  }
+}
+
+/* The sort's scratch: keys and positions, sorted copies, CUB's temporary
+   storage; 0 when the sorted path does not apply. */
+static size_t sort_bytes(int64_t n, int64_t dst_dim, size_t *cub_bytes) {
+  if (n <= 0 || n > INT32_MAX || dst_dim > INT32_MAX)
+    return 0;
+  size_t tmp = 0;
+  cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int32_t *)NULL, (int32_t *)NULL, (const int32_t *)NULL,
+                                  (int32_t *)NULL, (int)n);
+  if (cub_bytes)
+    *cub_bytes = tmp;
+  return 4 * ((size_t)n * sizeof(int32_t) + 256) + tmp + 256;
+}
+
+extern "C" size_t lt_cuda_index_add_scratch(int64_t nindex, int64_t dst_dim, int64_t outer) {
+  return outer <= 65535 ? sort_bytes(nindex, dst_dim, NULL) : 0;
 }
 
 /* i64 adds wrap as the CPU's do */
@@ -142,14 +208,46 @@ extern "C" lt_status lt_cuda_index_select(const lt_index_desc *d, char *dst, con
   return lt_cuda_check_launch("index_select_kernel");
 }
 
+static char *carve(char **p, size_t bytes) {
+  char *r = *p;
+  *p += (bytes + 255) / 256 * 256;
+  return r;
+}
+
 extern "C" lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const char *src, lt_dtype dtype,
-                                       unsigned long long *bad, lt_cuda_stream s) {
+                                       unsigned long long *bad, void *scratch, size_t scratch_bytes,
+                                       lt_cuda_stream s) {
   cudaStream_t cs = (cudaStream_t)s;
   if (d->nindex == 0 || d->outer * d->inner == 0)
     return LT_OK;
   check_1d_kernel<<<blocks(d->nindex), THREADS, 0, cs>>>(d->index, d->index_dtype, d->index_stride, d->nindex,
                                                         d->dst_dim, bad);
   CHECKED("index_add check");
+  size_t cub_bytes = 0, need = sort_bytes(d->nindex, d->dst_dim, &cub_bytes);
+  if (need && scratch && scratch_bytes >= need && d->outer <= 65535 && dtype != LT_DTYPE_I64 &&
+      dtype != LT_DTYPE_I32 && dtype != LT_DTYPE_I8 && dtype != LT_DTYPE_U8 && dtype != LT_DTYPE_U16 &&
+      dtype != LT_DTYPE_BOOL) {
+    size_t n = (size_t)d->nindex;
+    char *p = (char *)scratch;
+    int32_t *keys = (int32_t *)carve(&p, n * 4), *pos = (int32_t *)carve(&p, n * 4);
+    int32_t *skeys = (int32_t *)carve(&p, n * 4), *spos = (int32_t *)carve(&p, n * 4);
+    void *tmp = carve(&p, cub_bytes);
+    int end_bit = 1;
+    while (end_bit < 31 && ((int64_t)1 << end_bit) < d->dst_dim)
+      end_bit++;
+    sort_input_kernel<<<blocks(d->nindex), THREADS, 0, cs>>>(d->index, d->index_dtype, d->index_stride, d->nindex,
+                                                            keys, pos);
+    CHECKED("index_add sort input");
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(tmp, cub_bytes, keys, skeys, pos, spos, (int)n, 0, end_bit, cs);
+    if (e != cudaSuccess)
+      return lt_cuda_check_launch("index_add sort");
+    dim3 grid((unsigned)n, (unsigned)d->outer);
+    if (dtype == LT_DTYPE_F64)
+      sorted_index_add_kernel<double><<<grid, THREADS, 0, cs>>>(*d, dst, src, dtype, skeys, spos, bad);
+    else
+      sorted_index_add_kernel<float><<<grid, THREADS, 0, cs>>>(*d, dst, src, dtype, skeys, spos, bad);
+    return lt_cuda_check_launch("sorted_index_add_kernel");
+  }
   unsigned g = blocks(d->outer * d->inner);
   if (dtype == LT_DTYPE_F64)
     index_add_kernel<double><<<g, THREADS, 0, cs>>>(*d, dst, src, dtype, bad);

@@ -358,7 +358,7 @@ function M.run(settings)
     for k = 1, o.accum do
       if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
       local logits = model(xs[k])
-      local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index })
+      local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index, count = false })
       if total > 0 then (l / total):backward() end
       -- the micro-batches' losses add up where they are; one read per step (a GPU syncs once)
       local ld = l:detach():to("f64")

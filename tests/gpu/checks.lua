@@ -138,19 +138,66 @@ check("a device that does not exist is named with what was found", function()
   H.assert_error(function() return lt.zeros({ 2 }, { device = "cuda:" .. ndev }) end, "cuda:" .. ndev, "no such device")
 end, true)
 
-check("bad indices on cuda are errors naming the index, and nothing is written", function()
-  local t = lt.arange(12):reshape(4, 3):to("f32"):to(CUDA)
-  H.assert_error(function() return t:index_select(1, lt.tensor({ 0, 4 }, { dtype = "i64", device = CUDA })) end,
-    "index_select", "4")
-  local before = t:clone()
+-- On CUDA the index checks of index_select, index_add_ and cross_entropy do
+-- not wait for the device: the error comes at the next read from it.
+local function fails_by_next_read(f, ...)
   H.assert_error(function()
+    local r = f()
+    if on_cuda then lt.cuda.synchronize() end
+    return r
+  end, ...)
+end
+
+check("bad indices are errors naming the index (on cuda at the next read), and nothing is written", function()
+  local t = lt.arange(12):reshape(4, 3):to("f32"):to(CUDA)
+  fails_by_next_read(function() return t:index_select(1, lt.tensor({ 0, 4 }, { dtype = "i64", device = CUDA })) end,
+    "index_select", "index 4 (element 2")
+  local before = t:clone()
+  fails_by_next_read(function()
     t:index_add_(1, lt.tensor({ 1, -1 }, { dtype = "i64", device = CUDA }), lt.ones({ 2, 3 }, { device = CUDA }))
-  end, "index_add_")
+  end, "index_add_", "index -1")
   close(t, before:to("cpu"), "index_add_ left the target alone")
-  H.assert_error(function() return F.embedding(lt.tensor({ 0, 9 }, { dtype = "i64", device = CUDA }), t) end, "9")
+  fails_by_next_read(function() return F.embedding(lt.tensor({ 0, 9 }, { dtype = "i64", device = CUDA }), t) end, "9")
+  fails_by_next_read(function()
+    return F.cross_entropy(lt.randn(2, 5):to(CUDA), lt.tensor({ 1, 5 }, { dtype = "i64", device = CUDA }),
+      { count = false })
+  end, "target 5", "position 2")
+  -- counted on the host, the targets are read at once
   H.assert_error(function()
     return F.cross_entropy(lt.randn(2, 5):to(CUDA), lt.tensor({ 1, 5 }, { dtype = "i64", device = CUDA }))
   end, "target 5", "position 2")
+  -- an error is reported once; the device keeps working, and a bad index
+  -- found by a later check surfaces there too
+  if on_cuda then lt.cuda.synchronize() end
+  assert(t:sum():item() == 66)
+  if on_cuda then
+    t:index_select(1, lt.tensor({ 7 }, { dtype = "i64", device = CUDA }))
+    H.assert_error(function() return t:sum():item() end, "index 7", "found later")
+    assert(t:sum():item() == 66)
+    -- more checks in flight than the ring holds: the oldest are read as new ones start
+    local ids = lt.tensor({ 0, 1 }, { dtype = "i64", device = CUDA })
+    for _ = 1, 100 do t:index_select(1, ids) end
+    lt.cuda.synchronize()
+  end
+end)
+
+check("cross_entropy without the count: the mean divides on the device, gradients as with it", function()
+  local x, y = pair({ 64, 50 })
+  local tgt = {}
+  for i = 1, 64 do tgt[i] = i % 5 == 0 and -100 or (i * 7) % 50 end
+  local ct = lt.tensor(tgt, { dtype = "i64" })
+  local gt = ct:to(CUDA)
+  x:requires_grad_()
+  y:requires_grad_()
+  local lc, n = F.cross_entropy(x, ct)
+  local lg = F.cross_entropy(y, gt, { count = false })
+  assert(n == 52)
+  close(lg, lc:detach(), "mean loss")
+  lc:backward()
+  lg:backward()
+  close(y.grad, x.grad, "gradient")
+  local all = lt.full({ 64 }, -100, { dtype = "i64", device = CUDA })
+  assert(F.cross_entropy(y:detach(), all, { count = false }):item() == 0)
 end)
 
 check("the generator draws the same numbers on cuda as on the cpu", function()

@@ -140,7 +140,7 @@ function GPT:forward(idx, kv)
   return logits
 end
 
---- model:loss(idx, targets[, {ignore_index = -100}]) -> mean loss over counted tokens, their count.
+--- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count (opts as F.cross_entropy's).
 function GPT:loss(idx, targets, opts)
   local logits = self(idx)
   return F.cross_entropy(logits, targets, opts)
