@@ -195,6 +195,14 @@ describe("lt.F edge cases", function()
       "cross_entropy", "target 5", "position 2")
     H.assert_error(function() F.cross_entropy(x, lt.tensor { 1, 2, 3, 4 }) end, "integer class ids", "f32")
     H.assert_error(function() F.cross_entropy(x, lt.tensor({ 1, 2 }, "i64")) end, "(N, V)")
+    -- count = false: the loss alone (same value), and still the bad-target error
+    local l1, n1 = F.cross_entropy(x, lt.tensor({ 1, 2, -1, 4 }, "i64"), { ignore_index = -1, count = false })
+    assert.is_nil(n1)
+    assert.are.equal(F.cross_entropy(x, lt.tensor({ 1, 2, -1, 4 }, "i64"), { ignore_index = -1 }):item(), l1:item())
+    H.assert_error(function() F.cross_entropy(x, lt.tensor({ 1, 5, 0, 0 }, "i64"), { count = false }) end,
+      "target 5", "position 2")
+    H.assert_error(function() F.cross_entropy(x, lt.tensor({ 1, 2, 0, 0 }, "i64"), { count = 1 }) end,
+      "count must be true or false")
     local l3, n3 = F.cross_entropy(lt.randn(2, 3, 5), lt.tensor({ { 1, 2, 3 }, { 0, 0, 0 } }, "i64"))
     assert.are.equal(6, n3)
     assert.are.equal(0, l3:dim())
