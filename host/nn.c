@@ -3,9 +3,11 @@
  * the residual add fused in, softmax and log_softmax, cross_entropy, rope)
  * with their autograd nodes. Each
  * computes in f32 (f64 for f64 inputs: gradient checks) on contiguous rows
- * through the backend's row kernels, saves what its backward needs (mean
- * and reciprocal std, the softmax output, the logsumexp) and returns results
- * in the input's dtype; the loss and the statistics stay in f32.
+ * through the backend's row kernels (which read and write bf16/f16 rows as
+ * they are where the backend has native_half_rows; elsewhere the rows are
+ * converted), saves what its backward needs (mean and reciprocal std, the
+ * softmax output, the logsumexp) and returns results in the input's dtype;
+ * the loss and the statistics stay in f32.
  */
 #include "autograd.h"
 #include "iter.h"
@@ -17,6 +19,16 @@
 
 /* The dtype row kernels run in for inputs of dtype d. */
 static lt_dtype compute_dtype(lt_dtype d) { return d == LT_DTYPE_F64 ? LT_DTYPE_F64 : LT_DTYPE_F32; }
+
+/* The dtype the backend's row kernels (norms, softmax, cross-entropy) read
+   and write for inputs of dtype d: bf16/f16 as they are where the backend
+   has native_half_rows, else the compute dtype. Their statistics (mean,
+   rstd, log-sum-exp, per-row losses) are in compute_dtype(d). */
+static lt_dtype row_dtype(const lt_backend_i *be, lt_dtype d) {
+  if ((d == LT_DTYPE_BF16 || d == LT_DTYPE_F16) && be->native_half_rows)
+    return d;
+  return compute_dtype(d);
+}
 
 /* t as a contiguous tensor of dtype cd (t itself, retained, when it is one). */
 static lt_status as_compute(const lt_tensor *t, lt_dtype cd, lt_tensor **out) {
@@ -215,7 +227,7 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
     return lt_fail(LT_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
   if ((rms && !be->rms_norm_fwd) || (!rms && !be->layer_norm_fwd))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
-  lt_dtype cd = compute_dtype(x->dtype);
+  lt_dtype cd = row_dtype(be, x->dtype), sd = compute_dtype(x->dtype);
   lt_tensor *xc = NULL, *rc = NULL, *hc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
   lt_tensor *ry = NULL, *rh = NULL;
   lt_status st = as_compute(x, cd, &xc);
@@ -230,9 +242,9 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
   if (st == LT_OK)
     st = lt_tensor_empty_like(xc, cd, &y);
   if (st == LT_OK && !rms)
-    st = lt_tensor_empty(1, &N, cd, x->storage->device, &mean);
+    st = lt_tensor_empty(1, &N, sd, x->storage->device, &mean);
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &N, cd, x->storage->device, &rstd);
+    st = lt_tensor_empty(1, &N, sd, x->storage->device, &rstd);
   const void *prc = rc ? lt_tensor_ptr(rc) : NULL;
   void *phc = hc ? lt_tensor_ptr(hc) : NULL;
   if (st == LT_OK)
@@ -376,7 +388,7 @@ static lt_status softmax_any(const char *op, const lt_tensor *x, int dim, int lo
   int64_t causal_T = causal ? x->sizes[x->ndim - 2] : 0;
   if (!be->softmax_fwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
-  lt_dtype cd = compute_dtype(x->dtype);
+  lt_dtype cd = row_dtype(be, x->dtype);
   lt_tensor *xl = NULL, *xc = NULL, *y = NULL, *r = NULL;
   lt_status st = dim_last(x, dim, &xl);
   if (st == LT_OK)
@@ -730,10 +742,10 @@ static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   lt_tensor *scale = NULL, *g = NULL, *dx = NULL;
   lt_status st;
   /* the gradient of each row's loss: g (reduction none) or g broadcast, / count for mean */
-  LT_NO_GRAD({
-    st = lt_tensor_to(go[0], x->dtype, x->storage->device, &g);
+  LT_NO_GRAD({ /* (in the statistics' dtype: f32 for 16-bit logits) */
+    st = lt_tensor_to(go[0], lse->dtype, x->storage->device, &g);
     if (st == LT_OK)
-      st = lt_tensor_empty(1, &N, x->dtype, x->storage->device, &scale);
+      st = lt_tensor_empty(1, &N, lse->dtype, x->storage->device, &scale);
     if (st == LT_OK)
       st = lt_tensor_copy_(scale, g); /* broadcasts a 0-dim g */
     if (st == LT_OK && reduction == 0 && n->i[2]) { /* 1 / count on the device */
@@ -803,15 +815,15 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
   if (!be->cross_entropy_fwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   int64_t N = logits->sizes[0], V = logits->sizes[1];
-  lt_dtype cd = compute_dtype(logits->dtype);
+  lt_dtype cd = row_dtype(be, logits->dtype), sd = compute_dtype(logits->dtype);
   lt_tensor *xc = NULL, *tc = NULL, *rows = NULL, *lse = NULL, *r = NULL;
   lt_status st = as_compute(logits, cd, &xc);
   if (st == LT_OK)
     LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)targets, &tc));
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &N, cd, logits->storage->device, &rows);
+    st = lt_tensor_empty(1, &N, sd, logits->storage->device, &rows);
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &N, cd, logits->storage->device, &lse);
+    st = lt_tensor_empty(1, &N, sd, logits->storage->device, &lse);
   int64_t bad = -1;
   if (st == LT_OK) {
     st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
@@ -836,7 +848,7 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
   lt_tensor *inv = NULL;
   int count_on_device = !count && be->defer_index_report;
   if (st == LT_OK && count_on_device && reduction == 0)
-    st = inverse_count(tc, ignore_index, cd, &inv);
+    st = inverse_count(tc, ignore_index, sd, &inv);
   if (st == LT_OK && !count_on_device) {
     double *tv = malloc(sizeof(double) * (size_t)(N > 0 ? N : 1));
     if (!tv || lt_tensor_to_f64(tc, tv, N) != LT_OK)

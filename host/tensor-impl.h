@@ -191,6 +191,10 @@ typedef struct lt_backend_i {
   lt_status (*reduce)(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
   lt_status (*matmul)(const lt_matmul_desc *d);
   int native_half_matmul; /* matmul takes bf16/f16 itself (f32 accumulation); else the host converts */
+  /* the row kernels (norms, softmax, cross-entropy) take bf16/f16 rows
+     themselves (computing in f32, statistics in f32); else the host
+     converts the rows to f32 */
+  int native_half_rows;
   /* takes a report (and its index reference) for the index kernel that just
      set *bad to LT_BAD_LATER; NULL for backends that check at once */
   lt_status (*defer_index_report)(const lt_index_report *r);
@@ -202,7 +206,10 @@ typedef struct lt_backend_i {
   lt_status (*gather)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
   lt_status (*scatter_add)(const lt_iter *it, int64_t dim_stride_t, int64_t dim_size, int64_t *bad);
   lt_status (*uniform)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi);
-  /* fused nn kernels on contiguous rows (f32 or f64; see kernels/cpu/cpu.h) */
+  /* fused nn kernels on contiguous rows of dtype dt (f32 or f64, see
+     kernels/cpu/cpu.h; bf16/f16 with native_half_rows); statistics (mean,
+     rstd, lse, per-row losses and gradient scales) are f64 for f64 rows,
+     else f32 */
   /* norms; with res (else NULL) the input is h = x + res, written to h (the
      residual add fused in); backward adds dadd (else NULL) into dx */
   lt_status (*layer_norm_fwd)(lt_dtype dt, const void *x, const void *res, const void *w, const void *b, void *y,

@@ -1,7 +1,9 @@
 /*
  * nn.cu: the fused row kernels of kernels/cpu (norm.c, softmax.c, loss.c,
- * rope.c) on the GPU, same formulas and edge rules, in f32 or f64 on
- * contiguous rows (the host converts 16-bit floats): LayerNorm (Ba et al.
+ * rope.c) on the GPU, same formulas and edge rules, on contiguous rows of
+ * f32 or f64, or of bf16/f16 read and written as they are and computed in
+ * f32 (statistics: mean, rstd, log-sum-exp and losses stay f32; the host
+ * converts 16-bit rows for rope only): LayerNorm (Ba et al.
  * 2016) and RMSNorm (Zhang and Sennrich 2019) with saved mean and rstd,
  * softmax and log-softmax (rows of all -inf give zeros), cross-entropy fused
  * with log-softmax (no probabilities stored), and rotary embeddings (Su et
@@ -20,6 +22,17 @@ static const int THREADS = 256;
 __device__ __forceinline__ float t_exp(float x) { return expf(x); }
 __device__ __forceinline__ double t_exp(double x) { return exp(x); }
 
+/* Rows are stored as S (f32, f64, or bf16/f16) and computed in A (f64 for
+   f64, else f32); 16-bit values round to nearest even when stored. */
+__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ double ld(const double *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float ld(const __half *p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(double *p, int64_t i, double v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void st(__half *p, int64_t i, float v) { p[i] = __float2half(v); }
+
 static unsigned dw_grid(int64_t C) { return (unsigned)((C + 31) / 32); }
 
 static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 65535LL * 32); }
@@ -28,33 +41,33 @@ static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 
 
 /* with res, the row is h = x + res, written to h by the threads that read it
    back (the same c stride), so no barrier is needed before the sums */
-template <typename T>
-__device__ __forceinline__ const T *residual_row(const T *x, const T *res, T *h, int64_t r, int64_t C) {
+template <typename S>
+__device__ __forceinline__ const S *residual_row(const S *x, const S *res, S *h, int64_t r, int64_t C) {
   if (!res)
     return x + r * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    h[r * C + c] = x[r * C + c] + res[r * C + c];
+    st(h, r * C + c, ld(x, r * C + c) + ld(res, r * C + c));
   return h + r * C;
 }
 
-template <typename T>
-__global__ void layer_norm_fwd_kernel(const T *x, const T *res, const T *w, const T *b, T *y, T *h, T *mean, T *rstd,
+template <typename S, typename A>
+__global__ void layer_norm_fwd_kernel(const S *x, const S *res, const S *w, const S *b, S *y, S *h, A *mean, A *rstd,
                                       int64_t N, int64_t C, double eps) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = residual_row(x, res, h, r, C);
+    const S *xr = residual_row(x, res, h, r, C);
     double m = 0, v = 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      m += xr[c];
+      m += ld(xr, c);
     m = lt_block_sum(m, sh) / (double)C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      double d = xr[c] - m;
+      double d = ld(xr, c) - m;
       v += d * d;
     }
     v = lt_block_sum(v, sh) / (double)C;
-    T s = (T)(1.0 / sqrt(v + eps)), mt = (T)m;
+    A s = (A)(1.0 / sqrt(v + eps)), mt = (A)m;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      y[r * C + c] = (xr[c] - mt) * s * (w ? w[c] : (T)1) + (b ? b[c] : (T)0);
+      st(y, r * C + c, (ld(xr, c) - mt) * s * (w ? ld(w, c) : (A)1) + (b ? ld(b, c) : (A)0));
     if (threadIdx.x == 0) {
       mean[r] = mt;
       rstd[r] = s;
@@ -62,24 +75,24 @@ __global__ void layer_norm_fwd_kernel(const T *x, const T *res, const T *w, cons
   }
 }
 
-template <typename T>
-__global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *mean, const T *rstd,
-                                     const T *dadd, T *dx, int64_t N, int64_t C) {
+template <typename S, typename A>
+__global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd,
+                                     const S *dadd, S *dx, int64_t N, int64_t C) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = x + r * C, *gr = dy + r * C;
-    T m = mean[r], s = rstd[r];
+    const S *xr = x + r * C, *gr = dy + r * C;
+    A m = mean[r], s = rstd[r];
     double sg = 0, sgn = 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T g = gr[c] * (w ? w[c] : (T)1), n = (xr[c] - m) * s;
+      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = (ld(xr, c) - m) * s;
       sg += g;
       sgn += g * n;
     }
-    T mg = (T)(lt_block_sum(sg, sh) / (double)C);
-    T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
+    A mg = (A)(lt_block_sum(sg, sh) / (double)C);
+    A mgn = (A)(lt_block_sum(sgn, sh) / (double)C);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T g = gr[c] * (w ? w[c] : (T)1), n = (xr[c] - m) * s;
-      dx[r * C + c] = s * (g - mg - n * mgn) + (dadd ? dadd[r * C + c] : (T)0);
+      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = (ld(xr, c) - m) * s;
+      st(dx, r * C + c, s * (g - mg - n * mgn) + (dadd ? ld(dadd, r * C + c) : (A)0));
     }
   }
 }
@@ -88,8 +101,8 @@ __global__ void layer_norm_dx_kernel(const T *dy, const T *x, const T *w, const 
    32 columns x 32 row stripes; each stripe sums its rows in order, then the
    stripes combine in a fixed tree (deterministic, reads coalesced). */
 enum { DW_X = 32, DW_Y = 32 };
-template <typename T>
-__global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *rstd, T *dw, T *db, int64_t N,
+template <typename S, typename A>
+__global__ void norm_dw_kernel(const S *dy, const S *x, const A *mean, const A *rstd, S *dw, S *db, int64_t N,
                                int64_t C) {
   __shared__ double sw[DW_Y][DW_X], sb[DW_Y][DW_X];
   int tx = threadIdx.x, ty = threadIdx.y;
@@ -97,8 +110,8 @@ __global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *
   double aw = 0, ab = 0;
   if (c < C)
     for (int64_t r = ty; r < N; r += DW_Y) {
-      T g = dy[r * C + c];
-      aw += g * ((x[r * C + c] - (mean ? mean[r] : (T)0)) * rstd[r]);
+      A g = ld(dy, r * C + c);
+      aw += g * ((ld(x, r * C + c) - (mean ? mean[r] : (A)0)) * rstd[r]);
       ab += g;
     }
   sw[ty][tx] = aw;
@@ -112,44 +125,46 @@ __global__ void norm_dw_kernel(const T *dy, const T *x, const T *mean, const T *
   }
   if (ty == 0 && c < C) {
     if (dw)
-      dw[c] = (T)sw[0][tx];
+      st(dw, c, (A)sw[0][tx]);
     if (db)
-      db[c] = (T)sb[0][tx];
+      st(db, c, (A)sb[0][tx]);
   }
 }
 
-template <typename T>
-__global__ void rms_norm_fwd_kernel(const T *x, const T *res, const T *w, T *y, T *h, T *rstd, int64_t N, int64_t C,
+template <typename S, typename A>
+__global__ void rms_norm_fwd_kernel(const S *x, const S *res, const S *w, S *y, S *h, A *rstd, int64_t N, int64_t C,
                                     double eps) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = residual_row(x, res, h, r, C);
+    const S *xr = residual_row(x, res, h, r, C);
     double ss = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      ss += (double)xr[c] * xr[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      double v = ld(xr, c);
+      ss += v * v;
+    }
     ss = lt_block_sum(ss, sh);
-    T s = (T)(1.0 / sqrt(ss / (double)C + eps));
+    A s = (A)(1.0 / sqrt(ss / (double)C + eps));
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      y[r * C + c] = xr[c] * s * (w ? w[c] : (T)1);
+      st(y, r * C + c, ld(xr, c) * s * (w ? ld(w, c) : (A)1));
     if (threadIdx.x == 0)
       rstd[r] = s;
   }
 }
 
-template <typename T>
-__global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T *rstd, const T *dadd, T *dx, int64_t N,
+template <typename S, typename A>
+__global__ void rms_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *rstd, const S *dadd, S *dx, int64_t N,
                                    int64_t C) {
   __shared__ double sh[32];
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = x + r * C, *gr = dy + r * C;
-    T s = rstd[r];
+    const S *xr = x + r * C, *gr = dy + r * C;
+    A s = rstd[r];
     double sgn = 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      sgn += gr[c] * (w ? w[c] : (T)1) * xr[c] * s;
-    T mgn = (T)(lt_block_sum(sgn, sh) / (double)C);
+      sgn += ld(gr, c) * (w ? ld(w, c) : (A)1) * ld(xr, c) * s;
+    A mgn = (A)(lt_block_sum(sgn, sh) / (double)C);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T g = gr[c] * (w ? w[c] : (T)1), n = xr[c] * s;
-      dx[r * C + c] = s * (g - n * mgn) + (dadd ? dadd[r * C + c] : (T)0);
+      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = ld(xr, c) * s;
+      st(dx, r * C + c, s * (g - n * mgn) + (dadd ? ld(dadd, r * C + c) : (A)0));
     }
   }
 }
@@ -158,13 +173,13 @@ __global__ void rms_norm_dx_kernel(const T *dy, const T *x, const T *w, const T 
 
 /* softmax of scale * x; under a causal mask of `causal` queries row r sees
    its first r % causal + C - causal + 1 entries (kernels/cpu/softmax.c) */
-template <typename T>
-__global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int logsm, T scale, int64_t causal) {
+template <typename S, typename A>
+__global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int logsm, A scale, int64_t causal) {
   __shared__ double sh[32];
-  const T ninf = -(T)INFINITY;
+  const A ninf = -(A)INFINITY;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *xr = x + r * C;
-    T *yr = y + r * C;
+    const S *xr = x + r * C;
+    S *yr = y + r * C;
     int64_t L = C;
     if (causal > 0) {
       L = r % causal + C - causal + 1;
@@ -172,62 +187,64 @@ __global__ void softmax_fwd_kernel(const T *x, T *y, int64_t N, int64_t C, int l
     }
     double mloc = -CUDART_INF;
     for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
-      mloc = fmax(mloc, (double)(xr[c] * scale));
-    T m = (T)lt_block_max(mloc, sh);
+      mloc = fmax(mloc, (double)(ld(xr, c) * scale));
+    A m = (A)lt_block_max(mloc, sh);
     if (m == ninf) { /* all masked, or all NaN (the maximum skips NaN) */
       double nan = 0;
-      for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
-        nan += xr[c] != xr[c];
+      for (int64_t c = threadIdx.x; c < L; c += blockDim.x) {
+        A v = ld(xr, c);
+        nan += v != v;
+      }
       bool any_nan = lt_block_sum(nan, sh) > 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = any_nan ? (T)NAN : logsm ? ninf : (T)0;
+        st(yr, c, any_nan ? (A)NAN : logsm ? ninf : (A)0);
       continue;
     }
     double sum = 0;
     for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
-      sum += t_exp(xr[c] * scale - m);
+      sum += t_exp(ld(xr, c) * scale - m);
     sum = lt_block_sum(sum, sh);
     if (logsm) {
-      T lse = m + (T)log(sum);
+      A lse = m + (A)log(sum);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = c < L ? xr[c] * scale - lse : ninf;
+        st(yr, c, c < L ? ld(xr, c) * scale - lse : ninf);
     } else {
-      T inv = (T)(1.0 / sum);
+      A inv = (A)(1.0 / sum);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        yr[c] = c < L ? t_exp(xr[c] * scale - m) * inv : (T)0;
+        st(yr, c, c < L ? t_exp(ld(xr, c) * scale - m) * inv : (A)0);
     }
   }
 }
 
-template <typename T>
-__global__ void softmax_bwd_kernel(const T *y, const T *dy, T *dx, int64_t N, int64_t C, int logsm, T scale) {
+template <typename S, typename A>
+__global__ void softmax_bwd_kernel(const S *y, const S *dy, S *dx, int64_t N, int64_t C, int logsm, A scale) {
   __shared__ double sh[32];
-  const T ninf = -(T)INFINITY;
+  const A ninf = -(A)INFINITY;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const T *yr = y + r * C, *gr = dy + r * C;
-    T *xr = dx + r * C;
+    const S *yr = y + r * C, *gr = dy + r * C;
+    S *xr = dx + r * C;
     if (logsm) {
       double live = 0; /* entries that are not -inf */
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        live += yr[c] != ninf;
+        live += ld(yr, c) != ninf;
       if (lt_block_sum(live, sh) == 0) {
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-          xr[c] = 0;
+          st(xr, c, (A)0);
         continue;
       }
       double s = 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        s += gr[c];
-      T st = (T)lt_block_sum(s, sh);
+        s += ld(gr, c);
+      A sg = (A)lt_block_sum(s, sh);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        xr[c] = scale * (gr[c] - t_exp(yr[c]) * st);
+        st(xr, c, scale * (ld(gr, c) - t_exp(ld(yr, c)) * sg));
     } else {
       double s = 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        s += (double)gr[c] * yr[c];
-      T st = (T)lt_block_sum(s, sh);
+        s += (double)ld(gr, c) * ld(yr, c);
+      A sg = (A)lt_block_sum(s, sh);
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        xr[c] = scale * yr[c] * (gr[c] - st);
+        st(xr, c, scale * ld(yr, c) * (ld(gr, c) - sg));
     }
   }
 }
@@ -247,15 +264,15 @@ __global__ void ce_check_kernel(const char *tgt, int tdt, int64_t N, int64_t V, 
   }
 }
 
-template <typename T>
-__global__ void ce_fwd_kernel(const T *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore, T *loss,
-                              T *lse, const unsigned long long *bad) {
+template <typename S, typename A>
+__global__ void ce_fwd_kernel(const S *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore, A *loss,
+                              A *lse, const unsigned long long *bad) {
   __shared__ double sh[32];
   if (*bad != ~0ULL)
     return;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
-    const T *xr = x + r * V;
+    const S *xr = x + r * V;
     if (t == ignore) {
       if (threadIdx.x == 0)
         loss[r] = lse[r] = 0;
@@ -263,35 +280,35 @@ __global__ void ce_fwd_kernel(const T *x, const char *tgt, int tdt, int64_t N, i
     }
     double mloc = -CUDART_INF;
     for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      mloc = fmax(mloc, (double)xr[c]);
-    T m = (T)lt_block_max(mloc, sh);
+      mloc = fmax(mloc, (double)ld(xr, c));
+    A m = (A)lt_block_max(mloc, sh);
     double s = 0;
     for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      s += t_exp(xr[c] - m);
+      s += t_exp(ld(xr, c) - m);
     s = lt_block_sum(s, sh);
     if (threadIdx.x == 0) {
-      T l = m + (T)log(s);
+      A l = m + (A)log(s);
       lse[r] = l;
-      loss[r] = l - xr[t];
+      loss[r] = l - ld(xr, t);
     }
   }
 }
 
-template <typename T>
-__global__ void ce_bwd_kernel(const T *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
-                              const T *lse, const T *scale, T *dx) {
+template <typename S, typename A>
+__global__ void ce_bwd_kernel(const S *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
+                              const A *lse, const A *scale, S *dx) {
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
-    const T *xr = x + r * V;
-    T *dr = dx + r * V;
+    const S *xr = x + r * V;
+    S *dr = dx + r * V;
     if (t == ignore) {
       for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-        dr[c] = 0;
+        st(dr, c, (A)0);
       continue;
     }
-    T l = lse[r], s = scale[r];
+    A l = lse[r], s = scale[r];
     for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      dr[c] = t_exp(xr[c] - l) * s - (c == t ? s : (T)0);
+      st(dr, c, t_exp(ld(xr, c) - l) * s - (c == t ? s : (A)0));
   }
 }
 
@@ -315,34 +332,46 @@ __global__ void rope_kernel(const T *x, T *y, int64_t R, int64_t Tn, int64_t D, 
 
 /* ---- launchers ------------------------------------------------------------------ */
 
+/* Calls F<S, A>(args...) for the rows' dtype: f64 in f64, f32 in f32, bf16
+   and f16 stored as they are and computed in f32. */
+#define DISPATCH_ROWS(dt, F, ...)                                \
+  do {                                                           \
+    switch (dt) {                                                \
+    case LT_DTYPE_F64: F<double, double>(__VA_ARGS__); break;   \
+    case LT_DTYPE_BF16: F<__nv_bfloat16, float>(__VA_ARGS__); break; \
+    case LT_DTYPE_F16: F<__half, float>(__VA_ARGS__); break;    \
+    default: F<float, float>(__VA_ARGS__); break;               \
+    }                                                            \
+  } while (0)
+
+template <typename S, typename A>
+static void layer_norm_fwd_launch(const void *x, const void *res, const void *w, const void *b, void *y, void *h,
+                                  void *mean, void *rstd, int64_t N, int64_t C, double eps, cudaStream_t cs) {
+  layer_norm_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (const S *)res, (const S *)w,
+                                                               (const S *)b, (S *)y, (S *)h, (A *)mean, (A *)rstd,
+                                                               N, C, eps);
+}
 
 extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b,
                                             void *y, void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps,
                                             lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    layer_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const double *)x, (const double *)res, (const double *)w, (const double *)b, (double *)y, (double *)h,
-        (double *)mean, (double *)rstd, N, C, eps);
-  else
-    layer_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const float *)x, (const float *)res, (const float *)w, (const float *)b, (float *)y, (float *)h,
-        (float *)mean, (float *)rstd, N, C, eps);
+  DISPATCH_ROWS(dt, layer_norm_fwd_launch, x, res, w, b, y, h, mean, rstd, N, C, eps, (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm_fwd_kernel");
 }
 
-template <typename T>
+template <typename S, typename A>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
                                   const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
                                   cudaStream_t cs) {
   if (dx)
-    layer_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                             (const T *)mean, (const T *)rstd, (const T *)dadd,
-                                                             (T *)dx, N, C);
+    layer_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
+                                                                (const A *)mean, (const A *)rstd, (const S *)dadd,
+                                                                (S *)dx, N, C);
   if (dw || db)
-    norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, (const T *)mean,
-                                                              (const T *)rstd, (T *)dw, (T *)db, N, C);
+    norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
+                                                                 (const A *)rstd, (S *)dw, (S *)db, N, C);
 }
 
 extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w,
@@ -350,72 +379,78 @@ extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const v
                                             void *db, int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    layer_norm_bwd_launch<double>(dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
-  else
-    layer_norm_bwd_launch<float>(dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
+  DISPATCH_ROWS(dt, layer_norm_bwd_launch, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm backward");
+}
+
+template <typename S, typename A>
+static void rms_norm_fwd_launch(const void *x, const void *res, const void *w, void *y, void *h, void *rstd, int64_t N,
+                                int64_t C, double eps, cudaStream_t cs) {
+  rms_norm_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (const S *)res, (const S *)w, (S *)y,
+                                                             (S *)h, (A *)rstd, N, C, eps);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
                                           void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    rms_norm_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const double *)x, (const double *)res, (const double *)w, (double *)y, (double *)h, (double *)rstd, N, C, eps);
-  else
-    rms_norm_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const float *)x, (const float *)res, (const float *)w, (float *)y, (float *)h, (float *)rstd, N, C, eps);
+  DISPATCH_ROWS(dt, rms_norm_fwd_launch, x, res, w, y, h, rstd, N, C, eps, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm_fwd_kernel");
 }
 
-template <typename T>
+template <typename S, typename A>
 static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
                                 void *dx, void *dw, int64_t N, int64_t C, cudaStream_t cs) {
   if (dx)
-    rms_norm_dx_kernel<T><<<rows_grid(N), THREADS, 0, cs>>>((const T *)dy, (const T *)x, (const T *)w,
-                                                           (const T *)rstd, (const T *)dadd, (T *)dx, N, C);
+    rms_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
+                                                              (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
   if (dw)
-    norm_dw_kernel<T><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const T *)dy, (const T *)x, NULL, (const T *)rstd,
-                                                              (T *)dw, NULL, N, C);
+    norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, NULL,
+                                                                 (const A *)rstd, (S *)dw, NULL, N, C);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                           const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    rms_norm_bwd_launch<double>(dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
-  else
-    rms_norm_bwd_launch<float>(dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
+  DISPATCH_ROWS(dt, rms_norm_bwd_launch, dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm backward");
+}
+
+template <typename S, typename A>
+static void softmax_fwd_launch(const void *x, void *y, int64_t N, int64_t C, int logsm, double scale, int64_t causal,
+                               cudaStream_t cs) {
+  softmax_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (S *)y, N, C, logsm, (A)scale, causal);
 }
 
 extern "C" lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
                                          double scale, int64_t causal, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    softmax_fwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, N, C,
-                                                                              logsm, scale, causal);
-  else
-    softmax_fwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, N, C, logsm,
-                                                                             (float)scale, causal);
+  DISPATCH_ROWS(dt, softmax_fwd_launch, x, y, N, C, logsm, scale, causal, (cudaStream_t)s);
   return lt_cuda_check_launch("softmax_fwd_kernel");
+}
+
+template <typename S, typename A>
+static void softmax_bwd_launch(const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm, double scale,
+                               cudaStream_t cs) {
+  softmax_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)y, (const S *)dy, (S *)dx, N, C, logsm,
+                                                            (A)scale);
 }
 
 extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
                                          int logsm, double scale, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    softmax_bwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const double *)y, (const double *)dy,
-                                                                              (double *)dx, N, C, logsm, scale);
-  else
-    softmax_bwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>((const float *)y, (const float *)dy,
-                                                                             (float *)dx, N, C, logsm, (float)scale);
+  DISPATCH_ROWS(dt, softmax_bwd_launch, y, dy, dx, N, C, logsm, scale, (cudaStream_t)s);
   return lt_cuda_check_launch("softmax_bwd_kernel");
+}
+
+template <typename S, typename A>
+static void ce_fwd_launch(const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V, int64_t ignore,
+                          void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
+  ce_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, targets, tdt, N, V, ignore, (A *)loss, (A *)lse,
+                                                       bad);
 }
 
 extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
@@ -428,13 +463,15 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const
   lt_status st = lt_cuda_check_launch("cross_entropy check");
   if (st != LT_OK)
     return st;
-  if (dt == LT_DTYPE_F64)
-    ce_fwd_kernel<double><<<rows_grid(N), THREADS, 0, cs>>>((const double *)x, targets, tdt, N, V, ignore,
-                                                            (double *)loss, (double *)lse, bad);
-  else
-    ce_fwd_kernel<float><<<rows_grid(N), THREADS, 0, cs>>>((const float *)x, targets, tdt, N, V, ignore,
-                                                           (float *)loss, (float *)lse, bad);
+  DISPATCH_ROWS(dt, ce_fwd_launch, x, targets, tdt, N, V, ignore, loss, lse, bad, cs);
   return lt_cuda_check_launch("ce_fwd_kernel");
+}
+
+template <typename S, typename A>
+static void ce_bwd_launch(const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V, int64_t ignore,
+                          const void *lse, const void *scale, void *dx, cudaStream_t cs) {
+  ce_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, targets, tdt, N, V, ignore, (const A *)lse,
+                                                       (const A *)scale, (S *)dx);
 }
 
 extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
@@ -442,12 +479,7 @@ extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const
                                                const void *scale, void *dx, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  if (dt == LT_DTYPE_F64)
-    ce_bwd_kernel<double><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const double *)x, targets, tdt, N, V, ignore, (const double *)lse, (const double *)scale, (double *)dx);
-  else
-    ce_bwd_kernel<float><<<rows_grid(N), THREADS, 0, (cudaStream_t)s>>>(
-        (const float *)x, targets, tdt, N, V, ignore, (const float *)lse, (const float *)scale, (float *)dx);
+  DISPATCH_ROWS(dt, ce_bwd_launch, x, targets, tdt, N, V, ignore, lse, scale, dx, (cudaStream_t)s);
   return lt_cuda_check_launch("ce_bwd_kernel");
 }
 

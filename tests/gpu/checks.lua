@@ -459,6 +459,18 @@ grad_check("add_layer_norm (4096, 768): h and the norm of it", { { shape = { 409
 grad_check("add_rms_norm (2048, 1024) in bf16", { { shape = { 2048, 1024 }, dtype = "bf16" },
   { shape = { 2048, 1024 }, dtype = "bf16" }, { shape = { 1024 }, dtype = "bf16" } },
   function(x, r, w) return lt.stack({ F.add_rms_norm(x, r, w) }) end)
+-- bf16 rows go to the kernels as they are (native_half_rows), statistics in f32
+grad_check("add_layer_norm (8192, 768) in bf16, as GPT-2's blocks", { { shape = { 8192, 768 }, dtype = "bf16" },
+  { shape = { 8192, 768 }, dtype = "bf16" }, { shape = { 768 }, dtype = "bf16" }, { shape = { 768 }, dtype = "bf16" } },
+  function(x, r, w, b) return lt.stack({ F.add_layer_norm(x, r, w, b) }) end, { gtol = 2e-2 })
+grad_check("cross_entropy (2048, 50304) on bf16 logits, count kept on the device", { { shape = { 2048, 50304 },
+  dtype = "bf16" } }, function(x)
+  local ids = {}
+  for i = 1, 2048 do ids[i] = i % 7 == 0 and -100 or (i * 131) % 50257 end
+  return F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device }), { count = false })
+end)
+grad_check("softmax (4096, 1024) in bf16", { { shape = { 4096, 1024 }, dtype = "bf16" } },
+  function(x) return F.softmax(x, -1) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
   function(x, w) return F.rms_norm(x, w) end, { gtol = 1e-4 })
 grad_check("softmax (4096, 1024)", { { shape = { 4096, 1024 } } }, function(x) return F.softmax(x, -1) end)
