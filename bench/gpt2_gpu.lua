@@ -6,7 +6,8 @@
 -- 6N + 6 L C T FLOPs per token (N all parameters; L layers, C channels, T
 -- sequence length),
 -- against 989 TFLOP/s (the H100/H200 dense bf16 figure) and against the
--- measured product rate. When torch is installed, bench/gpt2_gpu_torch.py
+-- measured product rate; "host ms" is the host's time to issue a step (when
+-- it nears ms/step, launches and Lua bound the step, not the GPU). When torch is installed, bench/gpt2_gpu_torch.py
 -- runs the same model in the same call (tests/gpu/run.sh prints the ratio).
 --
 -- The embedding rows are padded to a multiple of pad_vocab (128: 50304
@@ -89,7 +90,7 @@ local function bench(dtype, B)
   local x = lt.randint(0, V, { B, T }, { device = DEV })
   local y = lt.randint(0, V, { B, T }, { device = DEV })
   local opt = lt.optim.AdamW(model, { lr = 1e-4, weight_decay = 0.1 })
-  local times, last_loss = {}, 0
+  local times, host, last_loss = {}, {}, 0
   for step = 0, opts.steps do
     lt.cuda.synchronize()
     local t0 = lt.clock()
@@ -97,26 +98,30 @@ local function bench(dtype, B)
     loss:backward()
     opt:step()
     opt:zero_grad()
+    local enqueued = lt.clock() -- the host's time for the step: when it nears the total, launches bound the step
     last_loss = loss:item() -- the one read per step, as a training loop logs it
-    if step > 0 then times[#times + 1] = lt.clock() - t0 end
+    if step > 0 then
+      times[#times + 1] = lt.clock() - t0
+      host[#host + 1] = enqueued - t0
+    end
     if step % 4 == 0 then collectgarbage() end
   end
   local dt = median(times)
   local tps = B * T / dt
   local mem = lt.cuda.memory_stats()
-  return { ms = dt * 1e3, tps = tps, mfu = tps * flops_per_token / PEAK, mfu_meas = tps * flops_per_token / rate,
+  return { ms = dt * 1e3, host_ms = median(host) * 1e3, tps = tps, mfu = tps * flops_per_token / PEAK, mfu_meas = tps * flops_per_token / rate,
     peak = mem.peak / 2 ^ 30, loss = last_loss }
 end
 
 print(("attention: %s"):format(opts.attention))
-print(("%-6s %4s %6s %10s %12s %8s %12s %10s %8s"):format("dtype", "B", "T", "ms/step", "tokens/s", "MFU",
-  "MFU(meas.)", "peak GiB", "loss"))
+print(("%-6s %4s %6s %10s %12s %8s %12s %10s %8s %8s"):format("dtype", "B", "T", "ms/step", "tokens/s", "MFU",
+  "MFU(meas.)", "peak GiB", "loss", "host ms"))
 for _, dtype in ipairs(list(opts.dtypes)) do
   for _, B in ipairs(list(opts.batches)) do
     local ok, r = pcall(bench, dtype, B)
     if ok then
-      print(("%-6s %4d %6d %10.1f %12.0f %7.1f%% %11.1f%% %10.2f %8.4f"):format(dtype, B, opts.T, r.ms, r.tps,
-        100 * r.mfu, 100 * r.mfu_meas, r.peak, r.loss))
+      print(("%-6s %4d %6d %10.1f %12.0f %7.1f%% %11.1f%% %10.2f %8.4f %8.1f"):format(dtype, B, opts.T, r.ms, r.tps,
+        100 * r.mfu, 100 * r.mfu_meas, r.peak, r.loss, r.host_ms))
     else
       print(("%-6s %4d %6d  failed: %s"):format(dtype, B, opts.T, tostring(r):gsub("\n.*", "")))
     end
