@@ -64,6 +64,13 @@ for _, s in ipairs { { "qkv", 3 * C }, { "attn proj", C }, { "mlp fc", 4 * C } }
   local ms = time(function() return lt.matmul(x, w:t()) end)
   row(("matmul %s (%d x %d) @ (%d x %d)^T"):format(s[1], BT, C, s[2], C), ms, fl(2 * BT * C * s[2], ms))
 end
+do -- the MLP's first layer: one lt_linear with the bias and GELU in cuBLASLt's epilogue, or three ops
+  local w, b = randn({ 4 * C, C }), randn({ 4 * C })
+  local ms = time(function() return F.linear(x, w, b, { activation = "gelu" }) end)
+  row("linear + bias + GELU -> 4C (lt_linear)", ms, fl(2 * BT * C * 4 * C, ms))
+  ms = time(function() return (lt.matmul(x, w:t()) + b):gelu() end)
+  row("matmul, add, gelu -> 4C (composed)", ms, fl(2 * BT * C * 4 * C, ms))
+end
 for _, vv in ipairs { V, 50304 } do
   local w = randn({ vv, C })
   local ms = time(function() return lt.matmul(x, w:t()) end)

@@ -544,6 +544,7 @@ const lt_backend_i lt_backend_cuda = {
     .matmul = lt_cuda_matmul,
     .native_half_matmul = 1,
     .native_half_rows = 1,
+    .matmul_epilogues = 1,
     .defer_index_report = k_defer_index_report,
     .index_select = k_index_select,
     .index_add = k_index_add,

@@ -302,6 +302,14 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
    shape: the caller then uses lt_attention or composes matmuls. */
 lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                                lt_tensor **out);
+/* The linear layer y = act(x w^T + b) (torch.nn.functional.linear): x (...,
+   in), w (out, in), b (out) or NULL, one float dtype; y (..., out). act: 0
+   none, 1 GELU (tanh approximation, as LT_UNARY_GELU). On CUDA the bias and
+   the GELU run in cuBLASLt's epilogue (the pre-activation written for the
+   backward); elsewhere, or without such an algorithm, as matmul, add, gelu.
+   Backward: g = dy (act 0) or dy gelu'(pre); dx = g w, dw = g^T x, db = the
+   sum of g over rows. Errors name mismatched shapes and dtypes. */
+lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, int act, lt_tensor **y);
 /* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).

@@ -5,7 +5,10 @@
  * place (an operand whose columns are contiguous goes in transposed).
  *
  * f32 multiplies in f32 (TF32 only after lt.cuda.allow_tf32(true)), f64 in
- * f64, and bf16/f16 take f32 accumulation. The innermost batch dim is a
+ * f64, and bf16/f16 take f32 accumulation. A 2-D product may carry an
+ * epilogue (lt_linear): the bias add, and the GELU with its input written to
+ * an aux matrix for the backward; a shape cuBLASLt has no such algorithm
+ * for is remembered and refused (LT_ERR_UNSUPPORTED), and the caller composes. The innermost batch dim is a
  * strided batch of one call; outer batch dims loop here. A plan (descriptors
  * and the heuristic's first algorithm) is cached per shape, strides,
  * alignment and dtype, so the heuristic runs once per shape. The workspace
@@ -75,10 +78,13 @@ typedef struct plan_key {
   int64_t rows_x, cols_x, ld_x, rows_y, cols_y, ld_y, n, m, ld_c;
   int64_t batch, stride_x, stride_y, stride_c;
   int align_x, align_y, align_c;
+  int epilogue, align_bias, align_aux;
+  int64_t ld_aux;
 } plan_key;
 
 typedef struct lt_cuda_plan {
   plan_key key;
+  int refused; /* cuBLASLt had no algorithm for this epilogue: the caller composes */
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t lx, ly, lc;
   cublasLtMatmulAlgo_t algo;
@@ -189,6 +195,26 @@ static lt_status plan_build(lt_cuda_ctx *c, const plan_key *k, plan *p) {
   cublasOperation_t ox = (cublasOperation_t)k->op_x, oy = (cublasOperation_t)k->op_y;
   blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ox, sizeof ox);
   blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &oy, sizeof oy);
+  if (k->epilogue != LT_EPILOGUE_NONE) {
+    /* bias per row of cuBLASLt's column-major D (n x m): per output feature;
+       aux laid out as D; pointers of the key's alignment stand in for the
+       heuristic (cuBLASLt reads their alignment, not their data) */
+    cublasLtEpilogue_t e = k->epilogue == LT_EPILOGUE_BIAS   ? CUBLASLT_EPILOGUE_BIAS
+                           : k->epilogue == LT_EPILOGUE_GELU ? CUBLASLT_EPILOGUE_GELU_AUX
+                                                             : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const void *bias = (const void *)(uintptr_t)k->align_bias, *aux = (const void *)(uintptr_t)k->align_aux;
+    s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+    if (s == CUBLAS_STATUS_SUCCESS && k->epilogue != LT_EPILOGUE_GELU)
+      s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (s == CUBLAS_STATUS_SUCCESS && k->epilogue != LT_EPILOGUE_BIAS) {
+      s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k->ld_aux,
+                                                sizeof k->ld_aux);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS)
+      return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuBLASLt epilogue: %s", c->index, blas.cublasLtGetStatusString(s));
+  }
   lt_status st = layout(c, ty, k->rows_x, k->cols_x, k->ld_x, k->batch, k->stride_x, &p->lx);
   if (st == LT_OK)
     st = layout(c, ty, k->rows_y, k->cols_y, k->ld_y, k->batch, k->stride_y, &p->ly);
@@ -224,6 +250,8 @@ static lt_status plan_build(lt_cuda_ctx *c, const plan_key *k, plan *p) {
 static lt_status plan_get(lt_cuda_ctx *c, const plan_key *k, plan **out) {
   for (int i = 0; i < c->nplans; i++)
     if (!memcmp(&c->plans[i].key, k, sizeof *k)) {
+      if (c->plans[i].refused)
+        return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuBLASLt has no algorithm with this epilogue", c->index);
       *out = &c->plans[i];
       return LT_OK;
     }
@@ -245,6 +273,12 @@ static lt_status plan_get(lt_cuda_ctx *c, const plan_key *k, plan **out) {
   lt_status st = plan_build(c, k, p);
   if (st != LT_OK) {
     plan_destroy(p);
+    if (st != LT_ERR_UNSUPPORTED || k->epilogue == LT_EPILOGUE_NONE)
+      return st;
+    memset(p, 0, sizeof *p); /* an epilogue refused: remembered, so the next call composes at once */
+    p->key = *k;
+    p->refused = 1;
+    c->nplans++;
     return st;
   }
   c->nplans++;
@@ -308,8 +342,26 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d) {
   k.align_x = call_alignment(d->b, ox);
   k.align_y = call_alignment(d->a, oy);
   k.align_c = call_alignment(d->c, oc);
+  if (d->epilogue != LT_EPILOGUE_NONE) {
+    int with_bias = d->epilogue != LT_EPILOGUE_GELU, with_aux = d->epilogue != LT_EPILOGUE_BIAS;
+    if (nb > 0 || (with_bias && !d->bias) || (with_aux && (!d->aux || d->aux_rs % 8 || d->aux_rs < d->n)))
+      return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuBLASLt epilogues take one 2-D product with an aux row "
+                     "stride divisible by 8", c->index);
+    k.epilogue = d->epilogue;
+    k.align_bias = with_bias ? alignment(d->bias) : 0;
+    k.align_aux = with_aux ? call_alignment(d->aux, (uintptr_t)(d->aux_rs * es)) : 0;
+    k.ld_aux = with_aux ? d->aux_rs : 0;
+  }
   plan *p = NULL;
   LT_TRY(plan_get(c, &k, &p));
+  if (d->epilogue != LT_EPILOGUE_NONE) { /* this call's vectors (the plan's descriptor is ours alone) */
+    const void *bias = d->bias;
+    void *aux = d->aux;
+    if (k.align_bias)
+      blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (k.align_aux)
+      blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+  }
   float one32 = 1.0f, zero32 = 0.0f;
   double one64 = 1.0, zero64 = 0.0;
   const void *alpha = d->dtype == LT_DTYPE_F64 ? (const void *)&one64 : (const void *)&one32;
@@ -327,6 +379,11 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d) {
     char *pc = d->c + offc * es;
     cublasStatus_t s = blas.cublasLtMatmul(c->blas, p->desc, alpha, pb, p->lx, pa, p->ly, beta, pc, p->lc, pc, p->lc,
                                       &p->algo, c->workspace, p->workspace, c->compute);
+    if (s != CUBLAS_STATUS_SUCCESS && d->epilogue != LT_EPILOGUE_NONE && o == 0) {
+      p->refused = 1; /* (nothing ran: the caller composes, now and for this shape from now on) */
+      return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuBLASLt refused the epilogue: %s", c->index,
+                     blas.cublasLtGetStatusString(s));
+    }
     if (s != CUBLAS_STATUS_SUCCESS)
       return blas_fail(c, "matmul", s);
   }

@@ -78,6 +78,8 @@ typedef struct lt_reduce_iter {
   lt_dtype out_dtype, in_dtype;
 } lt_reduce_iter;
 
+typedef enum { LT_EPILOGUE_NONE = 0, LT_EPILOGUE_BIAS, LT_EPILOGUE_GELU, LT_EPILOGUE_GELU_BIAS } lt_epilogue;
+
 /*
  * A batch of matrix products C[b] = A[b] @ B[b], each operand given by its
  * base address, a batch stride per batch dim, and its row and column strides.
@@ -91,6 +93,14 @@ typedef struct lt_matmul_desc {
   const char *a, *b;
   char *c;
   lt_dtype dtype; /* f32 or f64; bf16 or f16 where the backend has native_half_matmul */
+  /* epilogue (only to backends with matmul_epilogues, one 2-D product):
+     c = act(a b + bias) with bias (n) of dtype; with GELU the
+     pre-activation a b + bias is also written to aux (m x n, row stride
+     aux_rs); LT_ERR_UNSUPPORTED when the backend has no algorithm for it */
+  lt_epilogue epilogue;
+  const char *bias;
+  char *aux;
+  int64_t aux_rs;
 } lt_matmul_desc;
 
 /*
@@ -191,6 +201,8 @@ typedef struct lt_backend_i {
   lt_status (*reduce)(lt_reduce_op op, const lt_reduce_iter *it, int64_t correction);
   lt_status (*matmul)(const lt_matmul_desc *d);
   int native_half_matmul; /* matmul takes bf16/f16 itself (f32 accumulation); else the host converts */
+  /* matmul takes lt_matmul_desc's epilogues (bias, GELU with its aux) */
+  int matmul_epilogues;
   /* the row kernels (norms, softmax, cross-entropy) take bf16/f16 rows
      themselves (computing in f32, statistics in f32); else the host
      converts the rows to f32 */

@@ -585,6 +585,15 @@ end, true)
 
 grad_check("linear (8, 128, 768) -> 2304", { { shape = { 8, 128, 768 } }, { shape = { 2304, 768 } }, { shape = { 2304 } } },
   function(x, w, b) return F.linear(x, w, b) end, { gtol = 1e-4 })
+-- cuBLASLt epilogues: the bias, and the GELU with its input kept for the backward
+grad_check("linear with GELU (8, 128, 768) -> 3072 in bf16 (epilogue GELU_AUX_BIAS)", { { shape = { 8, 128, 768 },
+  dtype = "bf16" }, { shape = { 3072, 768 }, dtype = "bf16" }, { shape = { 3072 }, dtype = "bf16" } },
+  function(x, w, b) return F.linear(x, w, b, { activation = "gelu" }) end, { tol = 2e-2, gtol = 2e-2 })
+grad_check("linear with GELU, no bias, f32 (epilogue GELU_AUX)", { { shape = { 256, 64 } }, { shape = { 128, 64 } } },
+  function(x, w) return F.linear(x, w, nil, { activation = "gelu" }) end, { gtol = 1e-4 })
+grad_check("linear (1024, 768) -> 768 in bf16 (epilogue BIAS)", { { shape = { 1024, 768 }, dtype = "bf16" },
+  { shape = { 768, 768 }, dtype = "bf16" }, { shape = { 768 }, dtype = "bf16" } },
+  function(x, w, b) return F.linear(x, w, b) end, { tol = 2e-2, gtol = 2e-2 })
 grad_check("gather and reductions with gradients", { { shape = { 64, 100 } } }, function(x)
   local v = {}
   for i = 1, 64 * 5 do v[i] = (i * 13) % 100 end

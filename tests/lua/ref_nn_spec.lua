@@ -51,6 +51,27 @@ describe("the fused attention against PyTorch (" .. fixture.torch .. ")", functi
 end)
 
 describe("lt.F edge cases", function()
+  it("linear (lt_linear): finite differences with and without GELU and bias; any input layout; errors", function()
+    local g = lt.Generator(11)
+    local x = lt.randn({ 2, 3, 4 }, { dtype = "f64", generator = g }):requires_grad_()
+    local w = lt.randn({ 5, 4 }, { dtype = "f64", generator = g }):requires_grad_()
+    local b = lt.randn({ 5 }, { dtype = "f64", generator = g }):requires_grad_()
+    for _, act in ipairs { "none", "gelu" } do
+      lt.autograd.gradcheck(function(x, w, b) return F.linear(x, w, b, { activation = act }) end, { x, w, b })
+      lt.autograd.gradcheck(function(x, w) return F.linear(x, w, nil, { activation = act }) end, { x, w })
+    end
+    -- a transposed input and a 1-D one give what matmul, add and gelu give
+    local xt = lt.randn({ 4, 3 }, { dtype = "f64", generator = g }):t()
+    local ref = (lt.matmul(xt, w:t()) + b):gelu()
+    assert.are.equal(0, (F.linear(xt, w, b, { activation = "gelu" }) - ref):abs():max():item())
+    local x1 = lt.randn({ 4 }, { dtype = "f64", generator = g })
+    assert.are.same({ 5 }, F.linear(x1, w, b):shape())
+    assert.are.equal("LinearGeluBackward", F.linear(x, w, b, { activation = "gelu" }).grad_fn)
+    H.assert_error(function() F.linear(x, w, b, { activation = "relu" }) end, "activation must be 'none' or 'gelu'")
+    H.assert_error(function() F.linear(x, lt.randn({ 5, 3 }, { dtype = "f64" }), b) end, "does not fit weight")
+    H.assert_error(function() F.linear(x, w, lt.randn({ 4 }, { dtype = "f64" })) end, "bias must be a (5) tensor")
+  end)
+
   it("fused attention: a NaN score gives NaN, a -inf score weight 0 (as the composed path)", function()
     local q, k, v = lt.randn(1, 1, 2, 4), lt.randn(1, 1, 3, 4), lt.randn(1, 1, 3, 4)
     k:narrow(3, 3, 1):narrow(4, 2, 1):fill_(0 / 0)

@@ -167,5 +167,14 @@ for dt in ["f32", "f64"]:
          lambda x, r, w: torch.stack([x + r, (x + r) * torch.rsqrt((x + r).pow(2).mean(-1, keepdim=True) + 1e-6) * w]),
          {"eps": 1e-6})
 
+# the linear layer with the GELU fused in (lt_linear), from a 3-D input and without a bias
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    x, w, b = torch.randn(2, 3, 6, dtype=d), torch.randn(5, 6, dtype=d), torch.randn(5, dtype=d)
+    case(f"linear gelu {dt}", "linear", [(x, True), (w, True), (b, True)],
+         lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), {"activation": "gelu"})
+    case(f"linear gelu no bias {dt}", "linear_nobias", [(x, True), (w, True)],
+         lambda x, w: F.gelu(F.linear(x, w), approximate="tanh"), {"activation": "gelu"})
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

@@ -17,10 +17,20 @@ local function need(op, x, pos)
   end
 end
 
---- F.linear(x, weight, bias): x (..., in) @ weight(out, in)^T + bias(out).
-function F.linear(x, weight, bias)
+local ACTIVATIONS = { none = 0, gelu = 1 }
+
+--- F.linear(x, weight, bias, {activation = "none" | "gelu"}): x (..., in) @
+-- weight(out, in)^T + bias(out), then the activation (GELU: the tanh
+-- approximation, as F.gelu) -- one op (lt_linear): on a GPU the bias and
+-- the GELU run inside cuBLASLt's product. Operands of different dtypes run
+-- as matmul, add and gelu.
+function F.linear(x, weight, bias, opts)
   need("linear", x, 1)
   need("linear", weight, 2)
+  local act = ACTIVATIONS[opts and opts.activation or "none"]
+  if not act then
+    error(("linear: activation must be 'none' or 'gelu', got %s"):format(tostring(opts.activation)), 2)
+  end
   if weight:dim() ~= 2 or x:dim() < 1 or x:size(-1) ~= weight:size(2) then
     error(("linear: input %s does not fit weight %s (out, in): the input's last dim must be in")
       :format(tostring(x:shape()), tostring(weight:shape())), 2)
@@ -29,8 +39,13 @@ function F.linear(x, weight, bias)
     error(("linear: bias must be a (%d) tensor, got %s"):format(weight:size(1),
       is_tensor(bias) and tostring(bias:shape()) or type(bias)), 2)
   end
+  if x.dtype == weight.dtype and (bias == nil or bias.dtype == x.dtype) and x:is_floating_point() then
+    if C.lt_linear(x, weight, bias, act, box) ~= 0 then fail(2) end
+    return take()
+  end
   local y = tensor.matmul(x, weight:t())
   if bias ~= nil then y = y + bias end
+  if act == 1 then y = y:gelu() end
   return y
 end
 

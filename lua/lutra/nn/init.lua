@@ -351,7 +351,13 @@ function nn.Linear:init(inf, outf, o)
   self.weight = uniform({ outf, inf }, bound, o)
   if not (o and o.bias == false) then self.bias = uniform({ outf }, bound, o) end
 end
-function nn.Linear:forward(x) return F.linear(x, self.weight, self._params.by_name.bias) end
+--- linear(x[, activation]): activation "gelu" applies GELU in the same op
+-- (F.linear); fuses_activation says a Linear takes it, so a block can ask
+-- for it and fall back to F.gelu when a swapped-in module does not.
+nn.Linear.fuses_activation = true
+function nn.Linear:forward(x, activation)
+  return F.linear(x, self.weight, self._params.by_name.bias, activation and { activation = activation } or nil)
+end
 function nn.Linear:extra_repr()
   return ("%d, %d, bias=%s"):format(self.in_features, self.out_features, tostring(self._params.by_name.bias ~= nil))
 end
