@@ -477,17 +477,18 @@ static lt_status k_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void 
                                double scale) {
   return lt_cuda_softmax_bwd(dt, y, dy, dx, N, C, logsm, scale, STREAM);
 }
-static lt_status k_ce_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
-                          int64_t ignore, void *loss, void *lse, int64_t *bad) {
+static lt_status k_ce_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N,
+                          int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad) {
   lt_cuda_ctx *c = current_ctx();
   unsigned long long *words;
   LT_TRY(check_begin(c, &words));
-  return check_end(c, lt_cuda_cross_entropy_fwd(dt, x, targets, tdt, N, V, ignore, loss, lse, words, c->compute),
+  return check_end(c,
+                   lt_cuda_cross_entropy_fwd(dt, x, ldx, targets, tdt, N, V, ignore, loss, lse, words, c->compute),
                    targets, tdt, 1, bad);
 }
-static lt_status k_ce_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
-                          int64_t ignore, const void *lse, const void *scale, void *dx) {
-  return lt_cuda_cross_entropy_bwd(dt, x, targets, tdt, N, V, ignore, lse, scale, dx, STREAM);
+static lt_status k_ce_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N,
+                          int64_t V, int64_t ldd, int64_t ignore, const void *lse, const void *scale, void *dx) {
+  return lt_cuda_cross_entropy_bwd(dt, x, ldx, targets, tdt, N, V, ldd, ignore, lse, scale, dx, STREAM);
 }
 static lt_status k_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                         int64_t start, int inverse) {

@@ -310,14 +310,17 @@ lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_
    Backward: g = dy (act 0) or dy gelu'(pre); dx = g w, dw = g^T x, db = the
    sum of g over rows. Errors name mismatched shapes and dtypes. */
 lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, int act, lt_tensor **y);
-/* Cross-entropy of logits (N, V) against i32/i64 targets (N), fused with
+/* Cross-entropy of logits (N, W) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).
-   *count receives the counted rows; with count NULL a GPU does not wait to
-   count them (the mean divides on the device). Errors name a target outside
-   [0, V); on a GPU that error comes at the next read from the device. */
-lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
-                           int reduction, lt_tensor **loss, int64_t *count);
+   classes > 0: only the first classes columns are logits, the rest padding
+   (as llm.c pads GPT-2's vocabulary) that get zero gradient; 0 takes all.
+   Logits with unit-stride rows are read where they lie. *count receives the
+   counted rows; with count NULL a GPU does not wait to count them (the mean
+   divides on the device). Errors name a target outside [0, classes); on a
+   GPU that error comes at the next read from the device. */
+lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index, int reduction,
+                           int64_t classes, lt_tensor **loss, int64_t *count);
 /* Rotary position embeddings on x (..., T, D), Llama's half-split convention,
    angle (start + t) * base^(-2i/D) (Su et al. 2021). */
 lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **y);

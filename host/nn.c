@@ -736,7 +736,7 @@ static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   LT_TRY(lt_ag_saved(n, 0, &x));
   LT_TRY(lt_ag_saved(n, 1, &tgt));
   LT_TRY(lt_ag_saved(n, 2, &lse));
-  int64_t N = x->sizes[0], V = x->sizes[1];
+  int64_t N = x->sizes[0], W = x->sizes[1], V = n->i[3], ldx = N > 1 ? x->strides[0] : W;
   int reduction = (int)n->i[0];
   double count = n->f[0];
   lt_tensor *scale = NULL, *g = NULL, *dx = NULL;
@@ -763,8 +763,8 @@ static lt_status ce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   if (st == LT_OK)
     st = lt_tensor_empty_like(x, x->dtype, &dx);
   if (st == LT_OK)
-    st = x->storage->backend->cross_entropy_bwd(x->dtype, lt_tensor_ptr(x), lt_tensor_ptr(tgt), tgt->dtype, N, V,
-                                                n->i[1], lt_tensor_ptr(lse), lt_tensor_ptr(scale),
+    st = x->storage->backend->cross_entropy_bwd(x->dtype, lt_tensor_ptr(x), ldx, lt_tensor_ptr(tgt), tgt->dtype, N,
+                                                V, W, n->i[1], lt_tensor_ptr(lse), lt_tensor_ptr(scale),
                                                 lt_tensor_ptr(dx));
   if (st == LT_OK) {
     lt_tensor_retain(dx);
@@ -797,7 +797,7 @@ static lt_status inverse_count(const lt_tensor *targets, int64_t ignore, lt_dtyp
 }
 
 lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
-                           int reduction, lt_tensor **loss, int64_t *count) {
+                           int reduction, int64_t classes, lt_tensor **loss, int64_t *count) {
   const char *op = "cross_entropy";
   const lt_tensor *ins[2] = {logits, targets};
   const lt_backend_i *be;
@@ -814,10 +814,23 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
     return lt_fail(LT_ERR_ARG, "%s: reduction must be mean, sum or none", op);
   if (!be->cross_entropy_fwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
-  int64_t N = logits->sizes[0], V = logits->sizes[1];
+  int64_t N = logits->sizes[0], W = logits->sizes[1];
+  if (classes < 0 || classes > W)
+    return lt_fail(LT_ERR_ARG, "%s: classes %lld is outside [1, %lld] (the logits' last dim; 0 takes them all)", op,
+                   (long long)classes, (long long)W);
+  int64_t V = classes > 0 ? classes : W; /* the columns past V are padding: no logits, zero gradient */
   lt_dtype cd = row_dtype(be, logits->dtype), sd = compute_dtype(logits->dtype);
   lt_tensor *xc = NULL, *tc = NULL, *rows = NULL, *lse = NULL, *r = NULL;
-  lt_status st = as_compute(logits, cd, &xc);
+  lt_status st = LT_OK;
+  /* rows read where they lie when they are unit-stride (a narrowed view of
+     padded logits costs no copy), else a contiguous copy */
+  if (logits->dtype == cd && (W <= 1 || logits->strides[1] == 1) && (N <= 1 || logits->strides[0] >= W)) {
+    lt_tensor_retain((lt_tensor *)logits);
+    xc = (lt_tensor *)logits;
+  } else {
+    st = as_compute(logits, cd, &xc);
+  }
+  int64_t ldx = N > 1 && xc ? xc->strides[0] : W;
   if (st == LT_OK)
     LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)targets, &tc));
   if (st == LT_OK)
@@ -826,7 +839,7 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &lse);
   int64_t bad = -1;
   if (st == LT_OK) {
-    st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
+    st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), ldx, lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
                                lt_tensor_ptr(rows), lt_tensor_ptr(lse), &bad);
     lt_index_report rep;
     memset(&rep, 0, sizeof rep);
@@ -884,6 +897,7 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
       n->i[0] = reduction;
       n->i[1] = ignore_index;
       n->i[2] = inv != NULL;
+      n->i[3] = V;
       n->f[0] = (double)counted;
       st = lt_ag_save(n, xc);
       if (st == LT_OK)

@@ -254,10 +254,13 @@ typedef struct lt_backend_i {
   lt_status (*sdpa_prepare)(const lt_sdpa_desc *d, int backward);
   lt_status (*sdpa_fwd)(const lt_sdpa_desc *d);
   lt_status (*sdpa_bwd)(const lt_sdpa_desc *d);
-  lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                 int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
-  lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                 int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx);
+  /* cross-entropy over logits rows ldx apart (V <= ldx); backward writes
+     rows ldd apart, zeros in columns V..ldd-1 (padding past the classes) */
+  lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                 int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
+  lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                 int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
+                                 const void *scale, void *dx);
   lt_status (*rope)(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                     int64_t start, int inverse);
   lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);

@@ -71,10 +71,11 @@ lt_status lt_cpu_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int
                              int64_t causal);
 lt_status lt_cpu_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,
                              int logsm, double scale);
-lt_status lt_cpu_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                   int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
-lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                   int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx);
+lt_status lt_cpu_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                   int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
+lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                   int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
+                                   const void *scale, void *dx);
 lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                       int64_t start, int inverse);
 

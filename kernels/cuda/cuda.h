@@ -67,12 +67,12 @@ lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, in
 lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,
                               double scale, lt_cuda_stream s);
 /* cross-entropy: the first bad target row goes into *bad as for the index kernels */
-lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                    int64_t V, int64_t ignore, void *loss, void *lse, unsigned long long *bad,
-                                    lt_cuda_stream s);
-lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt, int64_t N,
-                                    int64_t V, int64_t ignore, const void *lse, const void *scale, void *dx,
-                                    lt_cuda_stream s);
+lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                    int64_t N, int64_t V, int64_t ignore, void *loss, void *lse,
+                                    unsigned long long *bad, lt_cuda_stream s);
+lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                    int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
+                                    const void *scale, void *dx, lt_cuda_stream s);
 lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                        int64_t start, int inverse, lt_cuda_stream s);
 

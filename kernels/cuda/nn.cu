@@ -265,14 +265,14 @@ __global__ void ce_check_kernel(const char *tgt, int tdt, int64_t N, int64_t V, 
 }
 
 template <typename S, typename A>
-__global__ void ce_fwd_kernel(const S *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore, A *loss,
-                              A *lse, const unsigned long long *bad) {
+__global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
+                              A *loss, A *lse, const unsigned long long *bad) {
   __shared__ double sh[32];
   if (*bad != ~0ULL)
     return;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
-    const S *xr = x + r * V;
+    const S *xr = x + r * ldx;
     if (t == ignore) {
       if (threadIdx.x == 0)
         loss[r] = lse[r] = 0;
@@ -294,13 +294,16 @@ __global__ void ce_fwd_kernel(const S *x, const char *tgt, int tdt, int64_t N, i
   }
 }
 
+/* dx rows are ldd apart; their columns V..ldd-1 (padding past the classes) get 0 */
 template <typename S, typename A>
-__global__ void ce_bwd_kernel(const S *x, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
-                              const A *lse, const A *scale, S *dx) {
+__global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ldd,
+                              int64_t ignore, const A *lse, const A *scale, S *dx) {
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
-    const S *xr = x + r * V;
-    S *dr = dx + r * V;
+    const S *xr = x + r * ldx;
+    S *dr = dx + r * ldd;
+    for (int64_t c = V + threadIdx.x; c < ldd; c += blockDim.x)
+      st(dr, c, (A)0);
     if (t == ignore) {
       for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
         st(dr, c, (A)0);
@@ -447,15 +450,15 @@ extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void 
 }
 
 template <typename S, typename A>
-static void ce_fwd_launch(const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V, int64_t ignore,
-                          void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
-  ce_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, targets, tdt, N, V, ignore, (A *)loss, (A *)lse,
-                                                       bad);
+static void ce_fwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
+                          int64_t ignore, void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
+  ce_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ignore, (A *)loss,
+                                                       (A *)lse, bad);
 }
 
-extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
-                                               int64_t N, int64_t V, int64_t ignore, void *loss, void *lse,
-                                               unsigned long long *bad, lt_cuda_stream s) {
+extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
+                                               lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
+                                               void *lse, unsigned long long *bad, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   cudaStream_t cs = (cudaStream_t)s;
@@ -463,23 +466,24 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, const
   lt_status st = lt_cuda_check_launch("cross_entropy check");
   if (st != LT_OK)
     return st;
-  DISPATCH_ROWS(dt, ce_fwd_launch, x, targets, tdt, N, V, ignore, loss, lse, bad, cs);
+  DISPATCH_ROWS(dt, ce_fwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, bad, cs);
   return lt_cuda_check_launch("ce_fwd_kernel");
 }
 
 template <typename S, typename A>
-static void ce_bwd_launch(const void *x, const char *targets, lt_dtype tdt, int64_t N, int64_t V, int64_t ignore,
-                          const void *lse, const void *scale, void *dx, cudaStream_t cs) {
-  ce_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, targets, tdt, N, V, ignore, (const A *)lse,
-                                                       (const A *)scale, (S *)dx);
+static void ce_bwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
+                          int64_t ldd, int64_t ignore, const void *lse, const void *scale, void *dx,
+                          cudaStream_t cs) {
+  ce_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ldd, ignore,
+                                                       (const A *)lse, (const A *)scale, (S *)dx);
 }
 
-extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, const char *targets, lt_dtype tdt,
-                                               int64_t N, int64_t V, int64_t ignore, const void *lse,
-                                               const void *scale, void *dx, lt_cuda_stream s) {
+extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
+                                               lt_dtype tdt, int64_t N, int64_t V, int64_t ldd, int64_t ignore,
+                                               const void *lse, const void *scale, void *dx, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
-  DISPATCH_ROWS(dt, ce_bwd_launch, x, targets, tdt, N, V, ignore, lse, scale, dx, (cudaStream_t)s);
+  DISPATCH_ROWS(dt, ce_bwd_launch, x, ldx, targets, tdt, N, V, ldd, ignore, lse, scale, dx, (cudaStream_t)s);
   return lt_cuda_check_launch("ce_bwd_kernel");
 }
 

@@ -469,6 +469,18 @@ grad_check("cross_entropy (2048, 50304) on bf16 logits, count kept on the device
   for i = 1, 2048 do ids[i] = i % 7 == 0 and -100 or (i * 131) % 50257 end
   return F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device }), { count = false })
 end)
+grad_check("cross_entropy over GPT-2's padded head (2048, 50304), classes 50257, bf16", { { shape = { 2048, 50304 },
+  dtype = "bf16" } }, function(x)
+  local ids = {}
+  for i = 1, 2048 do ids[i] = (i * 977) % 50257 end
+  return F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device }), { classes = 50257, count = false })
+end)
+grad_check("cross_entropy over narrowed logits, rows read where they lie (512, 1000 of 1024)", { { shape = { 512, 1024 } } },
+  function(x)
+    local ids = {}
+    for i = 1, 512 do ids[i] = (i * 37) % 1000 end
+    return F.cross_entropy(x:narrow(2, 1, 1000), lt.tensor(ids, { dtype = "i64", device = x.device }), { reduction = "none" })
+  end)
 grad_check("softmax (4096, 1024) in bf16", { { shape = { 4096, 1024 }, dtype = "bf16" } },
   function(x) return F.softmax(x, -1) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },

@@ -120,11 +120,13 @@ function GPT:init_weights(generator)
   end)
 end
 
---- model(idx[, kv]) -> logits (B, T, V) for ids idx (B, T) (i32 or i64,
--- 0-based). With a KV cache (lt.models.KVCache) the ids continue the cached
--- ones: positions start at kv.len, attention sees the cached keys and
--- values, and the cache grows by T.
-function GPT:forward(idx, kv)
+--- model(idx[, kv[, padded]]) -> logits (B, T, V) for ids idx (B, T) (i32
+-- or i64, 0-based). With a KV cache (lt.models.KVCache) the ids continue the
+-- cached ones: positions start at kv.len, attention sees the cached keys
+-- and values, and the cache grows by T. padded = true returns the head's
+-- padded_vocab_size columns (model:loss uses them with F.cross_entropy's
+-- classes, so neither the logits nor their gradient are copied).
+function GPT:forward(idx, kv, padded)
   local cfg = self.config
   local B, T = idx:size(1), idx:size(2)
   local start = kv and kv.len or 0
@@ -138,14 +140,17 @@ function GPT:forward(idx, kv)
   for _, block in ipairs(tr.h:list()) do x = block(x, kv) end
   if kv then kv:advance(T) end
   local logits = self.lm_head(tr.ln_f(x))
-  if cfg.padded_vocab_size ~= cfg.vocab_size then logits = logits:narrow(3, 1, cfg.vocab_size) end
+  if cfg.padded_vocab_size ~= cfg.vocab_size and not padded then logits = logits:narrow(3, 1, cfg.vocab_size) end
   return logits
 end
 
 --- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count (opts as F.cross_entropy's).
 function GPT:loss(idx, targets, opts)
-  local logits = self(idx)
-  return F.cross_entropy(logits, targets, opts)
+  local cfg = self.config
+  if cfg.padded_vocab_size == cfg.vocab_size then return F.cross_entropy(self(idx), targets, opts) end
+  local o = { classes = cfg.vocab_size }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return F.cross_entropy(self(idx, nil, true), targets, o)
 end
 
 --- lt.models.gpt2(name or config[, overrides]): a GPT-2. Overrides and

@@ -185,12 +185,14 @@ function F.log_softmax(x, dim) return softmax("log_softmax", x, dim, 1) end
 local REDUCTIONS = { mean = 0, sum = 1, none = 2 }
 local count_out = ffi.new("int64_t[1]")
 
---- F.cross_entropy(logits, targets, {ignore_index = -100, reduction = "mean", count = true})
+--- F.cross_entropy(logits, targets, {ignore_index = -100, reduction = "mean", count = true, classes = V})
 -- -> loss, count. logits (N, V) (or (B, T, V) with targets (B, T)); targets
 -- hold integer class ids. count is the number of targets that count (not
 -- ignored); the mean is over them, and 0 with zero gradients when none count.
 -- count = false returns the loss alone: on a GPU nothing then waits for the
--- device (a bad target is reported at the next read from it).
+-- device (a bad target is reported at the next read from it). classes: only
+-- the first classes columns are logits; the rest are padding (a vocabulary
+-- padded to a multiple of 128, as llm.c does) and get zero gradient.
 function F.cross_entropy(logits, targets, opts)
   need("cross_entropy", logits, 1)
   need("cross_entropy", targets, 2)
@@ -208,7 +210,11 @@ function F.cross_entropy(logits, targets, opts)
     error("cross_entropy: count must be true or false", 2)
   end
   local want_count = opts.count ~= false
-  if C.lt_cross_entropy(logits, targets, ignore, red, box, want_count and count_out or nil) ~= 0 then fail(2) end
+  local classes = opts.classes or 0
+  whole_arg("cross_entropy", "classes", classes)
+  if C.lt_cross_entropy(logits, targets, ignore, red, classes, box, want_count and count_out or nil) ~= 0 then
+    fail(2)
+  end
   local loss = take()
   if red == 2 and #shape > 1 then loss = loss:view(shape) end
   if not want_count then return loss end
