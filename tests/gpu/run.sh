@@ -59,6 +59,17 @@ timeout 90 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16
 step "benchmark: GPT-2 124M on the GPU (lutra)"
 timeout 120 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=8,16 --dtypes=bf16,f32 | tee "$OUT/bench-lutra.txt"
 
+step "profile: the GPU kernels of 3 GPT-2 steps (nsys, when the machine has it)"
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if [ -n "$NSYS" ]; then
+  timeout 120 "$NSYS" profile --force-overwrite=true -o "$OUT/gpt2-steps" --stats=false \
+    ./lutra bench/gpt2_gpu.lua --steps=3 --batches=8 --dtypes=bf16 >/dev/null 2>&1
+  timeout 60 "$NSYS" stats --report cuda_gpu_kern_sum --format csv "$OUT/gpt2-steps.nsys-rep" 2>/dev/null |
+    head -40 | tee "$OUT/gpt2-kernels.csv"
+else
+  echo "no nsys here: skipped"
+fi
+
 step "benchmark: GPT-2 124M with lutra's own attention (fused kernel, then composed)"
 timeout 60 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=fused
 timeout 60 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=composed
