@@ -39,6 +39,14 @@ if cfg.zero ~= 0 and cfg.zero ~= 1 and cfg.zero ~= 2 and cfg.zero ~= 3 then
   error(("--zero must be a ZeRO stage 0-3, got %s"):format(tostring(cfg.zero)), 0)
 end
 
+if tostring(cfg.device):match("^cuda") then -- say so before loading anything
+  local n, why = lt.cuda.device_count()
+  if n == 0 then
+    io.stderr:write(("gpt2.lua: --device=%s, but this machine has no CUDA device (%s)\n"):format(cfg.device, why))
+    os.exit(1)
+  end
+end
+
 -- under mpirun: data parallel, each rank reading its own part of the data
 -- (--batch is per rank; the global batch is batch x ranks); rank 0 prints
 local rank, world = lt.dist.init()

@@ -26,6 +26,13 @@ describe("the lutra executable", function()
     out = sh("./lutra -l lutra.json -e 'print(type(lutra))'")
     assert.truthy(out:find("nil", 1, true), out) -- -l binds the global named like the module
   end)
+  it("the main recipe with --device=cuda and no GPU says so and exits 1, before loading anything", function()
+    if require("lutra").cuda.device_count() > 0 then return end
+    local out, rc = sh("./lutra recipes/gpt2.lua --device=cuda --steps=1 2>&1")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("--device=cuda, but this machine has no CUDA device (", 1, true), out)
+    assert.falsy(out:find("traceback", 1, true), out)
+  end)
   it("prints the version, LuaJIT and the backends", function()
     local out, rc = sh("./lutra --version")
     assert.are.equal(0, rc)
