@@ -285,11 +285,16 @@ lt_status lt_ag_save(lt_node *n, const lt_tensor *t) {
 
 lt_status lt_ag_saved(lt_node *n, int k, lt_tensor **t) {
   lt_tensor *s = n->saved[k];
+  char b[200];
   if (s->storage->version != n->saved_version[k])
     return lt_fail(LT_ERR_ARG,
-                   "backward: a tensor that %s saved for its gradient (shape [%lld...]) was modified "
+                   "backward: a tensor that %s saved for its gradient (shape %s) was modified "
                    "in place afterwards; compute it out of place instead",
-                   n->ops->name, s->ndim ? (long long)s->sizes[0] : 0LL);
+                   n->ops->name, lt_tensor_shape_str(s, b));
+  if (!lt_tensor_has_data(s))
+    return lt_fail(LT_ERR_ARG,
+                   "backward: a tensor that %s saved for its gradient (shape %s) has no data: it was freed or "
+                   "its data dropped (drop_data_) before the backward", n->ops->name, lt_tensor_shape_str(s, b));
   *t = s;
   return LT_OK;
 }

@@ -15,7 +15,10 @@
 
 /* x as (M, in) rows: a view when its layout allows, else a contiguous copy */
 static lt_status rows_of(const lt_tensor *x, lt_tensor **out) {
-  int64_t in = x->sizes[x->ndim - 1], M = in ? lt_tensor_numel(x) / in : 0, sizes[2] = {M, in};
+  int64_t in = x->sizes[x->ndim - 1], M = 1;
+  for (int d = 0; d < x->ndim - 1; d++)
+    M *= x->sizes[d];
+  int64_t sizes[2] = {M, in};
   lt_status st;
   LT_NO_GRAD(st = lt_tensor_reshape((lt_tensor *)x, 2, sizes, out));
   return st;

@@ -488,7 +488,8 @@ static lt_status attention_args(const char *op, const lt_tensor *q, const lt_ten
       k->sizes[3] != q->sizes[3] || v->sizes[3] != q->sizes[3] || v->sizes[1] != k->sizes[1] ||
       v->sizes[2] != k->sizes[2] || k->sizes[1] == 0 || q->sizes[1] % k->sizes[1] != 0)
     return lt_fail(LT_ERR_SHAPE,
-                   "%s: expects q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH; got %s, %s, %s", op,
+                   "%s: expects q (B, NH, T, HS), k and v (B, NKV, S, HS) of the same batch B, with NKV dividing NH; "
+                   "got %s, %s, %s", op,
                    lt_tensor_shape_str(q, b1), lt_tensor_shape_str(k, b2), lt_tensor_shape_str(v, b3));
   if (q->dtype != k->dtype || q->dtype != v->dtype)
     return lt_fail(LT_ERR_DTYPE, "%s: q, k and v are %s, %s and %s; convert them to one dtype", op,

@@ -81,6 +81,31 @@ describe("GPT-2 and Llama shapes", function()
     assert.is_true((ga - padded.transformer.wte.weight.grad):abs():max():item() <= 1e-6)
     assert.are.same({ 1, 4, 512 }, padded(idx, nil, true):shape())
   end)
+  it("blocks fuse the GELU and the residual add only into modules whose forward takes them", function()
+    local nn = lt.nn
+    local cfg = { n_layer = 1, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16 }
+    local m = lt.models.gpt2(cfg, { generator = lt.Generator(4) })
+    local idx = lt.tensor({ { 1, 2, 3 } }, "i64")
+    local ref = m(idx)
+    -- a Linear subclass (LoRA-style) whose forward takes x alone: the block applies the GELU itself
+    local Plain = nn.Linear:extend("PlainLinear")
+    function Plain:forward(x) return lt.F.linear(x, self.weight, self.bias) end
+    local mlp = m.transformer.h[1].mlp
+    local swapped = Plain(8, 32)
+    swapped.weight, swapped.bias = mlp.c_fc.weight, mlp.c_fc.bias
+    mlp.c_fc = swapped
+    assert.is_false(nn.fuses(swapped, "fuses_activation"))
+    -- a LayerNorm subclass that overrides forward: the block adds the residual itself
+    local Norm = nn.LayerNorm:extend("PlainNorm")
+    function Norm:forward(x) return lt.F.layer_norm(x, self.weight, self.bias, self.eps) end
+    local blk = m.transformer.h[1]
+    local n2 = Norm(8)
+    n2.weight, n2.bias = blk.ln_2.weight, blk.ln_2.bias
+    blk.ln_2 = n2
+    assert.is_false(nn.fuses(n2, "fuses_residual"))
+    assert.is_true((m(idx) - ref):abs():max():item() < 1e-6)
+    assert.is_true(nn.fuses(nn.Linear(2, 2), "fuses_activation"))
+  end)
   it("llama3-8b has Llama 3 8B's shapes", function()
     local c = require("lutra.models.llama").configs["llama3-8b"]
     assert.are.same({ 4096, 32, 32, 8, 128256, 14336 }, { c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.ffn_dim })

@@ -55,7 +55,7 @@ function MLP:init(cfg, o)
 end
 function MLP:forward(x)
   -- the GELU inside c_fc's product where the layer takes it (one pass fewer)
-  local h = self.c_fc.fuses_activation and self.c_fc(x, "gelu") or F.gelu(self.c_fc(x))
+  local h = nn.fuses(self.c_fc, "fuses_activation") and self.c_fc(x, "gelu") or F.gelu(self.c_fc(x))
   local y = self.c_proj(h)
   if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
   return y
@@ -70,7 +70,7 @@ function Block:init(cfg, o)
 end
 function Block:forward(x, kv)
   local a = self.attn(self.ln_1(x), kv)
-  if self.ln_2.fuses_residual then -- x + a and ln_2 of it in one pass (F.add_layer_norm)
+  if nn.fuses(self.ln_2, "fuses_residual") then -- x + a and ln_2 of it in one pass (F.add_layer_norm)
     local h, y = self.ln_2(x, a)
     return h + self.mlp(y)
   end

@@ -61,7 +61,7 @@ end
 function Layer:forward(x, kv)
   local a = self.self_attn(self.input_layernorm(x), kv)
   local norm = self.post_attention_layernorm
-  if norm.fuses_residual then -- x + a and its norm in one pass (F.add_rms_norm)
+  if nn.fuses(norm, "fuses_residual") then -- x + a and its norm in one pass (F.add_rms_norm)
     local h, y = norm(x, a)
     return h + self.mlp(y)
   end

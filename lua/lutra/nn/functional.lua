@@ -22,12 +22,20 @@ local ACTIVATIONS = { none = 0, gelu = 1 }
 --- F.linear(x, weight, bias, {activation = "none" | "gelu"}): x (..., in) @
 -- weight(out, in)^T + bias(out), then the activation (GELU: the tanh
 -- approximation, as F.gelu) -- one op (lt_linear): on a GPU the bias and
--- the GELU run inside cuBLASLt's product. Operands of different dtypes run
--- as matmul, add and gelu.
+-- the GELU run inside cuBLASLt's product. A bias of another dtype is added
+-- after the product (the result promoted, as x + bias would be).
+local function opts_arg(op, opts, pos)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(("bad argument #%d to '%s' (options table expected, got %s)"):format(pos, op, type(opts)), 3)
+  end
+  return opts or {}
+end
+
 function F.linear(x, weight, bias, opts)
   need("linear", x, 1)
   need("linear", weight, 2)
-  local act = ACTIVATIONS[opts and opts.activation or "none"]
+  opts = opts_arg("linear", opts, 4)
+  local act = ACTIVATIONS[opts.activation or "none"]
   if not act then
     error(("linear: activation must be 'none' or 'gelu', got %s"):format(tostring(opts.activation)), 2)
   end
@@ -39,7 +47,10 @@ function F.linear(x, weight, bias, opts)
     error(("linear: bias must be a (%d) tensor, got %s"):format(weight:size(1),
       is_tensor(bias) and tostring(bias:shape()) or type(bias)), 2)
   end
-  if x.dtype == weight.dtype and (bias == nil or bias.dtype == x.dtype) and x:is_floating_point() then
+  if x.dtype ~= weight.dtype then
+    error(("linear: the input is %s and the weight %s; convert them to one dtype"):format(x.dtype, weight.dtype), 2)
+  end
+  if (bias == nil or bias.dtype == x.dtype) and x:is_floating_point() then
     if C.lt_linear(x, weight, bias, act, box) ~= 0 then fail(2) end
     return take()
   end
@@ -196,7 +207,7 @@ local count_out = ffi.new("int64_t[1]")
 function F.cross_entropy(logits, targets, opts)
   need("cross_entropy", logits, 1)
   need("cross_entropy", targets, 2)
-  opts = opts or {}
+  opts = opts_arg("cross_entropy", opts, 3)
   local red = REDUCTIONS[opts.reduction or "mean"]
   if not red then error("cross_entropy: reduction must be 'mean', 'sum' or 'none'", 2) end
   local ignore = opts.ignore_index or -100

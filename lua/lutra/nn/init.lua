@@ -347,16 +347,26 @@ end
 nn.Linear = Module:extend("Linear")
 function nn.Linear:init(inf, outf, o)
   self.in_features, self.out_features = inf, outf
-  local bound = 1 / math.sqrt(inf)
+  local bound = inf > 0 and 1 / math.sqrt(inf) or 0 -- (torch's: no inputs, a zero bound)
   self.weight = uniform({ outf, inf }, bound, o)
   if not (o and o.bias == false) then self.bias = uniform({ outf }, bound, o) end
 end
 --- linear(x[, activation]): activation "gelu" applies GELU in the same op
 -- (F.linear); fuses_activation says a Linear takes it, so a block can ask
 -- for it and fall back to F.gelu when a swapped-in module does not.
-nn.Linear.fuses_activation = true
 function nn.Linear:forward(x, activation)
   return F.linear(x, self.weight, self._params.by_name.bias, activation and { activation = activation } or nil)
+end
+nn.Linear.fuses_activation = nn.Linear.forward
+
+--- nn.fuses(m, what): whether module m takes the fused form `what`
+-- ("fuses_activation": Linear's m(x, "gelu"); "fuses_residual": a norm's
+-- m(x, residual) -> h, y). A class says so by setting the field to the
+-- forward that takes it, so a subclass that overrides forward does not
+-- inherit the claim (it falls back to the unfused ops).
+function nn.fuses(m, what)
+  local f = m[what]
+  return f ~= nil and f ~= false and (f == true or f == m.forward)
 end
 function nn.Linear:extra_repr()
   return ("%d, %d, bias=%s"):format(self.in_features, self.out_features, tostring(self._params.by_name.bias ~= nil))
@@ -387,7 +397,7 @@ function nn.LayerNorm:forward(x, residual)
   if residual ~= nil then return F.add_layer_norm(x, residual, self.weight, self._params.by_name.bias, self.eps) end
   return F.layer_norm(x, self.weight, self._params.by_name.bias, self.eps)
 end
-nn.LayerNorm.fuses_residual = true
+nn.LayerNorm.fuses_residual = nn.LayerNorm.forward
 
 --- nn.RMSNorm(dim[, {eps = 1e-6}]): weight 1.
 nn.RMSNorm = Module:extend("RMSNorm")
@@ -400,7 +410,7 @@ function nn.RMSNorm:forward(x, residual)
   if residual ~= nil then return F.add_rms_norm(x, residual, self.weight, self.eps) end
   return F.rms_norm(x, self.weight, self.eps)
 end
-nn.RMSNorm.fuses_residual = true
+nn.RMSNorm.fuses_residual = nn.RMSNorm.forward
 
 --- nn.Dropout(p): dropout while training, the identity in eval mode.
 nn.Dropout = Module:extend("Dropout")
