@@ -199,6 +199,12 @@ lt_status lt_tensor_transpose(lt_tensor *t, int dim0, int dim1, lt_tensor **out)
 lt_status lt_tensor_permute(lt_tensor *t, int ndim, const int64_t *dims, lt_tensor **out);
 /* Elements start .. start+length-1 along dim (start 0-based). */
 lt_status lt_tensor_narrow(lt_tensor *t, int dim, int64_t start, int64_t length, lt_tensor **out);
+/* n (1..4) equal views of t along dim (0-based) into outs[0..n-1]
+   (torch.chunk for sizes that divide evenly), one autograd node whose
+   backward assembles the pieces' gradients in one pass (none when they
+   already lie side by side in one buffer). Errors: a dim out of range, a
+   size n does not divide. */
+lt_status lt_tensor_chunk(lt_tensor *t, int n, int dim, lt_tensor **outs);
 /* Removes dim, keeping element index (0-based). */
 lt_status lt_tensor_select(lt_tensor *t, int dim, int64_t index, lt_tensor **out);
 /* Broadcasts size-1 dims to sizes (-1 keeps a size; new leading dims allowed). */

@@ -599,8 +599,24 @@ static void strides_of(const lt_tensor *t, int64_t *s) {
     s[d] = t->strides[d];
 }
 
-/* The descriptor of a call on q, k, v (o, dout and the gradients get the
-   interleaved layout empty_heads_interleaved makes). */
+/* Whether q, k and v are a GPT-2 block's heads cut in order from one
+   (B, T, 3, NH, HS) tensor (qkv:chunk(3, 3) viewed as heads): their
+   gradients then go side by side into one buffer of that layout, which
+   chunk's backward passes on as qkv's gradient without a copy. */
+static int qkv_interleaved(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v) {
+  int64_t NH = q->sizes[1], T = q->sizes[2], HS = q->sizes[3], C = NH * HS;
+  if (k->storage != q->storage || v->storage != q->storage || k->sizes[1] != NH || k->sizes[2] != T)
+    return 0;
+  int64_t want[4] = {T * 3 * C, HS, 3 * C, 1};
+  for (int d = 0; d < 4; d++)
+    if (q->strides[d] != want[d] || k->strides[d] != want[d] || v->strides[d] != want[d])
+      return 0;
+  return k->offset == q->offset + C && v->offset == q->offset + 2 * C;
+}
+
+/* The descriptor of a call on q, k, v (o and dout get the interleaved
+   layout empty_heads_interleaved makes; the gradients too, or q's layout
+   when q, k and v came from one qkv tensor). */
 static void sdpa_desc_fill(lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale,
                            int causal) {
   memset(d, 0, sizeof *d);
@@ -616,6 +632,22 @@ static void sdpa_desc_fill(lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor 
   int64_t o[4] = {T * NH * HS, HS, NH * HS, 1}, kv[4] = {S * NKV * HS, HS, NKV * HS, 1};
   memcpy(d->so, o, sizeof o), memcpy(d->sdo, o, sizeof o), memcpy(d->sdq, o, sizeof o);
   memcpy(d->sdk, kv, sizeof kv), memcpy(d->sdv, kv, sizeof kv);
+  if (qkv_interleaved(q, k, v))
+    memcpy(d->sdq, d->sq, sizeof d->sq), memcpy(d->sdk, d->sq, sizeof d->sq), memcpy(d->sdv, d->sq, sizeof d->sq);
+}
+
+/* dq, dk and dv side by side in one (B, T, 3, NH, HS) buffer, as q, k and v were. */
+static lt_status qkv_gradients(const lt_sdpa_desc *d, lt_tensor **dq, lt_tensor **dk, lt_tensor **dv) {
+  int64_t C = d->NH * d->HS, sizes[3] = {d->B, d->T, 3 * C}, heads[4] = {d->B, d->NH, d->T, d->HS};
+  lt_tensor *buf = NULL;
+  LT_TRY(lt_tensor_empty(3, sizes, d->dtype, d->device, &buf));
+  lt_tensor **out[3] = {dq, dk, dv};
+  for (int j = 0; j < 3; j++)
+    *out[j] = lt_tensor_wrap(buf->storage, j * C, 4, heads, d->sq, d->dtype);
+  lt_tensor_release(buf);
+  if (!*dq || !*dk || !*dv)
+    return lt_fail(LT_ERR_OOM, "scaled_dot_product_attention: out of host memory");
+  return LT_OK;
 }
 
 /* Saved: q, k, v (as the library read them), o, stats; i[0] causal, f[0] scale. */
@@ -641,12 +673,16 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
     if (st == LT_OK && !dout && (st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &dout)) == LT_OK)
       st = lt_tensor_copy_(dout, g);
   });
-  if (st == LT_OK)
-    st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &dq);
-  if (st == LT_OK)
-    st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dk);
-  if (st == LT_OK)
-    st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dv);
+  if (st == LT_OK && qkv_interleaved(q, k, v)) {
+    st = qkv_gradients(&d, &dq, &dk, &dv);
+  } else {
+    if (st == LT_OK)
+      st = empty_heads_interleaved(d.B, d.NH, d.T, d.HS, q->dtype, dev, &dq);
+    if (st == LT_OK)
+      st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dk);
+    if (st == LT_OK)
+      st = empty_heads_interleaved(d.B, d.NKV, d.S, d.HS, q->dtype, dev, &dv);
+  }
   if (st == LT_OK) {
     d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats), d.dout = lt_tensor_ptr(dout);
     d.dq = lt_tensor_ptr(dq), d.dk = lt_tensor_ptr(dk), d.dv = lt_tensor_ptr(dv);

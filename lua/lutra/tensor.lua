@@ -569,6 +569,32 @@ function T.narrow(t, dim, start, length)
   return take()
 end
 
+local chunk_box = ffi.new("lt_tensor*[4]")
+
+--- t:chunk(n, dim) -> n views of equal size along dim (torch.chunk when the
+-- size divides evenly; a dim that does not divide is an error). Up to 4
+-- pieces form one autograd node (lt_tensor_chunk: their gradients meet in
+-- one pass, with no copy when they lie side by side); more are narrows.
+function T.chunk(t, n, dim)
+  local d = cdim("chunk", t, dim, 2)
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+    error(("chunk: the number of pieces must be a positive integer, got %s"):format(tostring(n)), 2)
+  end
+  if n > 4 then
+    local size = t:size(dim)
+    if size % n ~= 0 then
+      error(("chunk: dim %d of shape %s does not split into %d equal pieces"):format(d + 1, tostring(t:shape()), n), 2)
+    end
+    local out, piece = {}, size / n
+    for j = 1, n do out[j] = t:narrow(dim, (j - 1) * piece + 1, piece) end
+    return unpack(out)
+  end
+  if C.lt_tensor_chunk(t, n, d, chunk_box) ~= 0 then fail(2) end
+  local out = {}
+  for j = 1, n do out[j] = gc(chunk_box[j - 1], release) end
+  return unpack(out)
+end
+
 --- t:select(dim, i): element i (1-based, negative from the end) of dim, removing the dim.
 function T.select(t, dim, index)
   local d = cdim("select", t, dim, 2)

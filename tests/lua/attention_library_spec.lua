@@ -30,6 +30,11 @@ local function operands(B, NH, NKV, T, S, HS, dtype, opts)
       return base:narrow(3, off + i * C + 1, C):view(B, T, NH, HS):transpose(2, 3)
     end
     x.base, x.q, x.k, x.v = base, heads(0), heads(1), heads(2)
+    if opts.chunk then -- as the GPT-2 block cuts them: gradients written side by side, passed on uncopied
+      local q, k, v = base:chunk(3, 3)
+      local function h(t) return t:view(B, T, NH, HS):transpose(2, 3) end
+      x.q, x.k, x.v = h(q), h(k), h(v)
+    end
   else
     x.q = lt.randn({ B, NH, T, HS }, { generator = g }):to(dtype):requires_grad_()
     x.k = lt.randn({ B, NKV, S, HS }, { generator = g }):to(dtype):requires_grad_()
@@ -52,7 +57,9 @@ end
 
 describe("library attention (CPU reference of the cuDNN interface)", function()
   local cases = {
-    { "causal, heads cut from one qkv tensor (as GPT-2)", 2, 3, 3, 16, 16, 8, "bf16", true, { qkv = true } },
+    { "causal, heads cut from one qkv tensor by narrow", 2, 3, 3, 16, 16, 8, "bf16", true, { qkv = true } },
+    { "causal, heads cut by qkv:chunk(3, 3) (as GPT-2): the gradients in one buffer", 2, 3, 3, 16, 16, 8, "bf16",
+      true, { qkv = true, chunk = true } },
     { "causal, qkv at an address that is not 16-byte aligned (copied)", 1, 2, 2, 8, 8, 8, "bf16", true,
       { qkv = true, misalign = true } },
     { "grouped-query, more keys than queries, no mask", 2, 4, 2, 8, 12, 16, "bf16", false },

@@ -210,3 +210,33 @@ describe("safetensors at the edges", function()
     os.remove(p)
   end)
 end)
+
+describe("chunk", function()
+  it("chunk: equal views, one backward node that assembles the pieces' gradients; errors named", function()
+    local x = lt.randn({ 2, 6, 3 }, { dtype = "f64" }):requires_grad_()
+    local a, b, c = x:chunk(3, 2)
+    assert.are.same({ 2, 2, 3 }, b:shape())
+    assert.are.equal(0, (b - x:narrow(2, 3, 2)):abs():max():item())
+    assert.are.equal("ChunkBackward", a.grad_fn)
+    lt.autograd.gradcheck(function(t)
+      local p, q, r = t:chunk(3, 2)
+      return p * 2 + q:tanh() + r * r
+    end, { x })
+    -- pieces without a gradient count as zeros
+    local _, q2 = x:chunk(2, 2)
+    x.grad = nil
+    q2:sum():backward()
+    assert.are.equal(0, x.grad:narrow(2, 1, 3):abs():max():item())
+    assert.are.equal(18, x.grad:sum():item())
+    -- more than 4 pieces are narrows; uneven sizes and bad dims are errors
+    local p6 = { x:chunk(6, 2) }
+    assert.are.equal(6, #p6)
+    H.assert_error(function() x:chunk(4, 2) end, "does not split into 4 equal pieces")
+    H.assert_error(function() x:chunk(5, 2) end, "does not split into 5")
+    H.assert_error(function() x:chunk(0, 2) end, "positive integer")
+    H.assert_error(function() x:chunk(2, 4) end, "chunk")
+    -- integer tensors chunk too (no gradient)
+    local i1, i2 = lt.tensor({ 1, 2, 3, 4 }, "i64"):chunk(2, 1)
+    assert.are.equal(7, i2:sum():item())
+  end)
+end)

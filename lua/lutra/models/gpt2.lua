@@ -35,12 +35,12 @@ function Attention:forward(x, kv)
   local B, T, C = x:size(1), x:size(2), x:size(3)
   local hs = C / self.n_head
   local qkv = self.c_attn(x) -- (B, T, 3C)
-  local function heads(i) -- (B, NH, T, hs)
-    return qkv:narrow(3, i * C + 1, C):view(B, T, self.n_head, hs):transpose(2, 3)
-  end
-  local k, v = heads(1), heads(2)
+  local function heads(t) return t:view(B, T, self.n_head, hs):transpose(2, 3) end -- (B, NH, T, hs)
+  -- one chunk node: the three gradients meet in one buffer (cuDNN writes them there side by side)
+  local q, k, v = qkv:chunk(3, 3)
+  q, k, v = heads(q), heads(k), heads(v)
   if kv then k, v = kv:append(self, k, v) end
-  local y = F.scaled_dot_product_attention(heads(0), k, v, { causal = true })
+  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
   y = y:transpose(2, 3):reshape(B, T, C)
   y = self.c_proj(y)
   if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
