@@ -434,6 +434,21 @@ lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_ten
 
 /* ---- fused attention --------------------------------------------------------------------- */
 
+/* Hands dq, dk and dv (consumed) to the inputs that take a gradient, each
+   in its input's dtype; returns st, or the first failure. */
+static lt_status give_qkv_grads(lt_node *n, lt_status st, lt_tensor *dq, lt_tensor *dk, lt_tensor *dv,
+                                lt_tensor **gi) {
+  lt_tensor *outs[3] = {dq, dk, dv};
+  for (int j = 0; j < 3; j++) {
+    if (st == LT_OK && n->next[j].node) {
+      st = to_dtype(outs[j], n->in[j].dtype, &gi[j]);
+      outs[j] = NULL;
+    }
+    lt_tensor_release(outs[j]);
+  }
+  return st;
+}
+
 /* i[0..5] = B, NH, NKV, T, S, HS; i[6] causal; f[0] scale. Saved: q, k, v,
    o (compute dtype, contiguous) and lse. */
 static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
@@ -460,14 +475,7 @@ static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor 
                                             lt_tensor_ptr(D), lt_tensor_ptr(dq), lt_tensor_ptr(dk), lt_tensor_ptr(dv),
                                             n->i[0], n->i[1], n->i[2], n->i[3], n->i[4], n->i[5], n->f[0],
                                             (int)n->i[6]);
-  lt_tensor *outs[3] = {dq, dk, dv};
-  for (int j = 0; j < 3; j++) {
-    if (st == LT_OK && n->next[j].node) {
-      st = to_dtype(outs[j], n->in[j].dtype, &gi[j]);
-      outs[j] = NULL;
-    }
-    lt_tensor_release(outs[j]);
-  }
+  st = give_qkv_grads(n, st, dq, dk, dv, gi);
   RELEASE_ALL(dout, D);
   return st;
 }
@@ -688,14 +696,7 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
     d.dq = lt_tensor_ptr(dq), d.dk = lt_tensor_ptr(dk), d.dv = lt_tensor_ptr(dv);
     st = q->storage->backend->sdpa_bwd(&d);
   }
-  lt_tensor *outs[3] = {dq, dk, dv};
-  for (int j = 0; j < 3; j++) {
-    if (st == LT_OK && n->next[j].node) {
-      st = to_dtype(outs[j], n->in[j].dtype, &gi[j]);
-      outs[j] = NULL;
-    }
-    lt_tensor_release(outs[j]);
-  }
+  st = give_qkv_grads(n, st, dq, dk, dv, gi);
   RELEASE_ALL(g, dout);
   return st;
 }
