@@ -4,9 +4,9 @@
  * backend multiplies with epilogues (cuBLASLt on CUDA) the bias add and the
  * GELU run inside the product, which also writes the pre-activation the
  * backward needs; elsewhere, or when the backend has no algorithm for the
- * epilogue, the op is a product, an add and a gelu. The backward is the
- * same everywhere: g = dy (or dy gelu'(pre)), dx = g w, dw = g^T x,
- * db = the sum of g over rows.
+ * epilogue, the op is a product, an add and a gelu. The backward: g = dy
+ * (or dy gelu'(pre)), dx = g w, dw = g^T x, db = the sum of g over rows,
+ * db computed inside dw's product where the backend can (BGRADB).
  */
 #include "autograd.h"
 #include "iter.h"
@@ -75,6 +75,36 @@ static lt_status composed_forward(const lt_tensor *x2, const lt_tensor *w, const
   return LT_OK;
 }
 
+/* dw = g^T x2 with db = the column sums of g in the same product (cuBLASLt's
+   BGRADB epilogue); LT_ERR_UNSUPPORTED when the backend cannot (the caller
+   multiplies and reduces). g (M, out) and x2 (M, in) have unit-stride rows. */
+static lt_status fused_weight_grad(const lt_backend_i *be, const lt_tensor *g, const lt_tensor *x2, lt_tensor **dw,
+                                   lt_tensor **db) {
+  int64_t M = g->sizes[0], out = g->sizes[1], in = x2->sizes[1], wsizes[2] = {out, in};
+  if (!be->matmul_epilogues || M == 0 || out == 0 || in == 0 || g->strides[1] != 1 || x2->strides[1] != 1)
+    return LT_ERR_UNSUPPORTED;
+  LT_TRY(lt_tensor_empty(2, wsizes, g->dtype, g->storage->device, dw));
+  lt_status st = lt_tensor_empty(1, &out, g->dtype, g->storage->device, db);
+  if (st == LT_OK) {
+    lt_matmul_desc d;
+    memset(&d, 0, sizeof d);
+    d.m = out, d.k = M, d.n = in;
+    d.a = lt_tensor_ptr(g), d.a_rs = 1, d.a_cs = g->strides[0]; /* g^T */
+    d.b = lt_tensor_ptr(x2), d.b_rs = x2->strides[0], d.b_cs = 1;
+    d.c = lt_tensor_ptr(*dw), d.c_rs = in;
+    d.dtype = g->dtype;
+    d.epilogue = LT_EPILOGUE_BGRAD_A;
+    d.bias = lt_tensor_ptr(*db);
+    st = be->matmul(&d);
+  }
+  if (st != LT_OK) {
+    lt_tensor_release(*dw);
+    lt_tensor_release(*db);
+    *dw = *db = NULL;
+  }
+  return st;
+}
+
 /* i[0] act, i[1] has bias; saved: x2 (M, in), w, [pre]. */
 static lt_status linear_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   int act = (int)n->i[0], has_b = (int)n->i[1];
@@ -107,9 +137,14 @@ static lt_status linear_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
         st = lt_tensor_reshape(d2, n->in[0].ndim, n->in[0].sizes, &dx);
       lt_tensor_release(d2);
     }
-    if (st == LT_OK && n->next[1].node && (st = lt_tensor_transpose(g, 0, 1, &t)) == LT_OK)
+    if (st == LT_OK && has_b && n->next[1].node && n->next[2].node) { /* both in one product where it can */
+      lt_status fst = fused_weight_grad(g->storage->backend, g, x2, &dw, &db);
+      if (fst != LT_OK && fst != LT_ERR_UNSUPPORTED)
+        st = fst;
+    }
+    if (st == LT_OK && n->next[1].node && !dw && (st = lt_tensor_transpose(g, 0, 1, &t)) == LT_OK)
       st = lt_matmul(t, x2, &dw);
-    if (st == LT_OK && has_b && n->next[2].node) {
+    if (st == LT_OK && has_b && n->next[2].node && !db) {
       int64_t rows = 0;
       st = lt_reduce(LT_REDUCE_SUM, g, 1, &rows, 0, 0, &db);
     }

@@ -199,14 +199,16 @@ static lt_status plan_build(lt_cuda_ctx *c, const plan_key *k, plan *p) {
     /* bias per row of cuBLASLt's column-major D (n x m): per output feature;
        aux laid out as D; pointers of the key's alignment stand in for the
        heuristic (cuBLASLt reads their alignment, not their data) */
-    cublasLtEpilogue_t e = k->epilogue == LT_EPILOGUE_BIAS   ? CUBLASLT_EPILOGUE_BIAS
-                           : k->epilogue == LT_EPILOGUE_GELU ? CUBLASLT_EPILOGUE_GELU_AUX
-                                                             : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    /* (our A is cuBLASLt's B: BGRAD_A is its BGRADB, a sum over k per column of D) */
+    cublasLtEpilogue_t e = k->epilogue == LT_EPILOGUE_BIAS        ? CUBLASLT_EPILOGUE_BIAS
+                           : k->epilogue == LT_EPILOGUE_GELU      ? CUBLASLT_EPILOGUE_GELU_AUX
+                           : k->epilogue == LT_EPILOGUE_GELU_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                  : CUBLASLT_EPILOGUE_BGRADB;
     const void *bias = (const void *)(uintptr_t)k->align_bias, *aux = (const void *)(uintptr_t)k->align_aux;
     s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
-    if (s == CUBLAS_STATUS_SUCCESS && k->epilogue != LT_EPILOGUE_GELU)
+    if (s == CUBLAS_STATUS_SUCCESS && lt_epilogue_has_bias((lt_epilogue)k->epilogue))
       s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (s == CUBLAS_STATUS_SUCCESS && k->epilogue != LT_EPILOGUE_BIAS) {
+    if (s == CUBLAS_STATUS_SUCCESS && lt_epilogue_has_aux((lt_epilogue)k->epilogue)) {
       s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
       if (s == CUBLAS_STATUS_SUCCESS)
         s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k->ld_aux,
@@ -343,7 +345,7 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d) {
   k.align_y = call_alignment(d->a, oy);
   k.align_c = call_alignment(d->c, oc);
   if (d->epilogue != LT_EPILOGUE_NONE) {
-    int with_bias = d->epilogue != LT_EPILOGUE_GELU, with_aux = d->epilogue != LT_EPILOGUE_BIAS;
+    int with_bias = lt_epilogue_has_bias(d->epilogue), with_aux = lt_epilogue_has_aux(d->epilogue);
     if (nb > 0 || (with_bias && !d->bias) || (with_aux && (!d->aux || d->aux_rs % 8 || d->aux_rs < d->n)))
       return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuBLASLt epilogues take one 2-D product with an aux row "
                      "stride divisible by 8", c->index);

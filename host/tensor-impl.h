@@ -78,7 +78,14 @@ typedef struct lt_reduce_iter {
   lt_dtype out_dtype, in_dtype;
 } lt_reduce_iter;
 
-typedef enum { LT_EPILOGUE_NONE = 0, LT_EPILOGUE_BIAS, LT_EPILOGUE_GELU, LT_EPILOGUE_GELU_BIAS } lt_epilogue;
+/* BGRAD_A: the product also writes bias[i] = the sum over k of A[i, k]
+   (A's row sums, m of them: a linear layer's bias gradient when A = g^T) */
+typedef enum {
+  LT_EPILOGUE_NONE = 0, LT_EPILOGUE_BIAS, LT_EPILOGUE_GELU, LT_EPILOGUE_GELU_BIAS, LT_EPILOGUE_BGRAD_A
+} lt_epilogue;
+
+static inline int lt_epilogue_has_bias(lt_epilogue e) { return e == LT_EPILOGUE_BIAS || e >= LT_EPILOGUE_GELU_BIAS; }
+static inline int lt_epilogue_has_aux(lt_epilogue e) { return e == LT_EPILOGUE_GELU || e == LT_EPILOGUE_GELU_BIAS; }
 
 /*
  * A batch of matrix products C[b] = A[b] @ B[b], each operand given by its
@@ -96,7 +103,8 @@ typedef struct lt_matmul_desc {
   /* epilogue (only to backends with matmul_epilogues, one 2-D product):
      c = act(a b + bias) with bias (n) of dtype; with GELU the
      pre-activation a b + bias is also written to aux (m x n, row stride
-     aux_rs); LT_ERR_UNSUPPORTED when the backend has no algorithm for it */
+     aux_rs); with BGRAD_A, bias (m) receives a's row sums;
+     LT_ERR_UNSUPPORTED when the backend has no algorithm for it */
   lt_epilogue epilogue;
   const char *bias;
   char *aux;
