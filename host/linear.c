@@ -11,6 +11,7 @@
 #include "autograd.h"
 #include "iter.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* x as (M, in) rows: a view when its layout allows, else a contiguous copy */
@@ -198,7 +199,11 @@ lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, 
     if (st == LT_OK) {
       st = fused_forward(be, x2, w, b, act, y2, pre);
       fused = st == LT_OK;
-      if (st == LT_ERR_UNSUPPORTED) { /* no algorithm with this epilogue: compose */
+      if (st == LT_ERR_UNSUPPORTED) { /* no algorithm with this epilogue: compose (said once) */
+        static int noted;
+        if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
+          fprintf(stderr, "lutra: linear: %s; running it as matmul, add%s (noted once)\n", lt_last_error(),
+                  act ? ", gelu" : "");
         lt_tensor_release(y2);
         lt_tensor_release(pre);
         y2 = pre = NULL;
