@@ -8,7 +8,8 @@
  * Every kernel runs on the device's compute stream, so a freed block can be
  * handed to the next allocation at once: stream order puts the new user's
  * kernels after the old user's. The host waits only where it reads values
- * (copies to the host, item(), checks of index bounds).
+ * (copies to the host, item()) and for uploads over 256 KiB (smaller ones,
+ * a batch of ids, go through pinned slots without waiting).
  */
 #ifdef LT_WITH_CUDA
 
@@ -218,11 +219,55 @@ static lt_status cuda_copy_to_host(lt_device device, void *dst, const void *src,
   return checks_poll(c, 1);
 }
 
+/* A copy of at most LT_CUDA_STAGE_SLOT bytes through the next pinned slot:
+   the host copies into it and the device copies from it in stream order,
+   so the host goes on at once (a batch upload does not wait for the step
+   before it). The slot is reused after its copy's event completes (32
+   copies later: long done). *done = 0 when the slots cannot be had. */
+static lt_status staged_copy(lt_cuda_ctx *c, void *dst, const void *src, size_t nbytes, int *done) {
+  *done = 0;
+  cudaError_t e = cudaSuccess;
+  if (!c->stage) {
+    if (cudaMallocHost((void **)&c->stage, (size_t)LT_CUDA_STAGE_SLOTS * LT_CUDA_STAGE_SLOT) != cudaSuccess) {
+      c->stage = NULL;
+      cudaGetLastError();
+      return LT_OK; /* (no pinned memory: the caller copies and waits) */
+    }
+    for (int k = 0; k < LT_CUDA_STAGE_SLOTS && e == cudaSuccess; k++)
+      e = cudaEventCreateWithFlags(&c->stage_done[k], cudaEventDisableTiming);
+    if (e != cudaSuccess)
+      return lt_cuda_error("creating the upload events", c->index, e);
+  }
+  int k = c->stage_next;
+  char *slot = c->stage + (size_t)k * LT_CUDA_STAGE_SLOT;
+  e = cudaEventSynchronize(c->stage_done[k]); /* (an event never recorded is complete) */
+  if (e == cudaSuccess) {
+    memcpy(slot, src, nbytes);
+    e = cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, c->compute);
+  }
+  if (e == cudaSuccess)
+    e = cudaEventRecord(c->stage_done[k], c->compute);
+  if (e != cudaSuccess)
+    return lt_cuda_error("copy from the host", c->index, e);
+  c->stage_next = (k + 1) % LT_CUDA_STAGE_SLOTS;
+  *done = 1;
+  return LT_OK;
+}
+
 static lt_status cuda_copy_from_host(lt_device device, void *dst, const void *src, size_t nbytes) {
   lt_cuda_ctx *c;
   LT_TRY(lt_cuda_ctx_get(device, &c));
+  if (nbytes <= LT_CUDA_STAGE_SLOT) {
+    static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
+    int done = 0;
+    pthread_mutex_lock(&stage_lock);
+    lt_status st = staged_copy(c, dst, src, nbytes, &done);
+    pthread_mutex_unlock(&stage_lock);
+    if (st != LT_OK || done)
+      return st;
+  }
   cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, c->compute);
-  if (e == cudaSuccess) /* the caller frees its staging buffer next */
+  if (e == cudaSuccess) /* the caller frees its buffer next */
     e = cudaStreamSynchronize(c->compute);
   return e == cudaSuccess ? LT_OK : lt_cuda_error("copy from the host", c->index, e);
 }

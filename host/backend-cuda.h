@@ -12,7 +12,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-enum { LT_CUDA_MAX_DEVICES = 16, LT_CUDA_CHECKS = 32 };
+enum { LT_CUDA_MAX_DEVICES = 16, LT_CUDA_CHECKS = 32, LT_CUDA_STAGE_SLOTS = 32, LT_CUDA_STAGE_SLOT = 256 << 10 };
 
 struct lt_cuda_block;
 struct lt_cuda_plan;
@@ -43,6 +43,10 @@ typedef struct lt_cuda_ctx {
   /* scratch for kernels that need temporary memory (used on the compute stream only) */
   void *scratch;
   size_t scratch_size;
+  /* host-to-device staging: pinned slots reused once their copy's event is done */
+  char *stage;
+  cudaEvent_t stage_done[LT_CUDA_STAGE_SLOTS];
+  int stage_next;
 } lt_cuda_ctx;
 
 /* The context of a cuda device, initialised on first use and made current.

@@ -103,6 +103,18 @@ check("copies between cpu and cuda keep values, strides and dtypes", function()
   end
 end)
 
+check("small uploads go through pinned slots without waiting and keep their values", function()
+  local ts = {}
+  for i = 1, 100 do ts[i] = lt.tensor({ i, i + 1, i + 2 }, { dtype = "f32", device = CUDA }) end -- more than the 32 slots
+  for i = 1, 100 do assert(ts[i]:sum():item() == 3 * i + 3, "upload " .. i) end
+  local host = lt.arange(1000):to("f32")
+  local d = host:to(CUDA)
+  host:fill_(0) -- the host buffer may change as soon as the call returns
+  assert(d:sum():item() == 499500)
+  local big = lt.ones({ 1 << 17 }):to(CUDA) -- 512 KiB: the waiting path
+  assert(big:sum():item() == 1 << 17)
+end)
+
 check("memory_stats count live, reserved and peak bytes", function()
   collectgarbage()
   local before = lt.cuda.memory_stats()
