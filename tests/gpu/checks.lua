@@ -107,10 +107,12 @@ check("small uploads go through pinned slots without waiting and keep their valu
   local ts = {}
   for i = 1, 100 do ts[i] = lt.tensor({ i, i + 1, i + 2 }, { dtype = "f32", device = CUDA }) end -- more than the 32 slots
   for i = 1, 100 do assert(ts[i]:sum():item() == 3 * i + 3, "upload " .. i) end
-  local host = lt.arange(1000):to("f32")
-  local d = host:to(CUDA)
-  host:fill_(0) -- the host buffer may change as soon as the call returns
-  assert(d:sum():item() == 499500)
+  if on_cuda then
+    local host = lt.arange(1000):to("f32")
+    local d = host:to(CUDA)
+    host:fill_(0) -- the host buffer may change as soon as the call returns
+    assert(d:sum():item() == 499500)
+  end
   local big = lt.ones({ 131072 }):to(CUDA) -- 512 KiB: the waiting path
   assert(big:sum():item() == 131072)
 end)
