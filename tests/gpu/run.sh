@@ -51,6 +51,13 @@ fits() { [ $(($(date +%s) - start + $1)) -le "$budget" ] || { echo "(skipped: ${
 gpu_status=1
 test_status=0
 
+step "smoke test of the newest paths (cuDNN attention, cuBLASLt epilogues, bf16 rows, deferred index checks)"
+if fits 60 && ! timeout 30 ./lutra tests/gpu/smoke.lua; then
+  echo "--- again with cuDNN's and cuBLASLt's logs (errors and warnings) ---"
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2 timeout 30 ./lutra tests/gpu/smoke.lua 2>&1 |
+    tail -120
+fi
+
 step "GPU checks (CUDA against PyTorch fixtures and the CPU)"
 if fits 150; then
   timeout 150 ./lutra tests/gpu/checks.lua
