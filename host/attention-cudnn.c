@@ -42,6 +42,9 @@ static struct {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t version; /* of the cuDNN loaded, as cudnnGetVersion gives it (9.19.0: 91900) */
+static int deterministic;
+
+void lt_cuda_set_deterministic(int on) { __atomic_store_n(&deterministic, on != 0, __ATOMIC_RELAXED); }
 
 #ifndef LT_CUDA_LIBDIR
 #define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
@@ -381,9 +384,10 @@ static void forward_graph(graph *g, const lt_sdpa_desc *d) {
 /* The backward (cudnn-frontend's composite SDPA backward node): D =
    rowsum(dO o O) into softmax_sum, P = exp(scale Q K^T - stats) (masked),
    dV = P^T dO, dS = scale P o (dO V^T - D), dK = dS^T Q, dQ = dS K through
-   an f32 accumulator. With fewer K/V heads, dK and dV are summed over each
-   group of query heads. */
-static void backward_graph(graph *g, const lt_sdpa_desc *d) {
+   an f32 accumulator (atomic adds), or straight into dQ when deterministic
+   (the frontend's deterministic graph). With fewer K/V heads, dK and dV are
+   summed over each group of query heads. */
+static void backward_graph(graph *g, const lt_sdpa_desc *d, int det) {
   builder *b = g->b;
   virt v = {b, 0};
   cudnnDataType_t io = io_type(d->dtype), f32 = CUDNN_DATA_FLOAT;
@@ -404,7 +408,7 @@ static void backward_graph(graph *g, const lt_sdpa_desc *d) {
   cudnnBackendDescriptor_t dv = real(b, ID_DV, io, shape(B, KV, S, HS, d->sdv));
   cudnnBackendDescriptor_t scale = scalar(b, ID_SCALE, f32), one = scalar(b, ID_ONE, f32);
   cudnnBackendDescriptor_t softmax_sum = real(b, ID_SOFTMAX_SUM, f32, rows);
-  cudnnBackendDescriptor_t dq_accum = real(b, ID_DQ_ACCUM, f32, shape(B, H, T, HS, NULL));
+  cudnnBackendDescriptor_t dq_accum = det ? NULL : real(b, ID_DQ_ACCUM, f32, shape(B, H, T, HS, NULL));
   /* D */
   int64_t doo_strides[4] = {H * T * HS, T * HS, H * HS, 1};
   cudnnBackendDescriptor_t doo = vt(&v, f32, shape(B, H, T, HS, doo_strides)), dsum = vt(&v, f32, rows);
@@ -443,14 +447,18 @@ static void backward_graph(graph *g, const lt_sdpa_desc *d) {
   /* dQ */
   cudnnBackendDescriptor_t k = vt(&v, f32, kshape); /* (the frontend leaves it the intermediate type) */
   reshape(g, kt, k);
-  matmul(g, ds, k, dq_accum);
-  pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_accum, NULL, NULL, dq);
+  if (det) {
+    matmul(g, ds, k, dq);
+  } else {
+    matmul(g, ds, k, dq_accum);
+    pointwise(g, CUDNN_POINTWISE_IDENTITY, f32, -1, dq_accum, NULL, NULL, dq);
+  }
 }
 
 /* ---- plans: an operation graph, the heuristics' engine configs, the first plan that builds ---- */
 
 typedef struct plan_key {
-  int backward, dtype, causal;
+  int backward, dtype, causal, deterministic;
   int64_t B, NH, NKV, T, S, HS;
   int64_t strides[8][4];
 } plan_key;
@@ -475,6 +483,7 @@ static plan_key key_of(const lt_sdpa_desc *d, int backward) {
   plan_key k;
   memset(&k, 0, sizeof k); /* padding too: keys compare with memcmp */
   k.backward = backward, k.dtype = d->dtype, k.causal = d->causal;
+  k.deterministic = backward && __atomic_load_n(&deterministic, __ATOMIC_RELAXED);
   k.B = d->B, k.NH = d->NH, k.NKV = d->NKV, k.T = d->T, k.S = d->S, k.HS = d->HS;
   const int64_t *s[8] = {d->sq, d->sk, d->sv, d->so, d->sdo, d->sdq, d->sdk, d->sdv};
   for (int i = 0; i < 8; i++)
@@ -489,7 +498,7 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
   b->handle = ds->handle;
   graph g = {b, {0}, 0};
   if (p->key.backward)
-    backward_graph(&g, d);
+    backward_graph(&g, d, p->key.deterministic);
   else
     forward_graph(&g, d);
   cudnnBackendDescriptor_t og = make(b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -714,14 +723,15 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
   lt_status st = plan_for(d, 1, &cc, &ds, &p);
   void *softmax_sum = NULL, *dq_accum = NULL;
   size_t rows_bytes = (size_t)(d->B * d->NH * d->T) * 4, accum_bytes = rows_bytes * (size_t)d->HS;
+  int det = st == LT_OK && p->key.deterministic;
   lt_device dev = LT_DEVICE_CUDA;
   if (st == LT_OK) {
     dev = LT_DEVICE_CUDA + cc->index;
     st = lt_backend_cuda.alloc(dev, rows_bytes, &softmax_sum);
   }
-  if (st == LT_OK)
+  if (st == LT_OK && !det)
     st = lt_backend_cuda.alloc(dev, accum_bytes, &dq_accum);
-  if (st == LT_OK && version < 90600) { /* older cuDNN adds into the accumulator */
+  if (st == LT_OK && !det && version < 90600) { /* older cuDNN adds into the accumulator */
     cudaError_t e = cudaMemsetAsync(dq_accum, 0, accum_bytes, cc->compute);
     if (e != cudaSuccess)
       st = lt_cuda_error("clearing cuDNN's dQ accumulator", cc->index, e);
@@ -732,7 +742,9 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
     put(&vp, ID_Q, d->q), put(&vp, ID_K, d->k), put(&vp, ID_V, d->v), put(&vp, ID_O, d->o);
     put(&vp, ID_DO, d->dout), put(&vp, ID_STATS, d->stats), put(&vp, ID_DQ, d->dq), put(&vp, ID_DK, d->dk);
     put(&vp, ID_DV, d->dv), put(&vp, ID_SCALE, &scale), put(&vp, ID_ONE, &one);
-    put(&vp, ID_SOFTMAX_SUM, softmax_sum), put(&vp, ID_DQ_ACCUM, dq_accum);
+    put(&vp, ID_SOFTMAX_SUM, softmax_sum);
+    if (!det)
+      put(&vp, ID_DQ_ACCUM, dq_accum);
     if (d->causal)
       put(&vp, ID_NEG_INF, &neg_inf);
     st = execute(cc, ds, p, &vp);

@@ -632,5 +632,6 @@ lt_status lt_cuda_synchronize(int device_index) {
   return LT_OK;
 }
 void lt_cuda_set_allow_tf32(int on) { (void)on; }
+void lt_cuda_set_deterministic(int on) { (void)on; }
 
 #endif

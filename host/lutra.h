@@ -107,6 +107,10 @@ void lt_cuda_empty_cache(int device_index);
 lt_status lt_cuda_synchronize(int device_index);
 /* Whether f32 matrix products on CUDA may use TF32 (default off). */
 void lt_cuda_set_allow_tf32(int on);
+/* On: cuDNN's attention backward writes dQ without atomics (cudnn-frontend's
+   deterministic graph: more workspace), so attention gradients repeat bit
+   for bit; off by default (as torch.use_deterministic_algorithms). */
+void lt_cuda_set_deterministic(int on);
 /* Whether the build includes CUDA / MPI (1) or not (0). */
 int lt_has_cuda(void);
 int lt_has_mpi(void);

@@ -112,6 +112,9 @@ end
 --- lt.cuda.allow_tf32(on): lets f32 matrix products on CUDA round their inputs
 -- to TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default.
 function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end
+--- lt.cuda.deterministic(on): attention gradients from cuDNN repeat bit for
+-- bit (its backward without atomic adds; more workspace); off by default.
+function lt.cuda.deterministic(on) C.lt_cuda_set_deterministic(on and 1 or 0) end
 
 -- the layers above the tensor core need lt itself while they load
 package.loaded["lutra"] = lt

@@ -597,6 +597,27 @@ library_check("cuDNN causal attention, grouped-query (2, 8 / 2 heads, 512, 64)",
 library_check("cuDNN attention, 64 queries over 320 keys, no mask", 2, 4, 4, 64, 320, 64, false)
 library_check("an odd head size (20) stays with lutra's attention", 2, 4, 4, 128, 128, 20, true,
   { refused = true })
+check("cuDNN attention with lt.cuda.deterministic(true): gradients repeat bit for bit", function()
+  lt.cuda.deterministic(true)
+  local ok, err = pcall(function()
+    local q = lt.randn({ 2, 8, 512, 64 }):to("bf16"):to(CUDA):requires_grad_()
+    local grads = {}
+    for r = 1, 2 do
+      q.grad = nil
+      local y = F.scaled_dot_product_attention(q, q, q, { causal = true })
+      assert(y.grad_fn == "LibraryAttentionBackward", tostring(y.grad_fn))
+      y:to("f32"):sum():backward()
+      grads[r] = q.grad:to("f32")
+    end
+    assert((grads[1] - grads[2]):abs():max():item() == 0, "the two backwards differ")
+    local qc = q:detach():to("cpu"):to("f32"):requires_grad_()
+    F.scaled_dot_product_attention(qc, qc, qc, { causal = true }):sum():backward()
+    close(grads[1]:to("cpu"), qc.grad, "deterministic dq+dk+dv", 2e-2)
+  end)
+  lt.cuda.deterministic(false)
+  assert(ok, err)
+end, true)
+
 check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
   local q = lt.randn({ 1, 4, 128, 64 }):to("f16"):to(CUDA):requires_grad_()
   local y = F.scaled_dot_product_attention(q, q, q, { causal = true })
