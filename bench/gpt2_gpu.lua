@@ -13,9 +13,10 @@
 -- The embedding rows are padded to a multiple of pad_vocab (128: 50304
 -- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
 --
---   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
+--   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16|auto] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
 --       [--attention=auto|fused|composed]
 --
+-- --batches=auto doubles the micro-batch from 8 until one does not fit.
 -- --attention: auto (the default) is what training uses: cuDNN's flash
 -- attention for bf16/f16 (F.library_attention), else the composed path;
 -- fused runs lutra's fused kernel (lt_attention); composed runs matmul,
@@ -117,13 +118,20 @@ print(("attention: %s"):format(opts.attention))
 print(("%-6s %4s %6s %10s %12s %8s %12s %10s %8s %8s"):format("dtype", "B", "T", "ms/step", "tokens/s", "MFU",
   "MFU(meas.)", "peak GiB", "loss", "host ms"))
 for _, dtype in ipairs(list(opts.dtypes)) do
-  for _, B in ipairs(list(opts.batches)) do
+  -- "auto": 8, 16, 32, ... until a batch does not fit (running out of memory is an error the process survives)
+  local auto = opts.batches == "auto"
+  local batches = auto and { 8, 16, 32, 64, 128, 256 } or list(opts.batches)
+  local largest
+  for _, B in ipairs(batches) do
     local ok, r = pcall(bench, dtype, B)
     if ok then
+      largest = B
       print(("%-6s %4d %6d %10.1f %12.0f %7.1f%% %11.1f%% %10.2f %8.4f %8.1f"):format(dtype, B, opts.T, r.ms, r.tps,
         100 * r.mfu, 100 * r.mfu_meas, r.peak, r.loss, r.host_ms))
     else
       print(("%-6s %4d %6d  failed: %s"):format(dtype, B, opts.T, tostring(r):gsub("\n.*", "")))
+      if auto then break end
     end
   end
+  if auto and largest then print(("%s: the largest micro-batch that fits is %d (of those tried)"):format(dtype, largest)) end
 end

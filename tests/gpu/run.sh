@@ -65,7 +65,7 @@ if fits 150; then
 fi
 
 step "benchmark: GPT-2 124M on the GPU (lutra: cuDNN attention, fused AdamW)"
-fits 100 && timeout 100 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=8,16 --dtypes=bf16 | tee "$OUT/bench-lutra.txt"
+fits 100 && timeout 100 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=auto --dtypes=bf16 | tee "$OUT/bench-lutra.txt"
 
 step "benchmark: the same model in PyTorch (torch.compile, fused attention and AdamW)"
 if [ "${LUTRA_BENCH_TORCH:-1}" = 0 ]; then
