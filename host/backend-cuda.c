@@ -8,7 +8,7 @@
  * Every kernel runs on the device's compute stream, so a freed block can be
  * handed to the next allocation at once: stream order puts the new user's
  * kernels after the old user's. The host waits only where it reads values
- * (copies to the host, item()) and for uploads over 256 KiB (smaller ones,
+ * (copies to the host, item()) and for uploads over 1 MiB (smaller ones,
  * a batch of ids, go through pinned slots without waiting).
  */
 #ifdef LT_WITH_CUDA
@@ -219,10 +219,10 @@ static lt_status cuda_copy_to_host(lt_device device, void *dst, const void *src,
   return checks_poll(c, 1);
 }
 
-/* A copy of at most LT_CUDA_STAGE_SLOT bytes through the next pinned slot:
+/* A copy of at most LT_CUDA_STAGE_SLOT bytes (1 MiB: 131072 i64 ids) through the next pinned slot:
    the host copies into it and the device copies from it in stream order,
    so the host goes on at once (a batch upload does not wait for the step
-   before it). The slot is reused after its copy's event completes (32
+   before it). The slot is reused after its copy's event completes (16
    copies later: long done). *done = 0 when the slots cannot be had. */
 static lt_status staged_copy(lt_cuda_ctx *c, void *dst, const void *src, size_t nbytes, int *done) {
   *done = 0;
@@ -233,10 +233,17 @@ static lt_status staged_copy(lt_cuda_ctx *c, void *dst, const void *src, size_t 
       cudaGetLastError();
       return LT_OK; /* (no pinned memory: the caller copies and waits) */
     }
-    for (int k = 0; k < LT_CUDA_STAGE_SLOTS && e == cudaSuccess; k++)
-      e = cudaEventCreateWithFlags(&c->stage_done[k], cudaEventDisableTiming);
-    if (e != cudaSuccess)
-      return lt_cuda_error("creating the upload events", c->index, e);
+    int made = 0;
+    for (; made < LT_CUDA_STAGE_SLOTS && e == cudaSuccess; made++)
+      e = cudaEventCreateWithFlags(&c->stage_done[made], cudaEventDisableTiming);
+    if (e != cudaSuccess) { /* undone: the caller copies and waits */
+      for (int k = 0; k < made - 1; k++)
+        cudaEventDestroy(c->stage_done[k]);
+      cudaFreeHost(c->stage);
+      c->stage = NULL;
+      cudaGetLastError();
+      return LT_OK;
+    }
   }
   int k = c->stage_next;
   char *slot = c->stage + (size_t)k * LT_CUDA_STAGE_SLOT;
@@ -335,6 +342,7 @@ static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending);
    when wait is set); returns the first error found. */
 static lt_status checks_poll(lt_cuda_ctx *c, int wait) {
   lt_status first = LT_OK;
+  char msg[700] = "";
   for (int i = 0; i < LT_CUDA_CHECKS; i++) {
     int k = (c->next_check + i) % LT_CUDA_CHECKS, pending = 0;
     if (!c->checks[k].state)
@@ -342,10 +350,12 @@ static lt_status checks_poll(lt_cuda_ctx *c, int wait) {
     lt_status st = check_resolve(c, k, wait, &pending);
     if (pending)
       break; /* later checks were recorded later */
-    if (first == LT_OK)
+    if (first == LT_OK && st != LT_OK) { /* the oldest failure names the op (a bad id fails the backward too) */
       first = st;
+      snprintf(msg, sizeof msg, "%s", lt_last_error());
+    }
   }
-  return first;
+  return first == LT_OK ? LT_OK : lt_fail(first, "%s", msg);
 }
 
 /* Check k's verdict: *pending when its copy has not arrived (without wait). */
@@ -491,10 +501,23 @@ static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, c
                                   void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps) {
   return lt_cuda_layer_norm_fwd(dt, x, res, w, b, y, h, mean, rstd, N, C, eps, STREAM);
 }
+/* scratch for a norm's weight gradients in two passes (NULL: one pass) */
+static void *norm_scratch(lt_cuda_ctx *c, int64_t N, int64_t C, void *dw, void *db, size_t *bytes) {
+  void *buf = NULL;
+  *bytes = (dw || db) ? lt_cuda_norm_dw_scratch(N, C) : 0;
+  if (*bytes && scratch(c, *bytes, &buf) != LT_OK) { /* (the one-pass kernel needs none) */
+    *bytes = 0;
+    return NULL;
+  }
+  return buf;
+}
 static lt_status k_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
                                   const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
                                   int64_t C) {
-  return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, STREAM);
+  lt_cuda_ctx *c = current_ctx();
+  size_t bytes;
+  void *buf = norm_scratch(c, N, C, dw, db, &bytes);
+  return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, buf, bytes, c->compute);
 }
 static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
                                 void *rstd, int64_t N, int64_t C, double eps) {
@@ -502,7 +525,10 @@ static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, con
 }
 static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                 const void *dadd, void *dx, void *dw, int64_t N, int64_t C) {
-  return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dadd, dx, dw, N, C, STREAM);
+  lt_cuda_ctx *c = current_ctx();
+  size_t bytes;
+  void *buf = norm_scratch(c, N, C, dw, NULL, &bytes);
+  return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dadd, dx, dw, N, C, buf, bytes, c->compute);
 }
 static lt_status k_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
                                  int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,
@@ -551,8 +577,15 @@ static lt_status scratch(lt_cuda_ctx *c, size_t nbytes, void **out) {
       c->scratch_size = 0;
     }
     cudaError_t e = cudaMalloc(&c->scratch, nbytes);
-    if (e != cudaSuccess)
+    if (e == cudaErrorMemoryAllocation) { /* give the cache back and try once more, as cuda_alloc does */
+      cudaGetLastError();
+      release_cached(c);
+      e = cudaMalloc(&c->scratch, nbytes);
+    }
+    if (e != cudaSuccess) {
+      c->scratch = NULL;
       return lt_cuda_error("allocating scratch memory", c->index, e);
+    }
     c->scratch_size = nbytes;
   }
   *out = c->scratch;

@@ -12,7 +12,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-enum { LT_CUDA_MAX_DEVICES = 16, LT_CUDA_CHECKS = 32, LT_CUDA_STAGE_SLOTS = 32, LT_CUDA_STAGE_SLOT = 256 << 10 };
+enum { LT_CUDA_MAX_DEVICES = 16, LT_CUDA_CHECKS = 32, LT_CUDA_STAGE_SLOTS = 16, LT_CUDA_STAGE_SLOT = 1 << 20 };
 
 struct lt_cuda_block;
 struct lt_cuda_plan;

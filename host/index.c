@@ -56,13 +56,15 @@ static lt_index_report index_report(const char *op, const lt_tensor *index, int 
 static lt_status bad_index(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
   int64_t n = lt_tensor_numel(index), pos = -1, limit = t->sizes[dim];
   double v = 0, *vals = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-  if (vals && lt_tensor_to_f64(index, vals, n) == LT_OK)
-    for (int64_t i = 0; i < n && pos < 0; i++)
-      if (vals[i] < 0 || vals[i] >= (double)limit) {
-        pos = i;
-        v = vals[i];
-      }
+  lt_status st = vals ? lt_tensor_to_f64(index, vals, n) : lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
+  for (int64_t i = 0; st == LT_OK && i < n && pos < 0; i++)
+    if (vals[i] < 0 || vals[i] >= (double)limit) {
+      pos = i;
+      v = vals[i];
+    }
   free(vals);
+  if (st != LT_OK) /* (the read reported an earlier op's deferred check, or memory ran out) */
+    return st;
   lt_index_report r = index_report(op, index, dim, t);
   return lt_index_report_fail(&r, pos, (int64_t)v);
 }

@@ -82,7 +82,8 @@ static lt_status composed_forward(const lt_tensor *x2, const lt_tensor *w, const
 static lt_status fused_weight_grad(const lt_backend_i *be, const lt_tensor *g, const lt_tensor *x2, lt_tensor **dw,
                                    lt_tensor **db) {
   int64_t M = g->sizes[0], out = g->sizes[1], in = x2->sizes[1], wsizes[2] = {out, in};
-  if (!be->matmul_epilogues || M == 0 || out == 0 || in == 0 || g->strides[1] != 1 || x2->strides[1] != 1)
+  if (!be->matmul_epilogues || M == 0 || out == 0 || in == 0 || g->strides[1] != 1 || x2->strides[1] != 1 ||
+      (M > 1 && (g->strides[0] < out || x2->strides[0] < in)))
     return LT_ERR_UNSUPPORTED;
   LT_TRY(lt_tensor_empty(2, wsizes, g->dtype, g->storage->device, dw));
   lt_status st = lt_tensor_empty(1, &out, g->dtype, g->storage->device, db);
@@ -192,7 +193,11 @@ lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, 
   lt_status st = rows_of(x, &x2);
   int64_t M = x2 ? x2->sizes[0] : 0, out = w->sizes[0], ysizes[2] = {M, out};
   int fused = 0;
-  if (st == LT_OK && be->matmul_epilogues && (b || act) && M > 0 && x2->sizes[1] > 0) {
+  /* (one product with unit-stride rows: what cuBLASLt's epilogues are asked for) */
+  int64_t in = w->sizes[1];
+  int rows_ok = st == LT_OK && x2->strides[1] == 1 && (M <= 1 || x2->strides[0] >= in) && w->strides[1] == 1 &&
+                (out <= 1 || w->strides[0] >= in) && (!b || b->strides[0] == 1 || out <= 1);
+  if (st == LT_OK && be->matmul_epilogues && (b || act) && rows_ok && M > 0 && in > 0 && out > 0) {
     st = lt_tensor_empty(2, ysizes, x->dtype, x->storage->device, &y2);
     if (st == LT_OK && act)
       st = lt_tensor_empty(2, ysizes, x->dtype, x->storage->device, &pre);

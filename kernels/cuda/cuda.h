@@ -50,11 +50,14 @@ lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, co
                                  void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
 lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
                                  const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
-                                 int64_t C, lt_cuda_stream s);
+                                 int64_t C, void *scratch, size_t scratch_bytes, lt_cuda_stream s);
 lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
                                void *rstd, int64_t N, int64_t C, double eps, lt_cuda_stream s);
 lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
-                               const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s);
+                               const void *dadd, void *dx, void *dw, int64_t N, int64_t C, void *scratch,
+                               size_t scratch_bytes, lt_cuda_stream s);
+/* device scratch for the norms' weight gradients in two passes (without it, one slower pass) */
+size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C);
 lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
                                 int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,
                                 int causal, lt_cuda_stream s);

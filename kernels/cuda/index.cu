@@ -95,10 +95,24 @@ __global__ void sorted_index_add_kernel(lt_index_desc d, char *dst, const char *
   int32_t v = keys[i];
   if (i > 0 && keys[i - 1] == v)
     return;
+  int64_t end = i + 1;
+  while (end < n && keys[end] == v)
+    end++;
   for (int64_t c = threadIdx.x; c < d.inner; c += blockDim.x) {
     int64_t to = (o * d.dst_dim + v) * d.inner + c;
     T acc = lt_load<T>(dst, dt, to);
-    for (int64_t j = i; j < n && keys[j] == v; j++)
+    int64_t j = i;
+    for (; j + 4 <= end; j += 4) { /* four loads in flight, added in order */
+      T a0 = lt_load<T>(src, dt, (o * d.nindex + pos[j]) * d.inner + c);
+      T a1 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 1]) * d.inner + c);
+      T a2 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 2]) * d.inner + c);
+      T a3 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 3]) * d.inner + c);
+      acc = (T)(acc + a0);
+      acc = (T)(acc + a1);
+      acc = (T)(acc + a2);
+      acc = (T)(acc + a3);
+    }
+    for (; j < end; j++)
       acc = (T)(acc + lt_load<T>(src, dt, (o * d.nindex + pos[j]) * d.inner + c));
     lt_store<T>(dst, dt, to, acc);
   }
@@ -239,8 +253,10 @@ extern "C" lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const 
                                                             keys, pos);
     CHECKED("index_add sort input");
     cudaError_t e = cub::DeviceRadixSort::SortPairs(tmp, cub_bytes, keys, skeys, pos, spos, (int)n, 0, end_bit, cs);
-    if (e != cudaSuccess)
-      return lt_cuda_check_launch("index_add sort");
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return lt_fail(LT_ERR_DEVICE, "cuda: index_add: sorting the indices failed: %s", cudaGetErrorString(e));
+    }
     dim3 grid((unsigned)n, (unsigned)d->outer);
     if (dtype == LT_DTYPE_F64)
       sorted_index_add_kernel<double><<<grid, THREADS, 0, cs>>>(*d, dst, src, dtype, skeys, spos, bad);

@@ -131,6 +131,79 @@ __global__ void norm_dw_kernel(const S *dy, const S *x, const A *mean, const A *
   }
 }
 
+/* The same sums in two passes when scratch is given: blocks of 32 columns x
+   a chunk of rows write f64 partial sums (enough blocks to fill the GPU:
+   one block per 32 columns leaves most SMs idle for GPT-2's 768), then one
+   thread per column adds the chunks in order (still deterministic). */
+enum { DW_CHUNKS = 64, DW_CHUNK_ROWS = 256 };
+static int dw_chunks(int64_t N) {
+  int64_t y = (N + DW_CHUNK_ROWS - 1) / DW_CHUNK_ROWS;
+  return (int)(y < 1 ? 1 : (y > (int64_t)DW_CHUNKS ? (int64_t)DW_CHUNKS : y));
+}
+
+template <typename S, typename A>
+__global__ void norm_dw_partial_kernel(const S *dy, const S *x, const A *mean, const A *rstd, double *pw, double *pb,
+                                       int64_t N, int64_t C, int64_t rows) {
+  __shared__ double sw[DW_Y][DW_X], sb[DW_Y][DW_X];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int64_t c = (int64_t)blockIdx.x * DW_X + tx, r0 = (int64_t)blockIdx.y * rows;
+  int64_t r1 = r0 + rows < N ? r0 + rows : N;
+  double aw = 0, ab = 0;
+  if (c < C)
+    for (int64_t r = r0 + ty; r < r1; r += DW_Y) {
+      A g = ld(dy, r * C + c);
+      aw += g * ((ld(x, r * C + c) - (mean ? mean[r] : (A)0)) * rstd[r]);
+      ab += g;
+    }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  for (int h = DW_Y / 2; h > 0; h >>= 1) {
+    __syncthreads();
+    if (ty < h) {
+      sw[ty][tx] += sw[ty + h][tx];
+      sb[ty][tx] += sb[ty + h][tx];
+    }
+  }
+  if (ty == 0 && c < C) {
+    pw[(int64_t)blockIdx.y * C + c] = sw[0][tx];
+    pb[(int64_t)blockIdx.y * C + c] = sb[0][tx];
+  }
+}
+
+template <typename S, typename A>
+__global__ void norm_dw_finish_kernel(const double *pw, const double *pb, int chunks, int64_t C, S *dw, S *db) {
+  LT_GRID_STRIDE(c, C) {
+    double w = 0, b = 0;
+    for (int y = 0; y < chunks; y++) {
+      w += pw[(int64_t)y * C + c];
+      b += pb[(int64_t)y * C + c];
+    }
+    if (dw)
+      st(dw, c, (A)w);
+    if (db)
+      st(db, c, (A)b);
+  }
+}
+
+extern "C" size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C) { return 2 * (size_t)dw_chunks(N) * (size_t)C * 8; }
+
+/* dw (and db) of a norm: two passes through scratch when it is large enough, else one */
+template <typename S, typename A>
+static void norm_dw_launch(const void *dy, const void *x, const void *mean, const void *rstd, void *dw, void *db,
+                           int64_t N, int64_t C, void *scratch, size_t scratch_bytes, cudaStream_t cs) {
+  int chunks = dw_chunks(N);
+  if (scratch && scratch_bytes >= lt_cuda_norm_dw_scratch(N, C) && chunks > 1) {
+    double *pw = (double *)scratch, *pb = pw + (size_t)chunks * (size_t)C;
+    int64_t rows = (N + chunks - 1) / chunks;
+    norm_dw_partial_kernel<S, A><<<dim3(dw_grid(C), (unsigned)chunks), dim3(DW_X, DW_Y), 0, cs>>>(
+        (const S *)dy, (const S *)x, (const A *)mean, (const A *)rstd, pw, pb, N, C, rows);
+    norm_dw_finish_kernel<S, A><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
+    return;
+  }
+  norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
+                                                               (const A *)rstd, (S *)dw, (S *)db, N, C);
+}
+
 template <typename S, typename A>
 __global__ void rms_norm_fwd_kernel(const S *x, const S *res, const S *w, S *y, S *h, A *rstd, int64_t N, int64_t C,
                                     double eps) {
@@ -367,22 +440,33 @@ extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const vo
 template <typename S, typename A>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
                                   const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
-                                  cudaStream_t cs) {
+                                  void *scratch, size_t scratch_bytes, cudaStream_t cs) {
   if (dx)
     layer_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
                                                                 (const A *)mean, (const A *)rstd, (const S *)dadd,
                                                                 (S *)dx, N, C);
   if (dw || db)
-    norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
-                                                                 (const A *)rstd, (S *)dw, (S *)db, N, C);
+    norm_dw_launch<S, A>(dy, x, mean, rstd, dw, db, N, C, scratch, scratch_bytes, cs);
+}
+
+/* no rows: the weight gradients are zeros (as the CPU's) */
+static lt_status zero_vectors(lt_dtype dt, void *a, void *b, int64_t C, cudaStream_t cs) {
+  size_t bytes = (size_t)C * (size_t)lt_dtype_size(dt);
+  if (a)
+    cudaMemsetAsync(a, 0, bytes, cs);
+  if (b)
+    cudaMemsetAsync(b, 0, bytes, cs);
+  return lt_cuda_check_launch("zeroing a norm's weight gradients");
 }
 
 extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w,
                                             const void *mean, const void *rstd, const void *dadd, void *dx, void *dw,
-                                            void *db, int64_t N, int64_t C, lt_cuda_stream s) {
+                                            void *db, int64_t N, int64_t C, void *scratch, size_t scratch_bytes,
+                                            lt_cuda_stream s) {
   if (N == 0)
-    return LT_OK;
-  DISPATCH_ROWS(dt, layer_norm_bwd_launch, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, (cudaStream_t)s);
+    return zero_vectors(dt, dw, db, C, (cudaStream_t)s);
+  DISPATCH_ROWS(dt, layer_norm_bwd_launch, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, scratch, scratch_bytes,
+                (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm backward");
 }
 
@@ -403,20 +487,21 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
 
 template <typename S, typename A>
 static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
-                                void *dx, void *dw, int64_t N, int64_t C, cudaStream_t cs) {
+                                void *dx, void *dw, int64_t N, int64_t C, void *scratch, size_t scratch_bytes,
+                                cudaStream_t cs) {
   if (dx)
     rms_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
                                                               (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
   if (dw)
-    norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, NULL,
-                                                                 (const A *)rstd, (S *)dw, NULL, N, C);
+    norm_dw_launch<S, A>(dy, x, NULL, rstd, dw, NULL, N, C, scratch, scratch_bytes, cs);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
-                                          const void *dadd, void *dx, void *dw, int64_t N, int64_t C, lt_cuda_stream s) {
+                                          const void *dadd, void *dx, void *dw, int64_t N, int64_t C, void *scratch,
+                                          size_t scratch_bytes, lt_cuda_stream s) {
   if (N == 0)
-    return LT_OK;
-  DISPATCH_ROWS(dt, rms_norm_bwd_launch, dy, x, w, rstd, dadd, dx, dw, N, C, (cudaStream_t)s);
+    return zero_vectors(dt, dw, NULL, C, (cudaStream_t)s);
+  DISPATCH_ROWS(dt, rms_norm_bwd_launch, dy, x, w, rstd, dadd, dx, dw, N, C, scratch, scratch_bytes, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm backward");
 }
 

@@ -105,7 +105,7 @@ end)
 
 check("small uploads go through pinned slots without waiting and keep their values", function()
   local ts = {}
-  for i = 1, 100 do ts[i] = lt.tensor({ i, i + 1, i + 2 }, { dtype = "f32", device = CUDA }) end -- more than the 32 slots
+  for i = 1, 100 do ts[i] = lt.tensor({ i, i + 1, i + 2 }, { dtype = "f32", device = CUDA }) end -- more than the 16 slots
   for i = 1, 100 do assert(ts[i]:sum():item() == 3 * i + 3, "upload " .. i) end
   if on_cuda then
     local host = lt.arange(1000):to("f32")
@@ -113,8 +113,8 @@ check("small uploads go through pinned slots without waiting and keep their valu
     host:fill_(0) -- the host buffer may change as soon as the call returns
     assert(d:sum():item() == 499500)
   end
-  local big = lt.ones({ 131072 }):to(CUDA) -- 512 KiB: the waiting path
-  assert(big:sum():item() == 131072)
+  local big = lt.ones({ 524288 }):to(CUDA) -- 2 MiB: the waiting path
+  assert(big:sum():item() == 524288)
 end)
 
 check("memory_stats count live, reserved and peak bytes", function()
@@ -497,6 +497,8 @@ grad_check("cross_entropy over narrowed logits, rows read where they lie (512, 1
   end)
 grad_check("softmax (4096, 1024) in bf16", { { shape = { 4096, 1024 }, dtype = "bf16" } },
   function(x) return F.softmax(x, -1) end)
+grad_check("layer_norm of no rows: zero weight and bias gradients", { { shape = { 0, 64 } }, { shape = { 64 } },
+  { shape = { 64 } } }, function(x, w, b) return F.layer_norm(x, w, b) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
   function(x, w) return F.rms_norm(x, w) end, { gtol = 1e-4 })
 grad_check("softmax (4096, 1024)", { { shape = { 4096, 1024 } } }, function(x) return F.softmax(x, -1) end)
