@@ -501,22 +501,19 @@ static lt_status k_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, c
                                   void *h, void *mean, void *rstd, int64_t N, int64_t C, double eps) {
   return lt_cuda_layer_norm_fwd(dt, x, res, w, b, y, h, mean, rstd, N, C, eps, STREAM);
 }
-/* scratch for a norm's weight gradients in two passes (NULL: one pass) */
-static void *norm_scratch(lt_cuda_ctx *c, int64_t N, int64_t C, void *dw, void *db, size_t *bytes) {
-  void *buf = NULL;
-  *bytes = (dw || db) ? lt_cuda_norm_dw_scratch(N, C) : 0;
-  if (*bytes && scratch(c, *bytes, &buf) != LT_OK) { /* (the one-pass kernel needs none) */
-    *bytes = 0;
-    return NULL;
-  }
-  return buf;
+/* scratch for a norm's weight gradients (partial sums) */
+static lt_status norm_scratch(lt_cuda_ctx *c, int64_t N, int64_t C, void *dw, void *db, void **buf, size_t *bytes) {
+  *buf = NULL;
+  *bytes = (dw || db) && N > 0 ? lt_cuda_norm_dw_scratch(N, C) : 0;
+  return *bytes ? scratch(c, *bytes, buf) : LT_OK;
 }
 static lt_status k_layer_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *mean,
                                   const void *rstd, const void *dadd, void *dx, void *dw, void *db, int64_t N,
                                   int64_t C) {
   lt_cuda_ctx *c = current_ctx();
+  void *buf;
   size_t bytes;
-  void *buf = norm_scratch(c, N, C, dw, db, &bytes);
+  LT_TRY(norm_scratch(c, N, C, dw, db, &buf, &bytes));
   return lt_cuda_layer_norm_bwd(dt, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, buf, bytes, c->compute);
 }
 static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
@@ -526,8 +523,9 @@ static lt_status k_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, con
 static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                 const void *dadd, void *dx, void *dw, int64_t N, int64_t C) {
   lt_cuda_ctx *c = current_ctx();
+  void *buf;
   size_t bytes;
-  void *buf = norm_scratch(c, N, C, dw, NULL, &bytes);
+  LT_TRY(norm_scratch(c, N, C, dw, NULL, &buf, &bytes));
   return lt_cuda_rms_norm_bwd(dt, dy, x, w, rstd, dadd, dx, dw, N, C, buf, bytes, c->compute);
 }
 static lt_status k_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,

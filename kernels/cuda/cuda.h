@@ -56,7 +56,7 @@ lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, cons
 lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
                                const void *dadd, void *dx, void *dw, int64_t N, int64_t C, void *scratch,
                                size_t scratch_bytes, lt_cuda_stream s);
-/* device scratch for the norms' weight gradients in two passes (without it, one slower pass) */
+/* device scratch the norms' backward needs for weight gradients (partial sums) */
 size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C);
 lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
                                 int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,

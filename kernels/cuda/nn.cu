@@ -97,45 +97,13 @@ __global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const 
   }
 }
 
-/* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL): blocks of
-   32 columns x 32 row stripes; each stripe sums its rows in order, then the
-   stripes combine in a fixed tree (deterministic, reads coalesced). */
-enum { DW_X = 32, DW_Y = 32 };
-template <typename S, typename A>
-__global__ void norm_dw_kernel(const S *dy, const S *x, const A *mean, const A *rstd, S *dw, S *db, int64_t N,
-                               int64_t C) {
-  __shared__ double sw[DW_Y][DW_X], sb[DW_Y][DW_X];
-  int tx = threadIdx.x, ty = threadIdx.y;
-  int64_t c = (int64_t)blockIdx.x * DW_X + tx;
-  double aw = 0, ab = 0;
-  if (c < C)
-    for (int64_t r = ty; r < N; r += DW_Y) {
-      A g = ld(dy, r * C + c);
-      aw += g * ((ld(x, r * C + c) - (mean ? mean[r] : (A)0)) * rstd[r]);
-      ab += g;
-    }
-  sw[ty][tx] = aw;
-  sb[ty][tx] = ab;
-  for (int s = DW_Y / 2; s > 0; s >>= 1) {
-    __syncthreads();
-    if (ty < s) {
-      sw[ty][tx] += sw[ty + s][tx];
-      sb[ty][tx] += sb[ty + s][tx];
-    }
-  }
-  if (ty == 0 && c < C) {
-    if (dw)
-      st(dw, c, (A)sw[0][tx]);
-    if (db)
-      st(db, c, (A)sb[0][tx]);
-  }
-}
-
-/* The same sums in two passes when scratch is given: blocks of 32 columns x
-   a chunk of rows write f64 partial sums (enough blocks to fill the GPU:
-   one block per 32 columns leaves most SMs idle for GPT-2's 768), then one
-   thread per column adds the chunks in order (still deterministic). */
-enum { DW_CHUNKS = 64, DW_CHUNK_ROWS = 256 };
+/* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL) in two
+   passes through scratch: blocks of 32 columns x a chunk of rows (32 row
+   stripes, each summing its rows in order, combined in a fixed tree) write
+   f64 partial sums, enough blocks to fill the GPU (one block per 32 columns
+   would leave most SMs idle for GPT-2's 768); then one thread per column
+   adds the chunks in order. Deterministic, reads coalesced. */
+enum { DW_X = 32, DW_Y = 32, DW_CHUNKS = 64, DW_CHUNK_ROWS = 256 };
 static int dw_chunks(int64_t N) {
   int64_t y = (N + DW_CHUNK_ROWS - 1) / DW_CHUNK_ROWS;
   return (int)(y < 1 ? 1 : (y > (int64_t)DW_CHUNKS ? (int64_t)DW_CHUNKS : y));
@@ -187,21 +155,23 @@ __global__ void norm_dw_finish_kernel(const double *pw, const double *pb, int ch
 
 extern "C" size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C) { return 2 * (size_t)dw_chunks(N) * (size_t)C * 8; }
 
-/* dw (and db) of a norm: two passes through scratch when it is large enough, else one */
+/* dw (and db) of a norm; scratch holds lt_cuda_norm_dw_scratch(N, C) bytes */
 template <typename S, typename A>
 static void norm_dw_launch(const void *dy, const void *x, const void *mean, const void *rstd, void *dw, void *db,
-                           int64_t N, int64_t C, void *scratch, size_t scratch_bytes, cudaStream_t cs) {
+                           int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
   int chunks = dw_chunks(N);
-  if (scratch && scratch_bytes >= lt_cuda_norm_dw_scratch(N, C) && chunks > 1) {
-    double *pw = (double *)scratch, *pb = pw + (size_t)chunks * (size_t)C;
-    int64_t rows = (N + chunks - 1) / chunks;
-    norm_dw_partial_kernel<S, A><<<dim3(dw_grid(C), (unsigned)chunks), dim3(DW_X, DW_Y), 0, cs>>>(
-        (const S *)dy, (const S *)x, (const A *)mean, (const A *)rstd, pw, pb, N, C, rows);
-    norm_dw_finish_kernel<S, A><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
-    return;
-  }
-  norm_dw_kernel<S, A><<<dw_grid(C), dim3(DW_X, DW_Y), 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
-                                                               (const A *)rstd, (S *)dw, (S *)db, N, C);
+  double *pw = (double *)scratch, *pb = pw + (size_t)chunks * (size_t)C;
+  int64_t rows = (N + chunks - 1) / chunks;
+  norm_dw_partial_kernel<S, A><<<dim3(dw_grid(C), (unsigned)chunks), dim3(DW_X, DW_Y), 0, cs>>>(
+      (const S *)dy, (const S *)x, (const A *)mean, (const A *)rstd, pw, pb, N, C, rows);
+  norm_dw_finish_kernel<S, A><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
+}
+
+static lt_status dw_scratch_ok(void *dw, void *db, int64_t N, int64_t C, void *scratch, size_t scratch_bytes) {
+  if ((dw || db) && (!scratch || scratch_bytes < lt_cuda_norm_dw_scratch(N, C)))
+    return lt_fail(LT_ERR_INTERNAL, "cuda: a norm's weight gradient needs %zu bytes of scratch, got %zu",
+                   lt_cuda_norm_dw_scratch(N, C), scratch_bytes);
+  return LT_OK;
 }
 
 template <typename S, typename A>
@@ -440,13 +410,13 @@ extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const vo
 template <typename S, typename A>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
                                   const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
-                                  void *scratch, size_t scratch_bytes, cudaStream_t cs) {
+                                  void *scratch, cudaStream_t cs) {
   if (dx)
     layer_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
                                                                 (const A *)mean, (const A *)rstd, (const S *)dadd,
                                                                 (S *)dx, N, C);
   if (dw || db)
-    norm_dw_launch<S, A>(dy, x, mean, rstd, dw, db, N, C, scratch, scratch_bytes, cs);
+    norm_dw_launch<S, A>(dy, x, mean, rstd, dw, db, N, C, scratch, cs);
 }
 
 /* no rows: the weight gradients are zeros (as the CPU's) */
@@ -465,8 +435,10 @@ extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const v
                                             lt_cuda_stream s) {
   if (N == 0)
     return zero_vectors(dt, dw, db, C, (cudaStream_t)s);
-  DISPATCH_ROWS(dt, layer_norm_bwd_launch, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, scratch, scratch_bytes,
-                (cudaStream_t)s);
+  lt_status ok = dw_scratch_ok(dw, db, N, C, scratch, scratch_bytes);
+  if (ok != LT_OK)
+    return ok;
+  DISPATCH_ROWS(dt, layer_norm_bwd_launch, dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, scratch, (cudaStream_t)s);
   return lt_cuda_check_launch("layer_norm backward");
 }
 
@@ -487,13 +459,12 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
 
 template <typename S, typename A>
 static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
-                                void *dx, void *dw, int64_t N, int64_t C, void *scratch, size_t scratch_bytes,
-                                cudaStream_t cs) {
+                                void *dx, void *dw, int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
   if (dx)
     rms_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
                                                               (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
   if (dw)
-    norm_dw_launch<S, A>(dy, x, NULL, rstd, dw, NULL, N, C, scratch, scratch_bytes, cs);
+    norm_dw_launch<S, A>(dy, x, NULL, rstd, dw, NULL, N, C, scratch, cs);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, const void *w, const void *rstd,
@@ -501,7 +472,10 @@ extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const voi
                                           size_t scratch_bytes, lt_cuda_stream s) {
   if (N == 0)
     return zero_vectors(dt, dw, NULL, C, (cudaStream_t)s);
-  DISPATCH_ROWS(dt, rms_norm_bwd_launch, dy, x, w, rstd, dadd, dx, dw, N, C, scratch, scratch_bytes, (cudaStream_t)s);
+  lt_status ok = dw_scratch_ok(dw, NULL, N, C, scratch, scratch_bytes);
+  if (ok != LT_OK)
+    return ok;
+  DISPATCH_ROWS(dt, rms_norm_bwd_launch, dy, x, w, rstd, dadd, dx, dw, N, C, scratch, (cudaStream_t)s);
   return lt_cuda_check_launch("rms_norm backward");
 }
 
