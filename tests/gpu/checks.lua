@@ -686,6 +686,38 @@ check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
   assert(lg[50] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
 end)
 
+check("50 AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogues, bf16 rows, padded head) track the cpu's f32 losses", function()
+  local function run(device, dtype)
+    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42), vocab_size = 500, pad_vocab = 64 })
+    model:to(device, dtype)
+    local opt = lt.optim.AdamW(model, { lr = 3e-3, weight_decay = 0 })
+    local gen = lt.Generator(3)
+    local losses = {}
+    for step = 1, 50 do
+      local start = lt.randint(0, 500, { 4 }, { generator = gen }):totable()
+      local rows = {}
+      for r = 1, 4 do
+        rows[r] = {}
+        for t = 1, 33 do rows[r][t] = (start[r] + 3 * t) % 500 end
+      end
+      local ids = lt.tensor(rows, "i64")
+      local x, y = ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
+      local loss = model:loss(x, y, { count = false })
+      loss:backward()
+      opt:step()
+      opt:zero_grad()
+      losses[step] = loss:item()
+    end
+    return losses
+  end
+  local lc, lg = run("cpu", "f32"), run(CUDA, "bf16")
+  local worst = 0
+  for step = 1, 50 do worst = math.max(worst, math.abs(lc[step] - lg[step]) / math.abs(lc[step])) end
+  assert(worst < 5e-2, ("bf16 losses left the f32 ones by %.3g relative (step 50: cpu %.4f, cuda %.4f)")
+    :format(worst, lc[50], lg[50]))
+  assert(lg[50] < 0.8 * lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
+end, true)
+
 check("collectives on CUDA tensors go through NCCL (one rank): all_reduce, broadcast, all_gather, reduce_scatter", function()
   lt.dist.init()
   local x = lt.randn({ 1000 }, { generator = lt.Generator(3) })
