@@ -467,6 +467,7 @@ typedef struct plan {
   plan_key key;
   builder *b;                 /* every descriptor, alive as long as the plan */
   cudnnBackendDescriptor_t x; /* NULL when cuDNN refused the graph: why says why */
+  int dead;                   /* cuDNN would not execute it: refused as well */
   int64_t workspace;
   char why[300];
 } plan;
@@ -635,7 +636,7 @@ static lt_status plan_for(const lt_sdpa_desc *d, int backward, lt_cuda_ctx **cc,
     build_plan(ds, d, p);
     ds->plans[ds->nplans++] = p;
   }
-  if (!p->x) {
+  if (!p->x || p->dead) {
     return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: cuDNN refused the %s for %s (%s)",
                    backward ? "backward" : "forward", describe(d, buf, sizeof buf), p->why);
   }
@@ -690,8 +691,12 @@ static lt_status execute(lt_cuda_ctx *cc, device_state *ds, plan *p, pack *vp) {
   builder_free(&b);
   if (ws)
     lt_backend_cuda.free(dev, ws, (size_t)p->workspace);
-  if (b.failed)
-    return lt_fail(LT_ERR_DEVICE, "cuda:%d: scaled_dot_product_attention: cuDNN: %s", cc->index, b.why);
+  if (b.failed) { /* nothing ran: the plan is refused from now on, and the caller falls back */
+    snprintf(p->why, sizeof p->why, "%s", b.why);
+    p->dead = 1;
+    return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: scaled_dot_product_attention: cuDNN would not run its plan: %s",
+                   cc->index, b.why);
+  }
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? LT_OK : lt_cuda_error("cuDNN attention", cc->index, e);
 }

@@ -5,6 +5,7 @@
 #include "../kernels/cpu/cpu.h"
 #include "status.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static lt_status cpu_alloc(lt_device device, size_t nbytes, void **ptr) {
@@ -47,7 +48,14 @@ static lt_status sdpa_status(lt_status st) {
   return st == LT_OK ? st : lt_fail(st, "scaled_dot_product_attention: %s", st == LT_ERR_OOM ? "out of host memory" : "unsupported operands");
 }
 static lt_status cpu_sdpa_fwd(const lt_sdpa_desc *d) { return sdpa_status(lt_cpu_sdpa_fwd(d)); }
-static lt_status cpu_sdpa_bwd(const lt_sdpa_desc *d) { return sdpa_status(lt_cpu_sdpa_bwd(d)); }
+/* LUTRA_TEST_LIBRARY_BWD_REFUSES set: plays a library that refuses its
+   backward after its forward ran (a spec checks lutra's fallback) */
+static lt_status cpu_sdpa_bwd(const lt_sdpa_desc *d) {
+  if (getenv("LUTRA_TEST_LIBRARY_BWD_REFUSES"))
+    return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: the reference refuses its backward "
+                                       "(LUTRA_TEST_LIBRARY_BWD_REFUSES)");
+  return sdpa_status(lt_cpu_sdpa_bwd(d));
+}
 
 const lt_backend_i lt_backend_cpu = {
     .name = "cpu",

@@ -660,6 +660,38 @@ static lt_status qkv_gradients(const lt_sdpa_desc *d, lt_tensor **dq, lt_tensor 
   return LT_OK;
 }
 
+/* The library backward's stand-in: lutra's fused attention backward
+   (kernels/attention_rows.h; its log-sum-exp is the library's stats) on
+   compute-dtype copies, the results written into dq, dk, dv as laid out. */
+static lt_status sdpa_backward_by_kernel(const lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor *k,
+                                         const lt_tensor *v, const lt_tensor *o, const lt_tensor *dout,
+                                         const lt_tensor *stats, lt_tensor *dq, lt_tensor *dk, lt_tensor *dv) {
+  const lt_backend_i *be = q->storage->backend;
+  if (!be->attention_bwd || d->HS > LT_ATTN_MAX_HS)
+    return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: the library refused its backward and lutra's "
+                   "kernel takes head sizes up to %d, not %lld", LT_ATTN_MAX_HS, (long long)d->HS);
+  lt_dtype cd = compute_dtype(q->dtype);
+  const lt_tensor *ins[5] = {q, k, v, o, dout};
+  lt_tensor *c[5] = {NULL}, *D = NULL, *g[3] = {NULL};
+  lt_status st = LT_OK;
+  for (int j = 0; j < 5 && st == LT_OK; j++)
+    st = as_compute(ins[j], cd, &c[j]);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(stats, cd, &D);
+  for (int j = 0; j < 3 && st == LT_OK; j++)
+    st = lt_tensor_empty_like(c[j], cd, &g[j]);
+  if (st == LT_OK)
+    st = be->attention_bwd(cd, lt_tensor_ptr(c[0]), lt_tensor_ptr(c[1]), lt_tensor_ptr(c[2]), lt_tensor_ptr(c[3]),
+                           lt_tensor_ptr(c[4]), lt_tensor_ptr(stats), lt_tensor_ptr(D), lt_tensor_ptr(g[0]),
+                           lt_tensor_ptr(g[1]), lt_tensor_ptr(g[2]), d->B, d->NH, d->NKV, d->T, d->S, d->HS, d->scale,
+                           d->causal);
+  lt_tensor *outs[3] = {dq, dk, dv};
+  for (int j = 0; j < 3 && st == LT_OK; j++)
+    LT_NO_GRAD(st = lt_tensor_copy_(outs[j], g[j]));
+  RELEASE_ALL(c[0], c[1], c[2], c[3], c[4], D, g[0], g[1], g[2]);
+  return st;
+}
+
 /* Saved: q, k, v (as the library read them), o, stats; i[0] causal, f[0] scale. */
 static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   lt_tensor *q, *k, *v, *o, *stats;
@@ -697,6 +729,8 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
     d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats), d.dout = lt_tensor_ptr(dout);
     d.dq = lt_tensor_ptr(dq), d.dk = lt_tensor_ptr(dk), d.dv = lt_tensor_ptr(dv);
     st = q->storage->backend->sdpa_bwd(&d);
+    if (st == LT_ERR_UNSUPPORTED) /* the library would not run its backward after all: lutra's kernel */
+      st = sdpa_backward_by_kernel(&d, q, k, v, o, dout, stats, dq, dk, dv);
   }
   st = give_qkv_grads(n, st, dq, dk, dv, gi);
   RELEASE_ALL(g, dout);

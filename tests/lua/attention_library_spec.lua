@@ -111,6 +111,25 @@ describe("library attention (CPU reference of the cuDNN interface)", function()
     assert.are.equal(0, (g1:to("f64") - x.q.grad:to("f64")):abs():max():item())
   end)
 
+  it("a library that refuses its backward after the forward ran: lutra's kernel computes the gradients", function()
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    for _, c in ipairs { { true, false }, { false, true } } do
+      local causal, chunked = c[1], c[2]
+      local x = operands(2, 4, chunked and 4 or 2, 12, 12, 8, "bf16", { qkv = chunked, chunk = chunked })
+      local y = F.scaled_dot_product_attention(x.q, x.k, x.v, { causal = causal, library = true })
+      ffi.C.setenv("LUTRA_TEST_LIBRARY_BWD_REFUSES", "1", 1)
+      local ok, err = pcall(function() y:to("f64"):sum():backward() end)
+      ffi.C.unsetenv("LUTRA_TEST_LIBRARY_BWD_REFUSES")
+      assert(ok, err)
+      F.scaled_dot_product_attention(x.rq, x.rk, x.rv, { causal = causal }):sum():backward()
+      local gq, gk, gv = grads(x)
+      assert.is_true(rel(gq, x.rq.grad) < 2e-2, "dq")
+      assert.is_true(rel(gk, x.rk.grad) < 2e-2, "dk")
+      assert.is_true(rel(gv, x.rv.grad) < 2e-2, "dv")
+    end
+  end)
+
   it("records nothing under no_grad, and a changed input fails the backward", function()
     local x = operands(1, 2, 2, 4, 4, 8, "bf16")
     lt.no_grad(function()
