@@ -599,7 +599,7 @@ static lt_status k_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h
 static lt_status k_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out) {
   lt_cuda_ctx *c = current_ctx();
   void *buf = NULL;
-  LT_TRY(scratch(c, lt_cuda_sum_squares_scratch(n), &buf));
+  LT_TRY(scratch(c, lt_cuda_sum_squares_scratch(n, ts), &buf));
   return lt_cuda_grad_sum_squares(n, ts, buf, out, c->compute);
 }
 

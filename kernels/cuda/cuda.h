@@ -79,11 +79,11 @@ lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, con
 lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                        int64_t start, int inverse, lt_cuda_stream s);
 
-/* optimizers (optim.cu); the sum of squares needs lt_cuda_sum_squares_scratch(n)
+/* optimizers (optim.cu); the sum of squares needs lt_cuda_sum_squares_scratch(n, ts)
    bytes of device scratch and waits for the stream to read its result */
 lt_status lt_cuda_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h, lt_cuda_stream s);
 lt_status lt_cuda_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h, lt_cuda_stream s);
-size_t lt_cuda_sum_squares_scratch(int n);
+size_t lt_cuda_sum_squares_scratch(int n, const lt_optim_tensor *ts);
 lt_status lt_cuda_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out_host,
                                    lt_cuda_stream s);
 

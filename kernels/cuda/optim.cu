@@ -4,13 +4,12 @@
  * forms; 16-bit parameters update an f32 master copy and take its
  * rounding). AdamW updates up to 48 tensors per launch (multi-tensor, as
  * torch's fused AdamW); SGD launches per tensor.
- * Sums of squares are deterministic: fixed blocks write partials that one
- * block per tensor adds in order.
+ * Sums of squares too go 48 tensors per launch, deterministic: each chunk's
+ * block writes its sum, and one thread per tensor adds its chunks in order.
  */
 #include "common.cuh"
 
 static const int THREADS = 256;
-enum { MAX_PARTIALS = 1024 };
 
 /* Multi-tensor launches: up to MT_MAX tensors in one kernel's arguments
    (under the 4 KiB parameter limit), each cut into chunks of CHUNK
@@ -87,11 +86,15 @@ __global__ void sgd_kernel(lt_optim_tensor t, lt_sgd_hparams h) {
   }
 }
 
-__global__ void sumsq_partial_kernel(lt_optim_tensor t, double *partials) {
+/* sums of squares, multi-tensor: each block writes its chunk's sum (f64),
+   then one thread per tensor adds its chunks in order (deterministic) */
+__global__ void sumsq_mt_kernel(mt_tensors a, double *partials) {
   __shared__ double sh[32];
+  int64_t lo, hi;
+  int k = mt_find(a, blockIdx.x, &lo, &hi);
   double s = 0;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.numel; i += (int64_t)gridDim.x * blockDim.x) {
-    double g = lt_load<double>((const char *)t.grad, t.dtype, i);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    double g = lt_load<double>((const char *)a.t[k].grad, a.t[k].dtype, i);
     s += g * g;
   }
   s = lt_block_sum(s, sh);
@@ -99,13 +102,14 @@ __global__ void sumsq_partial_kernel(lt_optim_tensor t, double *partials) {
     partials[blockIdx.x] = s;
 }
 
-__global__ void sumsq_final_kernel(const double *partials, int nparts, double *out) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    double s = 0;
-    for (int b = 0; b < nparts; b++)
-      s += partials[b];
-    *out = s;
-  }
+__global__ void sumsq_mt_final_kernel(mt_tensors a, const double *partials, double *outs) {
+  int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= a.n)
+    return;
+  double s = 0;
+  for (int64_t b = a.first[k]; b < a.first[k + 1]; b++)
+    s += partials[b];
+  outs[k] = s;
 }
 
 /* Launches the AdamW update for the tensors of ts whose compute type is T
@@ -162,21 +166,42 @@ extern "C" lt_status lt_cuda_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_
   return LT_OK;
 }
 
-extern "C" size_t lt_cuda_sum_squares_scratch(int n) { return (size_t)n * (MAX_PARTIALS + 1) * sizeof(double); }
+/* chunks of every tensor, and one slot per tensor */
+extern "C" size_t lt_cuda_sum_squares_scratch(int n, const lt_optim_tensor *ts) {
+  size_t chunks = 0;
+  for (int k = 0; k < n; k++)
+    chunks += (size_t)((ts[k].numel + CHUNK - 1) / CHUNK);
+  return (chunks + (size_t)n + 1) * sizeof(double);
+}
 
 extern "C" lt_status lt_cuda_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out_host,
                                               lt_cuda_stream s) {
   cudaStream_t cs = (cudaStream_t)s;
-  double *outs = scratch + (size_t)n * MAX_PARTIALS;
-  for (int k = 0; k < n; k++) {
-    int64_t blocks = (ts[k].numel + THREADS * 4 - 1) / (THREADS * 4);
-    int nparts = (int)(blocks < 1 ? 1 : blocks > (int64_t)MAX_PARTIALS ? (int64_t)MAX_PARTIALS : blocks);
-    double *parts = scratch + (size_t)k * MAX_PARTIALS;
-    sumsq_partial_kernel<<<nparts, THREADS, 0, cs>>>(ts[k], parts);
-    sumsq_final_kernel<<<1, 32, 0, cs>>>(parts, nparts, outs + k);
-    lt_status st = lt_cuda_check_launch("sum of squares");
-    if (st != LT_OK)
-      return st;
+  double *outs = scratch, *partials = scratch + n;
+  mt_tensors a;
+  int base = 0; /* the first tensor of the batch */
+  for (int k = 0; k <= n; k++) {
+    if (k == n || k - base == MT_MAX) {
+      a.n = k - base;
+      a.first[0] = 0;
+      for (int j = 0; j < a.n; j++) {
+        a.t[j] = ts[base + j];
+        a.first[j + 1] = a.first[j] + (ts[base + j].numel + CHUNK - 1) / CHUNK;
+      }
+      int64_t blocks = a.first[a.n];
+      if (blocks > (int64_t)INT32_MAX)
+        return lt_fail(LT_ERR_UNSUPPORTED, "cuda: gradient norm: %lld blocks in one launch", (long long)blocks);
+      if (a.n > 0) {
+        if (blocks > 0)
+          sumsq_mt_kernel<<<(unsigned)blocks, THREADS, 0, cs>>>(a, partials);
+        sumsq_mt_final_kernel<<<(a.n + 63) / 64, 64, 0, cs>>>(a, partials, outs + base);
+        lt_status st = lt_cuda_check_launch("sum of squares");
+        if (st != LT_OK)
+          return st;
+        partials += blocks;
+      }
+      base = k;
+    }
   }
   cudaError_t e = cudaMemcpyAsync(out_host, outs, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost, cs);
   if (e == cudaSuccess)
