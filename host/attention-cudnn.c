@@ -19,6 +19,28 @@
 #include "backend-cuda.h"
 #include "status.h"
 
+#if !__has_include(<cudnn_graph.h>)
+/* Built where cuDNN 9's headers are missing: attention falls back to lutra's
+   kernels, saying why once. */
+static lt_status no_cudnn(void) {
+  return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: lutra was built without cuDNN 9's headers "
+                                     "(cudnn_graph.h)");
+}
+lt_status lt_cudnn_sdpa_prepare(const lt_sdpa_desc *d, int backward) {
+  (void)d, (void)backward;
+  return no_cudnn();
+}
+lt_status lt_cudnn_sdpa_fwd(const lt_sdpa_desc *d) {
+  (void)d;
+  return no_cudnn();
+}
+lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
+  (void)d;
+  return no_cudnn();
+}
+void lt_cuda_set_deterministic(int on) { (void)on; }
+#else
+
 #include <cudnn_graph.h>
 #include <dlfcn.h>
 #include <float.h>
@@ -763,4 +785,5 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
 }
 
 
+#endif /* cudnn_graph.h */
 #endif /* LT_WITH_CUDA */
