@@ -111,7 +111,7 @@ static lt_status dnn_open(void) {
 
 /* ---- building graphs: descriptors that remember the first failure ------------------------ */
 
-enum { MAX_DESCS = 256 };
+enum { MAX_DESCS = 256, MAX_PLANS = 256 };
 
 typedef struct builder {
   cudnnHandle_t handle;
@@ -639,6 +639,14 @@ static lt_status plan_for(const lt_sdpa_desc *d, int backward, lt_cuda_ctx **cc,
   for (int i = 0; i < ds->nplans && !p; i++)
     if (memcmp(&ds->plans[i]->key, &k, sizeof k) == 0)
       p = ds->plans[i];
+  if (!p && ds->nplans == MAX_PLANS) { /* a workload of ever-new shapes: start over (as matmul-cuda.c) */
+    for (int i = 0; i < ds->nplans; i++) {
+      builder_free(ds->plans[i]->b);
+      free(ds->plans[i]->b);
+      free(ds->plans[i]);
+    }
+    ds->nplans = 0;
+  }
   if (!p) {
     if (ds->nplans == ds->cap) {
       int cap = ds->cap ? 2 * ds->cap : 16;
