@@ -10,7 +10,7 @@
 # and runs only while a budget of 450 s allows: the whole stays under 8 minutes.
 #
 #   (on the device) bash tests/gpu/run.sh
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lutra-gpu}
 mkdir -p "$OUT"
@@ -52,7 +52,7 @@ gpu_status=1
 test_status=0
 
 step "smoke test of the newest paths (cuDNN attention, cuBLASLt epilogues, bf16 rows, deferred index checks)"
-if fits 60 && ! timeout 30 ./lutra tests/gpu/smoke.lua; then
+if fits 60 && ! timeout 30 ./lutra tests/gpu/smoke.lua 2>&1 | tee "$OUT/smoke.txt"; then
   echo "--- again with cuDNN's and cuBLASLt's logs (errors and warnings) ---"
   CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2 timeout 30 ./lutra tests/gpu/smoke.lua 2>&1 |
     tail -120
@@ -60,7 +60,7 @@ fi
 
 step "GPU checks (CUDA against PyTorch fixtures and the CPU)"
 if fits 150; then
-  timeout 150 ./lutra tests/gpu/checks.lua
+  timeout 150 ./lutra tests/gpu/checks.lua 2>&1 | tee "$OUT/checks.txt"
   gpu_status=$?
 fi
 
@@ -97,7 +97,7 @@ else
 fi
 
 step "benchmark: the ops of a GPT-2 step, one by one"
-fits 60 && timeout 60 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16
+fits 60 && timeout 60 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16 2>&1 | tee "$OUT/bench-ops.txt"
 
 step "profile: the GPU kernels of 3 GPT-2 steps (nsys, when the machine has it)"
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
@@ -128,6 +128,15 @@ if [ "${LUTRA_GPU_FULL:-0}" = 1 ] && fits 150; then
   timeout 150 make "${make_args[@]}" test
   test_status=$?
 fi
+
+step "summary (the full log is $OUT/gpu-run.log)"
+grep -h "^ok \|^FAIL\|^skipped" "$OUT/smoke.txt" 2>/dev/null
+echo "GPU checks: $(grep -c '^ok ' "$OUT/checks.txt" 2>/dev/null) ok, $(grep -c '^not ok' "$OUT/checks.txt" 2>/dev/null) not ok"
+grep -h "^not ok" "$OUT/checks.txt" 2>/dev/null | cut -c1-400
+grep -h "^lutra: " "$OUT/gpu-run.log" 2>/dev/null | sort | uniq -c | head -10 # fallbacks noted once (cuDNN, cuBLASLt)
+grep -h "attention\|dtype \|^bf16\|largest" "$OUT/bench-lutra.txt" 2>/dev/null
+grep -h "ratio" "$OUT/gpu-run.log" 2>/dev/null | tail -2
+grep -h "causal attention\|linear\|GELU" "$OUT/bench-ops.txt" 2>/dev/null | head -10
 
 step "done: GPU checks exit $gpu_status, tests exit $test_status"
 [ $gpu_status -eq 0 ] && [ $test_status -eq 0 ]
