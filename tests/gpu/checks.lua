@@ -652,6 +652,19 @@ end)
 
 -- ---- a tiny GPT-2 trained with SGD on both devices --------------------------------
 
+--- A batch of 4 rows of 32 ids counting up by 3 from random starts (mod V),
+-- and the same shifted by one as targets: a pattern a tiny model learns.
+local function counting_batch(gen, V, device)
+  local start = lt.randint(0, V, { 4 }, { generator = gen }):totable()
+  local rows = {}
+  for r = 1, 4 do
+    rows[r] = {}
+    for t = 1, 33 do rows[r][t] = (start[r] + 3 * t) % V end
+  end
+  local ids = lt.tensor(rows, "i64")
+  return ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
+end
+
 check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
   local function run(device)
     local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42) })
@@ -659,15 +672,7 @@ check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
     local gen = lt.Generator(3)
     local losses = {}
     for step = 1, 50 do
-      -- rows counting up by 3 from a random start: a pattern SGD can learn
-      local start = lt.randint(0, 512, { 4 }, { generator = gen }):totable()
-      local rows = {}
-      for r = 1, 4 do
-        rows[r] = {}
-        for t = 1, 33 do rows[r][t] = (start[r] + 3 * t) % 512 end
-      end
-      local ids = lt.tensor(rows, "i64")
-      local x, y = ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
+      local x, y = counting_batch(gen, 512, device)
       local loss = model:loss(x, y)
       model:zero_grad()
       loss:backward()
@@ -694,14 +699,7 @@ check("50 AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogue
     local gen = lt.Generator(3)
     local losses = {}
     for step = 1, 50 do
-      local start = lt.randint(0, 500, { 4 }, { generator = gen }):totable()
-      local rows = {}
-      for r = 1, 4 do
-        rows[r] = {}
-        for t = 1, 33 do rows[r][t] = (start[r] + 3 * t) % 500 end
-      end
-      local ids = lt.tensor(rows, "i64")
-      local x, y = ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
+      local x, y = counting_batch(gen, 500, device)
       local loss = model:loss(x, y, { count = false })
       loss:backward()
       opt:step()
