@@ -39,6 +39,10 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
   return no_cudnn();
 }
 void lt_cuda_set_deterministic(int on) { (void)on; }
+lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
+  (void)d, (void)backward;
+  return no_cudnn();
+}
 #else
 
 #include <cudnn_graph.h>
@@ -792,6 +796,29 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
   return st;
 }
 
+
+/* Builds d's forward or backward operation graph and finalizes it, with no
+   device (cuDNN 9.8 and later need none for that): whether cuDNN takes the
+   descriptors this file makes. LT_ERR_UNSUPPORTED with cuDNN's reason when
+   not (or when cuDNN cannot be loaded). For tests on machines without a GPU. */
+lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
+  LT_TRY(dnn_open());
+  builder b;
+  memset(&b, 0, sizeof b);
+  graph g = {&b, {0}, 0};
+  if (backward)
+    backward_graph(&g, d, 0);
+  else
+    forward_graph(&g, d);
+  cudnnBackendDescriptor_t og = make(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  SET(&b, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nops, g.ops);
+  finalize(&b, og, "the operation graph");
+  lt_status st = b.failed ? lt_fail(LT_ERR_UNSUPPORTED, "cuDNN refused the %s graph: %s",
+                                    backward ? "backward" : "forward", b.why)
+                          : LT_OK;
+  builder_free(&b);
+  return st;
+}
 
 #endif /* cudnn_graph.h */
 #endif /* LT_WITH_CUDA */
