@@ -797,7 +797,8 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
 }
 
 
-/* Builds d's forward or backward operation graph and finalizes it, with no
+/* Builds d's forward (backward 0), backward (1) or deterministic backward
+   (2) operation graph and finalizes it, with no
    device (cuDNN 9.8 and later need none for that): whether cuDNN takes the
    descriptors this file makes. LT_ERR_UNSUPPORTED with cuDNN's reason when
    not (or when cuDNN cannot be loaded). For tests on machines without a GPU. */
@@ -807,14 +808,14 @@ lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
   memset(&b, 0, sizeof b);
   graph g = {&b, {0}, 0};
   if (backward)
-    backward_graph(&g, d, 0);
+    backward_graph(&g, d, backward == 2);
   else
     forward_graph(&g, d);
   cudnnBackendDescriptor_t og = make(&b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   SET(&b, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nops, g.ops);
   finalize(&b, og, "the operation graph");
   lt_status st = b.failed ? lt_fail(LT_ERR_UNSUPPORTED, "cuDNN refused the %s graph: %s",
-                                    backward ? "backward" : "forward", b.why)
+                                    backward == 2 ? "deterministic backward" : backward ? "backward" : "forward", b.why)
                           : LT_OK;
   builder_free(&b);
   return st;

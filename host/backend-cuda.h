@@ -65,7 +65,8 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d);
 lt_status lt_cudnn_sdpa_prepare(const lt_sdpa_desc *d, int backward);
 lt_status lt_cudnn_sdpa_fwd(const lt_sdpa_desc *d);
 lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d);
-/* the graph of d alone, finalized without a device (tests without a GPU) */
+/* the graph of d alone (forward 0, backward 1, deterministic backward 2),
+   finalized without a device (tests without a GPU) */
 lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward);
 
 #endif

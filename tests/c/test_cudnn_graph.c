@@ -45,11 +45,11 @@ static int cudnn_usable(void) {
   return usable;
 }
 
+/* forward, backward, deterministic backward */
 static void both(lt_sdpa_desc d) {
-  for (int backward = 0; backward < 2; backward++) {
+  for (int backward = 0; backward < 3; backward++) {
     lt_status st = lt_cudnn_sdpa_check_graph(&d, backward);
-    CHECK_MSG(st == LT_OK, "%s graph of B=%lld NH=%lld NKV=%lld T=%lld S=%lld HS=%lld causal=%d: %s",
-              backward ? "backward" : "forward", (long long)d.B, (long long)d.NH, (long long)d.NKV, (long long)d.T,
+    CHECK_MSG(st == LT_OK, "graph %d of B=%lld NH=%lld NKV=%lld T=%lld S=%lld HS=%lld causal=%d: %s", backward, (long long)d.B, (long long)d.NH, (long long)d.NKV, (long long)d.T,
               (long long)d.S, (long long)d.HS, d.causal, lt_last_error());
   }
 }
