@@ -47,7 +47,7 @@ count "Lua specs" "$lp" "$lf"
 if command -v python3 >/dev/null 2>&1; then
   python3 tests/cli/repl_pty.py ./lutra >"$log" 2>&1
   rp=$(grep -c '^ok ' "$log"); rf=$(grep -c '^not ok ' "$log")
-  grep -A4 '^not ok ' "$log" | sed 's/^/   /'
+  grep -A8 '^not ok ' "$log" | sed 's/^/   /'
   grep -q '^1\.\.[0-9]' "$log" || { echo "   repl tests did not finish:"; tail -20 "$log" | sed 's/^/   /'; rf=$((rf + 1)); }
   count "REPL tests" "$rp" "$rf"
 else

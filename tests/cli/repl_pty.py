@@ -18,6 +18,7 @@ import time
 
 LUTRA = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "./lutra")
 results = []
+timeouts = []
 
 
 def check(name, ok, detail=""):
@@ -51,6 +52,8 @@ class Session:
                 if not data:
                     break
                 self.buf += data.decode("utf-8", "replace")
+        # (kept for the report: what the terminal showed while nothing matched)
+        timeouts.append("waited %.0f s for %r; the terminal showed %r" % (timeout, pattern, self.buf[-300:]))
         return None
 
     def send(self, text):
@@ -178,4 +181,6 @@ for i, (name, ok, detail) in enumerate(results, 1):
     print(f"{'ok' if ok else 'not ok'} {i} - {name}")
     if not ok:
         print(f"# {detail}")
+        for t in timeouts:  # a failure after a read that timed out: say what was on the screen
+            print(f"# {t}")
 print(f"1..{len(results)}")
