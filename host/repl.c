@@ -185,7 +185,7 @@ static int load_entry(lua_State *L, int tty, char **text) {
   }
 }
 
-static const char *history_path(void) {
+__attribute__((noinline)) static const char *history_path(void) {
   static char path[4096];
   const char *home = getenv("HOME");
   if (!home || !*home)
@@ -201,6 +201,10 @@ void lt_repl(lua_State *L) {
   const char *hist = tty ? history_path() : NULL;
   if (tty) {
     rl_readline_name = "lutra";
+    /* libedit's own SIGINT handler would be skipped by the jump below and
+       leave its handlers (and its copy of ours) behind: a later Ctrl-C could
+       then kill lutra, or Ctrl-D be read as a character. Ours alone. */
+    rl_catch_signals = 0;
     rl_initialize();
     rl_attempted_completion_function = complete;
     rl_completer_word_break_characters = " \t\n\"\\'`><=;+-*/%^~#{}()[],&|";
@@ -217,8 +221,12 @@ void lt_repl(lua_State *L) {
     if (tty) {
       signal(SIGINT, on_prompt_sigint);
       if (sigsetjmp(prompt_jump, 1)) {
-        /* Ctrl-C at the prompt: drop the line, start again */
+        /* Ctrl-C at the prompt: drop the line (libedit's buffer too) and
+           the terminal settings readline made, start again */
         at_prompt = 0;
+        rl_replace_line("", 0);
+        rl_free_line_state();
+        rl_cleanup_after_signal();
         fputs("\n", stdout);
         lua_settop(L, 0);
         continue;
