@@ -87,13 +87,12 @@ lt_status lt_tensor_chunk(lt_tensor *t, int n, int dim, lt_tensor **outs) {
                    lt_tensor_shape_str(t, b), n);
   int64_t piece = t->sizes[dim] / n;
   lt_status st = LT_OK;
-  int made = 0;
+  int made = 0; /* views made so far */
   LT_NO_GRAD({
-    for (; made < n && st == LT_OK; made++)
-      st = lt_tensor_narrow(t, dim, made * piece, piece, &outs[made]);
+    while (made < n && st == LT_OK)
+      if ((st = lt_tensor_narrow(t, dim, made * piece, piece, &outs[made])) == LT_OK)
+        made++;
   });
-  if (st != LT_OK)
-    made--;
   if (st == LT_OK && lt_ag_needed(1, (const lt_tensor *const *)&t) && lt_dtype_is_float(t->dtype)) {
     lt_node *node;
     st = lt_ag_node_new(&chunk_ops, 1, (const lt_tensor *const *)&t, &node);

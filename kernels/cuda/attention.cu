@@ -110,79 +110,69 @@ __global__ void attention_dkv_kernel(const T *q, const T *k, const T *v, const T
   default: LAUNCH(0); break;                                                                             \
   }
 
-extern "C" lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o,
-                                           void *lse, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
-                                           int64_t HS, double scale, int causal, lt_cuda_stream s) {
-  int64_t N = B * NH * T;
-  if (N == 0)
-    return LT_OK;
-  unsigned g = lt_cuda_blocks(N, THREADS);
-  cudaStream_t cs = (cudaStream_t)s;
-  if (dt == LT_DTYPE_F64) {
-#define L(H)                                                                                                   \
-  attention_fwd_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v, \
-                                                         (double *)o, (double *)lse, B, NH, NKV, T, S, HS, scale, causal)
-    LT_ATTN_DISPATCH(HS, L)
+/* the launches in compute type T (f64 for f64, else f32) */
+template <typename T>
+static lt_status attention_fwd_run(const void *q, const void *k, const void *v, void *o, void *lse, int64_t B,
+                                   int64_t NH, int64_t NKV, int64_t T_, int64_t S, int64_t HS, T scale, int causal,
+                                   cudaStream_t cs) {
+  unsigned g = lt_cuda_blocks(B * NH * T_, THREADS);
+#define L(H)                                                                                                 \
+  attention_fwd_kernel<T, H><<<g, THREADS, 0, cs>>>((const T *)q, (const T *)k, (const T *)v, (T *)o, (T *)lse, B, \
+                                                    NH, NKV, T_, S, HS, scale, causal)
+  LT_ATTN_DISPATCH(HS, L)
 #undef L
-  } else {
-#define L(H)                                                                                                   \
-  attention_fwd_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,      \
-                                                        (float *)o, (float *)lse, B, NH, NKV, T, S, HS, (float)scale, \
-                                                        causal)
-    LT_ATTN_DISPATCH(HS, L)
-#undef L
-  }
   return lt_cuda_check_launch("attention_fwd_kernel");
 }
 
-extern "C" lt_status lt_cuda_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
-                                           const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv,
-                                           int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,
-                                           double scale, int causal, lt_cuda_stream s) {
-  int64_t N = B * NH * T, M = B * NKV * S;
-  cudaStream_t cs = (cudaStream_t)s;
+template <typename T>
+static lt_status attention_bwd_run(const void *q, const void *k, const void *v, const void *o, const void *dout,
+                                   const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B, int64_t NH,
+                                   int64_t NKV, int64_t T_, int64_t S, int64_t HS, T scale, int causal,
+                                   cudaStream_t cs) {
+  int64_t N = B * NH * T_, M = B * NKV * S;
   if (N > 0) { /* D and dq first: the key rows read D */
     unsigned g = lt_cuda_blocks(N, THREADS);
-    if (dt == LT_DTYPE_F64) {
-#define L(H)                                                                                                       \
-  attention_dq_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,      \
-                                                        (const double *)o, (const double *)dout, (const double *)lse, \
-                                                        (double *)D, (double *)dq, B, NH, NKV, T, S, HS, scale, causal)
-      LT_ATTN_DISPATCH(HS, L)
+#define L(H)                                                                                                  \
+  attention_dq_kernel<T, H><<<g, THREADS, 0, cs>>>((const T *)q, (const T *)k, (const T *)v, (const T *)o,       \
+                                                   (const T *)dout, (const T *)lse, (T *)D, (T *)dq, B, NH, NKV, \
+                                                   T_, S, HS, scale, causal)
+    LT_ATTN_DISPATCH(HS, L)
 #undef L
-    } else {
-#define L(H)                                                                                                     \
-  attention_dq_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,        \
-                                                       (const float *)o, (const float *)dout, (const float *)lse,    \
-                                                       (float *)D, (float *)dq, B, NH, NKV, T, S, HS, (float)scale,  \
-                                                       causal)
-      LT_ATTN_DISPATCH(HS, L)
-#undef L
-    }
     lt_status st = lt_cuda_check_launch("attention_dq_kernel");
     if (st != LT_OK)
       return st;
   }
   if (M > 0) {
     unsigned g = lt_cuda_blocks(M, THREADS);
-    if (dt == LT_DTYPE_F64) {
-#define L(H)                                                                                                        \
-  attention_dkv_kernel<double, H><<<g, THREADS, 0, cs>>>((const double *)q, (const double *)k, (const double *)v,      \
-                                                         (const double *)dout, (const double *)lse, (const double *)D, \
-                                                         (double *)dk, (double *)dv, B, NH, NKV, T, S, HS, scale,      \
-                                                         causal)
-      LT_ATTN_DISPATCH(HS, L)
+#define L(H)                                                                                                    \
+  attention_dkv_kernel<T, H><<<g, THREADS, 0, cs>>>((const T *)q, (const T *)k, (const T *)v, (const T *)dout,     \
+                                                    (const T *)lse, (const T *)D, (T *)dk, (T *)dv, B, NH, NKV, T_, \
+                                                    S, HS, scale, causal)
+    LT_ATTN_DISPATCH(HS, L)
 #undef L
-    } else {
-#define L(H)                                                                                                      \
-  attention_dkv_kernel<float, H><<<g, THREADS, 0, cs>>>((const float *)q, (const float *)k, (const float *)v,        \
-                                                        (const float *)dout, (const float *)lse, (const float *)D,   \
-                                                        (float *)dk, (float *)dv, B, NH, NKV, T, S, HS, (float)scale, \
-                                                        causal)
-      LT_ATTN_DISPATCH(HS, L)
-#undef L
-    }
     return lt_cuda_check_launch("attention_dkv_kernel");
   }
   return LT_OK;
+}
+
+extern "C" lt_status lt_cuda_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o,
+                                           void *lse, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
+                                           int64_t HS, double scale, int causal, lt_cuda_stream s) {
+  if (B * NH * T == 0)
+    return LT_OK;
+  cudaStream_t cs = (cudaStream_t)s;
+  if (dt == LT_DTYPE_F64)
+    return attention_fwd_run<double>(q, k, v, o, lse, B, NH, NKV, T, S, HS, scale, causal, cs);
+  return attention_fwd_run<float>(q, k, v, o, lse, B, NH, NKV, T, S, HS, (float)scale, causal, cs);
+}
+
+extern "C" lt_status lt_cuda_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
+                                           const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv,
+                                           int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,
+                                           double scale, int causal, lt_cuda_stream s) {
+  cudaStream_t cs = (cudaStream_t)s;
+  if (dt == LT_DTYPE_F64)
+    return attention_bwd_run<double>(q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, HS, scale, causal, cs);
+  return attention_bwd_run<float>(q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, HS, (float)scale, causal,
+                                  cs);
 }

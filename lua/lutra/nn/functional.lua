@@ -19,11 +19,7 @@ end
 
 local ACTIVATIONS = { none = 0, gelu = 1 }
 
---- F.linear(x, weight, bias, {activation = "none" | "gelu"}): x (..., in) @
--- weight(out, in)^T + bias(out), then the activation (GELU: the tanh
--- approximation, as F.gelu) -- one op (lt_linear): on a GPU the bias and
--- the GELU run inside cuBLASLt's product. A bias of another dtype is added
--- after the product (the result promoted, as x + bias would be).
+-- opts, or {} for nil; anything else is the caller's error
 local function opts_arg(op, opts, pos)
   if opts ~= nil and type(opts) ~= "table" then
     error(("bad argument #%d to '%s' (options table expected, got %s)"):format(pos, op, type(opts)), 3)
@@ -31,6 +27,11 @@ local function opts_arg(op, opts, pos)
   return opts or {}
 end
 
+--- F.linear(x, weight, bias, {activation = "none" | "gelu"}): x (..., in) @
+-- weight(out, in)^T + bias(out), then the activation (GELU: the tanh
+-- approximation, as F.gelu) -- one op (lt_linear): on a GPU the bias and
+-- the GELU run inside cuBLASLt's product. A bias of another dtype is added
+-- after the product (the result promoted, as x + bias would be).
 function F.linear(x, weight, bias, opts)
   need("linear", x, 1)
   need("linear", weight, 2)
