@@ -83,6 +83,16 @@ __global__ void sort_input_kernel(const char *index, int dt, int64_t stride, int
   }
 }
 
+/* v as dtype dt stores it: each add rounds to the destination's dtype, as
+   the unsorted kernel and the CPU's index_add do (bf16 sums differ otherwise) */
+template <typename T> __device__ __forceinline__ T stored(int dt, T v) {
+  if (dt == LT_DTYPE_BF16)
+    return (T)__bfloat162float(__float2bfloat16_rn((float)v));
+  if (dt == LT_DTYPE_F16)
+    return (T)__half2float(__float2half_rn((float)v));
+  return v;
+}
+
 /* Block (i, o): when sorted position i starts a run of equal keys, adds the
    run's source rows (outer slice o) into the key's destination row in the
    run's order, which the stable sort keeps as the indices' order. */
@@ -107,13 +117,13 @@ __global__ void sorted_index_add_kernel(lt_index_desc d, char *dst, const char *
       T a1 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 1]) * d.inner + c);
       T a2 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 2]) * d.inner + c);
       T a3 = lt_load<T>(src, dt, (o * d.nindex + pos[j + 3]) * d.inner + c);
-      acc = (T)(acc + a0);
-      acc = (T)(acc + a1);
-      acc = (T)(acc + a2);
-      acc = (T)(acc + a3);
+      acc = stored(dt, (T)(acc + a0));
+      acc = stored(dt, (T)(acc + a1));
+      acc = stored(dt, (T)(acc + a2));
+      acc = stored(dt, (T)(acc + a3));
     }
     for (; j < end; j++)
-      acc = (T)(acc + lt_load<T>(src, dt, (o * d.nindex + pos[j]) * d.inner + c));
+      acc = stored(dt, (T)(acc + lt_load<T>(src, dt, (o * d.nindex + pos[j]) * d.inner + c)));
     lt_store<T>(dst, dt, to, acc);
   }
 }
