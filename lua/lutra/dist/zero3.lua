@@ -124,6 +124,7 @@ function M.new(base, model, opts, settings, kind)
         local flat = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
         for k, p in ipairs(f.params) do flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(p:reshape(-1)) end
         f.shard = flat:narrow(1, rank * f.chunk + 1, f.chunk):clone()
+        flat:free() -- now: a model's worth of device memory otherwise waits for Lua's collector
         if not f.frozen then
           f.shard:requires_grad_()
           self.flats[#self.flats + 1] = f
