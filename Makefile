@@ -11,6 +11,8 @@
 #   make bench      print the benchmark tables
 #   make asan       the C tests and Lua specs under AddressSanitizer and UBSan
 #   make fuzz       libFuzzer on the safetensors reader (FUZZ_SECONDS=60)
+#   make emu        lutra on the CUDA emulator (build-emu/lutra: GPU checks on the CPU)
+#   make emu-asan   the GPU checks on the emulator under AddressSanitizer and UBSan
 #
 # Options: CUDA=0 / MPI=0 build without them (default: used when found);
 # SYSROOT=<dir> takes LuaJIT, OpenBLAS, libedit and cJSON from Debian
@@ -46,6 +48,12 @@ PKG_LIBS := $(SYSROOT_LIBS) $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null)
 ifeq ($(CUDA),)
   CUDA := $(if $(wildcard $(CUDA_HOME)/bin/nvcc),1,0)
 endif
+# EMU=1: the CUDA backend on the CUDA emulator (tests/emu/README.md): the
+# kernels compiled for the CPU, the emulator's runtime and cuBLASLt linked in
+# place of CUDA's; needs only CUDA's headers. `make emu` builds build-emu/lutra.
+ifeq ($(EMU),1)
+  CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),1,0)
+endif
 ifeq ($(CUDA),1)
   CUDA_CFLAGS := -DLT_WITH_CUDA -I$(CUDA_HOME)/include -DLT_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -lrt -ldl -lpthread
@@ -57,6 +65,14 @@ ifeq ($(CUDA),1)
   CUDA_FOUND := $(CUDA_HOME) ($(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*'))
 else
   CUDA_FOUND := no (CUDA=0)
+endif
+ifeq ($(EMU)$(CUDA),11)
+  CUDA_CFLAGS += -DLT_CUDA_EMU
+  CUDA_LIBS := -lstdc++ -lrt -ldl -lpthread
+  CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
+  EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/nccl.o
+  EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
+                  -DLT_WITH_CUDA -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(SANITIZE)
 endif
 
 # MPI: Open MPI through pkg-config (the machine's own, never a sysroot's), unless MPI=0.
@@ -93,11 +109,11 @@ CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcar
 LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
 
-CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(EMU_OBJ)
 BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
-.PHONY: all test test-c deps demo ref bench asan fuzz clean data check-tokenizer
+.PHONY: all test test-c deps demo ref bench asan fuzz emu emu-asan clean data check-tokenizer
 all: lutra
 
 LUTRA_OUT ?= lutra
@@ -115,10 +131,22 @@ $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/common.cuh kernels/cuda/cuda.h kernels/attention_rows.h \
-                           host/tensor-impl.h host/lutra.h
+CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/tensor-impl.h host/lutra.h
+ifeq ($(EMU_OBJ),)
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+else
+# (the emulator: launches rewritten as calls, compiled by the host C++ compiler)
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py
+	@mkdir -p $(dir $@)
+	python3 tests/emu/rewrite_launches.py $< $(BUILD)/kernels/cuda/$*.emu.cc
+	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -include tests/emu/cuda_emu.h -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
+
+$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+endif
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -141,7 +169,9 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
 
 test-c: $(C_TESTS)
 
-test: lutra test-c data/gpt2.tiktoken
+# (with CUDA's headers, the GPU checks also run on the CUDA emulator)
+EMU_FOR_TEST := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),emu)
+test: lutra test-c data/gpt2.tiktoken $(EMU_FOR_TEST)
 	@tests/run.sh
 
 # GPT-2's vocabulary, from a registry package (tools/fetch-vocab); never at run time
@@ -194,6 +224,18 @@ asan:
 	  ! grep -A5 '^not ok ' build-asan/specs.tap && grep -q '^1\.\.[0-9]' build-asan/specs.tap || \
 	  { tail -30 build-asan/specs.tap; exit 1; }
 
+# lutra on the CUDA emulator (tests/emu/README.md): its GPU checks run on the
+# CPU (tests/run.sh runs them when build-emu/lutra exists)
+emu:
+	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra
+
+# the GPU checks on the CUDA emulator under AddressSanitizer and UBSan: a
+# kernel that reads or writes past its tensors (or a freed one) is caught
+emu-asan:
+	$(MAKE) -j$$(nproc) BUILD=build-emu-asan EMU=1 SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \
+	  LUTRA_OUT=build-emu-asan/lutra build-emu-asan/lutra
+	$(ASAN_ENV) build-emu-asan/lutra tests/gpu/checks.lua
+
 # libFuzzer (clang, AddressSanitizer) on the file parsers: safetensors, shard
 # headers, vocabularies; FUZZ_SECONDS per harness (60 by default).
 FUZZ_SECONDS ?= 60
@@ -210,6 +252,6 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz lutra
+	rm -rf $(BUILD) build-asan build-fuzz build-emu build-emu-asan lutra
 
 -include $(CORE_OBJ:.o=.d) $(BIND_OBJ:.o=.d)

@@ -83,6 +83,10 @@ static lt_status dnn_open(void) {
   if (tried)
     return why[0] ? lt_fail(LT_ERR_UNSUPPORTED, "%s", why) : LT_OK;
   tried = 1;
+#ifdef LT_CUDA_EMU /* the CUDA emulator (tests/emu) has no cuDNN: lutra's kernels serve */
+  snprintf(why, sizeof why, "cuDNN is not available under the CUDA emulator");
+  return lt_fail(LT_ERR_UNSUPPORTED, "%s", why);
+#endif
   const char *names[] = {LT_CUDA_LIBDIR "/libcudnn.so.9", "libcudnn.so.9", LT_CUDA_LIBDIR "/libcudnn_graph.so.9",
                          "libcudnn_graph.so.9"};
   void *h = NULL;

@@ -28,6 +28,12 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 /* size classes (size-class.h): 512-byte steps to 32 KiB, then four per power of two */
 enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NCLASSES = LT_SIZE_CLASSES(SMALL_STEP, SMALL_LIMIT) };
 
+#ifdef LT_CUDA_EMU
+/* the CUDA emulator (tests/emu/runtime.cc): under AddressSanitizer, poisons
+   the part of a block no tensor owns */
+void lt_emu_device_span(void *p, size_t used, size_t block);
+#endif
+
 static int size_class(size_t nbytes, size_t *rounded) {
   return lt_size_class(nbytes, SMALL_STEP, SMALL_LIMIT, rounded);
 }
@@ -151,6 +157,9 @@ static lt_status cuda_alloc(lt_device device, size_t nbytes, void **ptr) {
     c->peak = c->allocated;
   c->nalloc++;
   pthread_mutex_unlock(&lock);
+#ifdef LT_CUDA_EMU
+  lt_emu_device_span(*ptr, nbytes, rounded);
+#endif
   return LT_OK;
 }
 
@@ -162,6 +171,9 @@ static void cuda_free(lt_device device, void *ptr, size_t nbytes) {
   size_t rounded;
   int k = size_class(nbytes, &rounded);
   cblock *b = malloc(sizeof *b);
+#ifdef LT_CUDA_EMU
+  lt_emu_device_span(ptr, 0, rounded);
+#endif
   pthread_mutex_lock(&lock);
   c->allocated -= rounded;
   if (b) {

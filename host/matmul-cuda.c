@@ -49,7 +49,12 @@ static lt_status blas_open(void) {
   if (lib)
     return LT_OK;
   const char *name = "libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR);
+#ifdef LT_CUDA_EMU /* the CUDA emulator's cuBLASLt is linked into lutra (tests/emu/cublaslt.cc) */
+  name = "the CUDA emulator's cuBLASLt";
+  void *h = dlopen(NULL, RTLD_NOW);
+#else
   void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+#endif
   if (!h)
     h = dlopen(LT_CUDA_LIBDIR "/libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
   if (!h)

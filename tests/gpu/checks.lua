@@ -27,12 +27,24 @@ if on_cuda and ndev == 0 then
 end
 
 local only = arg and arg[1] -- a name fragment runs only the matching checks
+-- The CUDA emulator (make emu, tests/emu) runs these checks on the CPU; it
+-- has no cuDNN, so the checks that need it say "skip" (its NCCL has one rank).
+local EMULATED = on_cuda and lt.build_info():find("CUDA emulator", 1, true) ~= nil
+local TIMES = os.getenv("LUTRA_CHECK_TIMES") -- print each check's seconds
 local tests, failed = 0, 0
-local function check(name, fn, cuda_only)
+--- Runs fn as one check. cuda_only: not with LUTRA_CHECK_DEVICE=cpu; needs:
+-- "cuDNN", which the emulator lacks.
+local function check(name, fn, cuda_only, needs)
   if only and not name:find(only, 1, true) then return end
   if cuda_only and not on_cuda then return end
+  if needs and EMULATED then
+    print(("skip - %s (needs %s, which the CUDA emulator lacks)"):format(name, needs))
+    return
+  end
   tests = tests + 1
+  local t0 = os.clock()
   local ok, err = pcall(fn)
+  if TIMES then print(("# %.1f s"):format(os.clock() - t0)) end
   if ok then
     print(("ok %d - %s"):format(tests, name))
   else
@@ -588,7 +600,7 @@ local function library_check(name, B, NH, NKV, T, S, HS, causal, opts)
     else
       for i = 1, 3 do close(ins[i].gpu.grad:to("f32"), ins[i].cpu.grad, ("%s grad %d"):format(name, i), 2e-2) end
     end
-  end, true)
+  end, true, not opts.refused and "cuDNN" or nil)
 end
 
 library_check("cuDNN causal attention, GPT-2 124M's heads cut from qkv (2, 12, 1024, 64)", 2, 12, 12, 1024, 1024, 64,
@@ -618,7 +630,7 @@ check("cuDNN attention with lt.cuda.deterministic(true): gradients repeat bit fo
   end)
   lt.cuda.deterministic(false)
   assert(ok, err)
-end, true)
+end, true, "cuDNN")
 
 check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
   local q = lt.randn({ 1, 4, 128, 64 }):to("f16"):to(CUDA):requires_grad_()
@@ -630,7 +642,7 @@ check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
   close(y:to("f32"), r, "f16 output", 2e-2)
   local q32 = q:to("f32"):requires_grad_()
   assert(F.scaled_dot_product_attention(q32, q32, q32, { causal = true }).grad_fn ~= "LibraryAttentionBackward")
-end, true)
+end, true, "cuDNN")
 
 grad_check("linear (8, 128, 768) -> 2304", { { shape = { 8, 128, 768 } }, { shape = { 2304, 768 } }, { shape = { 2304 } } },
   function(x, w, b) return F.linear(x, w, b) end, { gtol = 1e-4 })
@@ -665,13 +677,17 @@ local function counting_batch(gen, V, device)
   return ids:narrow(2, 1, 32):to(device), ids:narrow(2, 2, 32):to(device)
 end
 
-check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
+-- the training runs: 50 steps on a GPU, 20 on the emulator (its block
+-- barriers cost a fiber switch per thread: 50 steps took a minute each)
+local STEPS = EMULATED and 20 or 50
+
+check(STEPS .. " SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
   local function run(device)
     local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42) })
     model:to(device)
     local gen = lt.Generator(3)
     local losses = {}
-    for step = 1, 50 do
+    for step = 1, STEPS do
       local x, y = counting_batch(gen, 512, device)
       local loss = model:loss(x, y)
       model:zero_grad()
@@ -684,21 +700,21 @@ check("50 SGD steps of a tiny GPT-2: cuda losses match the cpu's", function()
     return losses
   end
   local lc, lg = run("cpu"), run(CUDA)
-  for step = 1, 50 do
+  for step = 1, STEPS do
     local rel = math.abs(lc[step] - lg[step]) / math.abs(lc[step])
     assert(rel < 1e-3, ("step %d: cpu loss %.6f, cuda %.6f"):format(step, lc[step], lg[step]))
   end
-  assert(lg[50] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
+  assert(lg[STEPS] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[STEPS]))
 end)
 
-check("50 AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogues, bf16 rows, padded head) track the cpu's f32 losses", function()
+check(STEPS .. " AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogues, bf16 rows, padded head) track the cpu's f32 losses", function()
   local function run(device, dtype)
     local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42), vocab_size = 500, pad_vocab = 64 })
     model:to(device, dtype)
     local opt = lt.optim.AdamW(model, { lr = 3e-3, weight_decay = 0 })
     local gen = lt.Generator(3)
     local losses = {}
-    for step = 1, 50 do
+    for step = 1, STEPS do
       local x, y = counting_batch(gen, 500, device)
       local loss = model:loss(x, y, { count = false })
       loss:backward()
@@ -710,10 +726,11 @@ check("50 AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogue
   end
   local lc, lg = run("cpu", "f32"), run(CUDA, "bf16")
   local worst = 0
-  for step = 1, 50 do worst = math.max(worst, math.abs(lc[step] - lg[step]) / math.abs(lc[step])) end
-  assert(worst < 5e-2, ("bf16 losses left the f32 ones by %.3g relative (step 50: cpu %.4f, cuda %.4f)")
-    :format(worst, lc[50], lg[50]))
-  assert(lg[50] < 0.8 * lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[50]))
+  for step = 1, STEPS do worst = math.max(worst, math.abs(lc[step] - lg[step]) / math.abs(lc[step])) end
+  assert(worst < 5e-2, ("bf16 losses left the f32 ones by %.3g relative (last step: cpu %.4f, cuda %.4f)")
+    :format(worst, lc[STEPS], lg[STEPS]))
+  local fall = STEPS >= 50 and 0.8 or 0.9
+  assert(lg[STEPS] < fall * lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[STEPS]))
 end, true)
 
 check("collectives on CUDA tensors go through NCCL (one rank): all_reduce, broadcast, all_gather, reduce_scatter", function()
@@ -756,13 +773,21 @@ check("ZeRO-3 on a CUDA model (one rank, NCCL) matches plain AdamW; dropped CUDA
   local function make() return lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(1) }):to(CUDA) end
   local ref, model = make(), make()
   local ropt = lt.optim.AdamW(ref, { lr = 1e-3 })
+  local param_bytes = 0
+  for _, p in ipairs(model:parameters()) do param_bytes = param_bytes + p:nbytes() end
+  collectgarbage()
   lt.cuda.synchronize()
   local before = lt.cuda.memory_stats().allocated
   local opt = lt.dist.Zero(model, { stage = 3, lr = 1e-3 })
+  collectgarbage()
   lt.cuda.synchronize()
   assert(not model.transformer.wte.weight.has_data, "the parameters are dropped")
-  assert(lt.cuda.memory_stats().allocated <= before + 4096,
-    ("allocated %d bytes before, %d after sharding on one rank"):format(before, lt.cuda.memory_stats().allocated))
+  -- one rank's shards hold every parameter again: the growth is the caching
+  -- allocator's rounding of the shards (size classes), far below the model's
+  -- bytes, which it would be had the dropped parameters kept their memory
+  local grown = lt.cuda.memory_stats().allocated - before
+  assert(grown < 0.25 * param_bytes, ("sharding on one rank grew allocated memory by %d bytes (parameters: %d)")
+    :format(grown, param_bytes))
   local ids = lt.randint(0, 512, { 2, 17 }, { generator = lt.Generator(2) }):to(CUDA)
   local x, y = ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
   for step = 1, 5 do

@@ -1,0 +1,163 @@
+/*
+ * cuda_emu.h: the device side of lutra's CUDA emulator, which runs the
+ * kernels of kernels/cuda on the CPU so that the GPU checks run where there
+ * is no GPU (make emu; tests/emu/README.md). Each .cu file of kernels/cuda is
+ * compiled by the host C++ compiler with this header included first, after
+ * tests/emu/rewrite_launches.py has turned each `k<<<grid, block, smem,
+ * stream>>>(args)` into `lt_emu_launch(lt_emu_cfg(grid, block, smem, stream),
+ * "k", k, args)`.
+ *
+ * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
+ * variables (one block runs at a time, so a function's static storage is
+ * the block's shared memory); __syncthreads; __shfl_xor_sync; atomicMin;
+ * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
+ * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
+ * a barrier or a shuffle switches to the next thread, so the kernels' barrier
+ * discipline is checked (a thread that waits at a barrier the others never
+ * reach, or a full-warp shuffle with a lane that has exited, fails the
+ * launch with a message), and launch configurations are checked as the
+ * driver does (grid and block limits, zero-sized grids).
+ */
+#ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
+#define LUTRA_TESTS_EMU_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+/* the bit casts math_constants.h builds its constants with */
+static inline double __longlong_as_double(long long v) {
+  double d;
+  memcpy(&d, &v, sizeof d);
+  return d;
+}
+static inline float __int_as_float(int v) {
+  float f;
+  memcpy(&f, &v, sizeof f);
+  return f;
+}
+
+#include <math_constants.h>
+#include <cmath>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+#include <vector>
+
+/* the host compiler's CUDA headers define __shared__ as nothing: here it is
+   static storage, which one block at a time owns */
+#undef __shared__
+#define __shared__ static
+
+/* ---- launch --------------------------------------------------------------- */
+
+struct lt_emu_config {
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+};
+
+static inline lt_emu_config lt_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = 0) {
+  lt_emu_config c;
+  c.grid = grid;
+  c.block = block;
+  c.smem = smem;
+  c.stream = stream;
+  return c;
+}
+
+/* Runs body once per thread of every block of c (runtime.cc); a bad
+   configuration or a barrier fault sets the error cudaGetLastError returns. */
+void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &body);
+
+template <typename... P, typename... A>
+static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void (*kernel)(P...), A &&...args) {
+  lt_emu_run(c, name, [&] { kernel(args...); });
+}
+
+/* ---- what a thread sees --------------------------------------------------- */
+
+struct lt_emu_thread {
+  uint3 idx;
+  unsigned linear, warp, lane;
+};
+extern lt_emu_thread *lt_emu_self;
+extern uint3 lt_emu_block_idx;
+extern dim3 lt_emu_block_dim, lt_emu_grid_dim;
+
+#define threadIdx (lt_emu_self->idx)
+#define blockIdx lt_emu_block_idx
+#define blockDim lt_emu_block_dim
+#define gridDim lt_emu_grid_dim
+
+/* waits until every thread of the block is here */
+void lt_emu_syncthreads(void);
+/* lane's value after every lane of mask's warp wrote its own (bits: up to 8 bytes) */
+uint64_t lt_emu_shuffle(unsigned mask, uint64_t bits, unsigned src_lane);
+
+static inline void __syncthreads(void) { lt_emu_syncthreads(); }
+
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 8, "shuffles move up to 8 bytes");
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof v);
+  unsigned lane = lt_emu_self->lane, src = (lane ^ (unsigned)lane_mask) % 32;
+  if (src / (unsigned)width != lane / (unsigned)width)
+    src = lane;
+  bits = lt_emu_shuffle(mask, bits, src);
+  T r;
+  memcpy(&r, &bits, sizeof r);
+  return r;
+}
+
+/* one thread runs at a time: atomics are plain read-modify-writes */
+static inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v) {
+  unsigned long long old = *p;
+  if (v < old)
+    *p = v;
+  return old;
+}
+
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+
+/* ---- cub::DeviceRadixSort::SortPairs (the one CUB call lutra makes) -------- */
+
+namespace cub {
+struct DeviceRadixSort {
+  /* as CUB: with temp NULL, sets temp_bytes; else sorts pairs by the key
+     bits [begin_bit, end_bit), stably (as a radix sort is) */
+  template <typename K, typename V, typename N>
+  static cudaError_t SortPairs(void *temp, size_t &temp_bytes, const K *keys_in, K *keys_out, const V *values_in,
+                               V *values_out, N n, int begin_bit = 0, int end_bit = (int)sizeof(K) * 8,
+                               cudaStream_t stream = 0) {
+    (void)stream;
+    if (!temp) {
+      temp_bytes = 256;
+      return cudaSuccess;
+    }
+    typedef typename std::make_unsigned<K>::type U;
+    U mask = (U)(end_bit - begin_bit >= (int)sizeof(K) * 8 ? ~(U)0 : (((U)1 << (end_bit - begin_bit)) - 1));
+    std::vector<std::pair<U, V>> pairs((size_t)n);
+    for (N i = 0; i < n; i++)
+      pairs[(size_t)i] = std::make_pair((U)(((U)keys_in[i] >> begin_bit) & mask), values_in[i]);
+    std::vector<K> keys(keys_in, keys_in + n);
+    std::vector<size_t> order((size_t)n);
+    for (size_t i = 0; i < order.size(); i++)
+      order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return pairs[a].first < pairs[b].first; });
+    for (size_t i = 0; i < order.size(); i++) {
+      keys_out[i] = keys[order[i]];
+      values_out[i] = pairs[order[i]].second;
+    }
+    return cudaSuccess;
+  }
+};
+} // namespace cub
+
+#endif

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""rewrite_launches.py IN.cu OUT.cc: a CUDA source as plain C++ for the CUDA
+emulator (tests/emu/cuda_emu.h). Each kernel launch
+
+    kernel<T, H><<<grid, block, smem, stream>>>(a, b)
+
+becomes
+
+    lt_emu_launch(lt_emu_cfg(grid, block, smem, stream), "kernel<T, H>", kernel<T, H>, a, b)
+
+and CUB's include is dropped (cuda_emu.h provides the sort lutra uses).
+Lines keep their numbers, so __LINE__ in launch checks still points at the .cu
+file (a #line directive names it)."""
+import re
+import sys
+
+
+def callee_start(src, end):
+    """Index where the kernel expression ending at src[end-1] begins: an
+    identifier, optionally with a template argument list."""
+    i = end
+    while i > 0 and src[i - 1] in " \t":
+        i -= 1
+    if i > 0 and src[i - 1] == ">":
+        depth = 0
+        while i > 0:
+            i -= 1
+            if src[i] == ">":
+                depth += 1
+            elif src[i] == "<":
+                depth -= 1
+                if depth == 0:
+                    break
+    while i > 0 and (src[i - 1].isalnum() or src[i - 1] in "_:"):
+        i -= 1
+    return i
+
+
+def matching_paren(src, open_index):
+    depth = 0
+    for j in range(open_index, len(src)):
+        if src[j] == "(":
+            depth += 1
+        elif src[j] == ")":
+            depth -= 1
+            if depth == 0:
+                return j
+    raise SystemExit("rewrite_launches: unbalanced parentheses after a launch")
+
+
+def rewrite(src):
+    out = []
+    pos = 0
+    while True:
+        k = src.find("<<<", pos)
+        if k < 0:
+            out.append(src[pos:])
+            return "".join(out)
+        start = callee_start(src, k)
+        if start < pos:
+            raise SystemExit("rewrite_launches: overlapping launches")
+        callee = src[start:k].strip()
+        close = src.find(">>>", k)
+        cfg = src[k + 3:close]
+        p = close + 3
+        while src[p] in " \t\\\n":
+            p += 1
+        if src[p] != "(":
+            raise SystemExit("rewrite_launches: no arguments after %s<<<...>>>" % callee)
+        q = matching_paren(src, p)
+        args = src[p + 1:q]
+        name = " ".join(callee.split())
+        out.append(src[pos:start])
+        out.append('lt_emu_launch(lt_emu_cfg(%s), "%s", %s%s%s)' %
+                   (cfg, name, callee, ", " if args.strip() else "", args))
+        pos = q + 1
+
+
+def main():
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: rewrite_launches.py IN.cu OUT.cc")
+    src = open(sys.argv[1]).read()
+    src = re.sub(r"#include <cub/[^>]*>", "/* (CUB: cuda_emu.h) */", src)
+    with open(sys.argv[2], "w") as f:
+        f.write('#line 1 "%s"\n' % sys.argv[1])
+        f.write(rewrite(src))
+
+
+if __name__ == "__main__":
+    main()
