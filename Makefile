@@ -146,6 +146,12 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_
 $(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+# the emulator's own test: kernels that break the rules it checks
+$(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(BUILD)/tests/emu/runtime.o tests/emu/cuda_emu.h \
+                             tests/emu/rewrite_launches.py
+	python3 tests/emu/rewrite_launches.py $< $@.emu.cc
+	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(BUILD)/tests/emu/runtime.o -lpthread
 endif
 
 $(BUILD)/%.o: %.c
@@ -227,7 +233,7 @@ asan:
 # lutra on the CUDA emulator (tests/emu/README.md): its GPU checks run on the
 # CPU (tests/run.sh runs them when build-emu/lutra exists)
 emu:
-	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra
+	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra build-emu/tests/emu/selftest
 
 # the GPU checks on the CUDA emulator under AddressSanitizer and UBSan: a
 # kernel that reads or writes past its tensors (or a freed one) is caught

@@ -88,6 +88,16 @@ gpu_checks() { # suite-name lutra-binary
 }
 if ! gpu_checks "GPU checks" ./lutra; then
   if [ -x build-emu/lutra ]; then
+    # the emulator's own test first: it must catch what it claims to catch
+    out=$(build-emu/tests/emu/selftest 2>&1)
+    echo "$out" | grep -v 'passed, [0-9]* failed$' | sed 's/^/   /'
+    line=$(echo "$out" | grep -E '^emu selftest: [0-9]+ passed, [0-9]+ failed$')
+    if [ -n "$line" ]; then
+      count "CUDA emulator selftest" "$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')" \
+        "$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed/\1/')"
+    else
+      count "CUDA emulator selftest" 0 1
+    fi
     gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the main job's CUDA path (lt.train, evaluation, sampling): 4 steps of a
     # tiny model on the Python tutorial's token shards
@@ -107,6 +117,14 @@ if ! gpu_checks "GPU checks" ./lutra; then
       fi
     else
       echo "== main job (CUDA emulator): skipped: no Python docs in $tutorial (make deps)"
+    fi
+    # the GPU benchmark's script, at a tiny size (its numbers mean nothing here)
+    build-emu/lutra bench/gpt2_gpu.lua --steps=1 --batches=1 --dtypes=bf16 --model=gpt2-tiny --T=32 --rate_size=64 \
+      >"$log" 2>&1; rc=$?
+    if [ $rc -eq 0 ] && grep -q '^bf16 *1 *32 ' "$log"; then
+      count "GPU benchmark script (CUDA emulator)" 1 0
+    else
+      sed 's/^/   /' "$log" | tail -20; count "GPU benchmark script (CUDA emulator)" 0 1
     fi
   else
     echo "== GPU checks (CUDA emulator): skipped: build-emu/lutra was not built (make emu; needs CUDA's headers)"

@@ -46,6 +46,7 @@ static inline float __int_as_float(int v) {
 
 #include <algorithm>
 #include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -95,12 +96,12 @@ extern dim3 lt_emu_block_dim, lt_emu_grid_dim;
 #define blockDim lt_emu_block_dim
 #define gridDim lt_emu_grid_dim
 
-/* waits until every thread of the block is here */
-void lt_emu_syncthreads(void);
+/* waits until every thread of the block is at this barrier (line of file) */
+void lt_emu_syncthreads(const char *file, int line);
 /* lane's value after every lane of mask's warp wrote its own (bits: up to 8 bytes) */
 uint64_t lt_emu_shuffle(unsigned mask, uint64_t bits, unsigned src_lane);
 
-static inline void __syncthreads(void) { lt_emu_syncthreads(); }
+#define __syncthreads() lt_emu_syncthreads(__FILE__, __LINE__)
 
 template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   static_assert(sizeof(T) <= 8, "shuffles move up to 8 bytes");
@@ -136,15 +137,23 @@ struct DeviceRadixSort {
                                V *values_out, N n, int begin_bit = 0, int end_bit = (int)sizeof(K) * 8,
                                cudaStream_t stream = 0) {
     (void)stream;
+    /* about what CUB asks for (its double buffers), so a caller that
+       under-sizes the scratch fails here too; scribbled over when used */
+    size_t need = 2 * (size_t)n * (sizeof(K) + sizeof(V)) + 4096;
     if (!temp) {
-      temp_bytes = 256;
+      temp_bytes = need;
       return cudaSuccess;
     }
+    if (temp_bytes < need)
+      return cudaErrorInvalidValue;
+    memset(temp, 0xff, need);
     typedef typename std::make_unsigned<K>::type U;
+    /* CUB orders signed keys by value: the sign bit flipped */
+    const U sign = std::is_signed<K>::value ? (U)((U)1 << (sizeof(K) * 8 - 1)) : (U)0;
     U mask = (U)(end_bit - begin_bit >= (int)sizeof(K) * 8 ? ~(U)0 : (((U)1 << (end_bit - begin_bit)) - 1));
     std::vector<std::pair<U, V>> pairs((size_t)n);
     for (N i = 0; i < n; i++)
-      pairs[(size_t)i] = std::make_pair((U)(((U)keys_in[i] >> begin_bit) & mask), values_in[i]);
+      pairs[(size_t)i] = std::make_pair((U)((((U)keys_in[i] ^ sign) >> begin_bit) & mask), values_in[i]);
     std::vector<K> keys(keys_in, keys_in + n);
     std::vector<size_t> order((size_t)n);
     for (size_t i = 0; i < order.size(); i++)

@@ -5,28 +5,34 @@
  * this process (make emu; tests/emu/README.md).
  *
  * Scheduler: a launch runs its blocks one after another (first to last, or
- * last to first every other launch); the threads of a block are fibers (stacks made once, switched by a few instructions that
- * swap the callee-saved registers: x86-64 only, as lutra's CI). A thread runs until it
- * finishes, waits at __syncthreads, or shuffles; when no thread can run, the
- * scheduler releases a warp whose lanes all reached their shuffle, else the
- * block when every thread waits at the barrier, else the launch fails with
- * what the threads were doing (a barrier some threads skip or exit before,
- * a shuffle that names an exited lane).
+ * last to first every other launch); the threads of a block are fibers
+ * (stacks made once, switched by a few instructions that swap the
+ * callee-saved registers: x86-64 only, as lutra's CI), run in index order
+ * in every other block and in reverse order in the others. A thread runs
+ * until it finishes, waits at __syncthreads, or shuffles; when no thread can
+ * run, the scheduler releases a warp whose lanes all reached their shuffle,
+ * else the block when every thread waits at the same barrier, else the
+ * launch fails with what the threads were doing (a barrier some threads
+ * skip or exit before, two different barriers, a shuffle that names an
+ * exited lane).
  *
  * Runtime: one device, "lutra CUDA emulator"; device memory is host memory
- * (aligned to 256 bytes, as cudaMalloc's) counted against a capacity
+ * (aligned to 256 bytes, as cudaMalloc's; new blocks and tensors filled
+ * with 0xff bytes, as a GPU leaves garbage) counted against a capacity
  * (LUTRA_EMU_MEMORY_MB, 4096 by default) so that running out is an error as
- * on a GPU; streams and events exist but every call completes before it
- * returns. The launch configuration is checked against the driver's limits
- * (CUDA C++ Programming Guide, "Compute Capabilities": 1024 threads per
- * block, block z <= 64, grid y and z <= 65535, 48 KiB of dynamic shared
- * memory without opting in).
+ * on a GPU. Streams and events exist, but every call completes before it
+ * returns (every other recorded event still says "not ready" to its first
+ * two queries, so the host's code for work in flight runs too). The launch
+ * configuration is checked against the driver's limits (CUDA C++
+ * Programming Guide, "Compute Capabilities": 1024 threads per block, block
+ * z <= 64, grid y and z <= 65535, 48 KiB of dynamic shared memory without
+ * opting in).
  */
 #include "cuda_emu.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -57,6 +63,8 @@ struct fiber {
   fiber_state state;
   unsigned shuffle_mask, shuffle_src;
   uint64_t shuffle_value, shuffle_result;
+  const char *barrier_file; /* where the thread called __syncthreads */
+  int barrier_line;
 };
 
 fiber fibers[MAX_THREADS];
@@ -318,11 +326,24 @@ bool run_block(unsigned n, const char *name) {
       return true;
     if (barrier + done == n && done == 0) {
       for (unsigned i = 0; i < n; i++)
+        if (fibers[i].barrier_line != fibers[0].barrier_line ||
+            strcmp(fibers[i].barrier_file, fibers[0].barrier_file)) {
+          /* bar.sync is .aligned: every thread must reach the same one */
+          fault("%s: block (%u,%u,%u): threads (%u,%u,%u) and (%u,%u,%u) wait at different __syncthreads (%s:%d "
+                "and %s:%d)", name, lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z, fibers[0].t.idx.x,
+                fibers[0].t.idx.y, fibers[0].t.idx.z, fibers[i].t.idx.x, fibers[i].t.idx.y, fibers[i].t.idx.z,
+                fibers[0].barrier_file, fibers[0].barrier_line, fibers[i].barrier_file, fibers[i].barrier_line);
+          return false;
+        }
+      for (unsigned i = 0; i < n; i++)
         fibers[i].state = RUNNABLE;
       continue;
     }
-    fault("%s: block (%u,%u,%u) cannot go on: %s", name, lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z,
-          describe(n).c_str());
+    /* (a GPU releases a barrier that only exited threads hold up; the CUDA
+       C++ guide makes a __syncthreads that not every thread reaches
+       undefined, so lutra's kernels must not rely on it) */
+    fault("%s: block (%u,%u,%u) cannot go on: %s%s", name, lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z,
+          describe(n).c_str(), done ? " (a __syncthreads that some threads exit before)" : "");
     return false;
   }
 }
@@ -365,7 +386,7 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         lt_emu_block_idx.x = backwards ? c.grid.x - 1 - x : x;
         lt_emu_block_idx.y = backwards ? c.grid.y - 1 - y : y;
         lt_emu_block_idx.z = backwards ? c.grid.z - 1 - z : z;
-        descending = (x + y + z) % 2;
+        descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */
             fibers[i].booted = false;
@@ -374,8 +395,10 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
       }
 }
 
-void lt_emu_syncthreads(void) {
+void lt_emu_syncthreads(const char *file, int line) {
   fiber *f = current;
+  f->barrier_file = file;
+  f->barrier_line = line;
   f->state = AT_BARRIER;
   yield_to_scheduler(f);
 }
@@ -399,9 +422,18 @@ std::map<void *, size_t> device_blocks;
 size_t device_used;
 
 size_t device_capacity() {
-  const char *e = getenv("LUTRA_EMU_MEMORY_MB");
-  long mb = e ? atol(e) : 4096;
-  return (size_t)(mb > 0 ? mb : 4096) << 20;
+  static size_t bytes;
+  if (!bytes) {
+    const char *e = getenv("LUTRA_EMU_MEMORY_MB");
+    char *end = NULL;
+    long mb = e ? strtol(e, &end, 10) : 4096;
+    if (e && (end == e || *end || mb <= 0)) {
+      fprintf(stderr, "lutra CUDA emulator: LUTRA_EMU_MEMORY_MB=%s is not a positive number of MiB; using 4096\n", e);
+      mb = 4096;
+    }
+    bytes = (size_t)mb << 20;
+  }
+  return bytes;
 }
 
 int current_device;
@@ -409,9 +441,14 @@ int current_device;
 struct emu_stream {
   unsigned flags;
 };
+/* An event completes with the work before it (all of it is done when the
+   record returns), but reports "not ready" to its first queries after
+   every other record, so the host's paths for work still in flight run. */
 struct emu_event {
   unsigned flags;
+  int polls_left;
 };
+unsigned long long event_records;
 
 } // namespace
 
@@ -426,10 +463,11 @@ void lt_emu_device_span(void *p, size_t used, size_t block) {
   ASAN_UNPOISON_MEMORY_REGION(p, used);
   ASAN_POISON_MEMORY_REGION((char *)p + used, block - used);
 #else
-  (void)p;
-  (void)used;
   (void)block;
 #endif
+  /* a new tensor's memory holds garbage, as on a GPU (cudaMalloc does not
+     clear, and the cache hands back old data): all ones, NaN as a float */
+  memset(p, 0xff, used);
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -532,6 +570,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
   void *q = aligned_alloc(256, rounded ? rounded : 256);
   if (!q)
     return last_error = cudaErrorMemoryAllocation;
+  memset(q, 0xff, rounded); /* not cleared on a GPU either */
   device_blocks[q] = rounded;
   device_used += rounded;
   *p = q;
@@ -599,18 +638,36 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
   emu_event *v = new emu_event();
   v->flags = flags;
+  v->polls_left = 0;
   *e = (cudaEvent_t)v;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   (void)s;
-  return e ? cudaSuccess : cudaErrorInvalidValue;
+  if (!e)
+    return cudaErrorInvalidValue;
+  ((emu_event *)e)->polls_left = event_records++ % 2 ? 2 : 0;
+  return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e)
+    return cudaErrorInvalidValue;
+  ((emu_event *)e)->polls_left = 0;
+  return cudaSuccess;
+}
 
-cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!e)
+    return cudaErrorInvalidValue;
+  emu_event *v = (emu_event *)e;
+  if (v->polls_left > 0) {
+    v->polls_left--;
+    return cudaErrorNotReady;
+  }
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete (emu_event *)e;

@@ -1,0 +1,163 @@
+/*
+ * selftest.cu: the CUDA emulator's own test (make test runs it): kernels
+ * that break the rules the emulator claims to check, each of which must
+ * fail its launch with the emulator's message, and correct kernels that
+ * must pass (a block sum through shuffles and shared memory, a grid-stride
+ * loop). Built like kernels/cuda (launches rewritten by rewrite_launches.py,
+ * cuda_emu.h included first) and linked with runtime.cc. Prints
+ * "emu selftest: N passed, M failed".
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+static int passed, failed;
+
+static void expect(bool ok, const char *what, const char *detail) {
+  if (ok)
+    passed++;
+  else {
+    failed++;
+    printf("not ok - %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+  }
+}
+
+/* expects the last launch to have failed with a message containing needle */
+static void expect_fault(const char *what, const char *needle) {
+  cudaError_t e = cudaGetLastError();
+  const char *msg = cudaGetErrorString(e);
+  expect(e != cudaSuccess && strstr(msg, needle), what, msg);
+}
+
+static void expect_ok(const char *what) {
+  cudaError_t e = cudaGetLastError();
+  expect(e == cudaSuccess, what, cudaGetErrorString(e));
+}
+
+__global__ void barrier_in_branch(int *out) {
+  if (threadIdx.x < 16)
+    __syncthreads(); /* half the block never gets here */
+  out[threadIdx.x] = 1;
+}
+
+__global__ void two_barriers(int *out) {
+  if (threadIdx.x % 2) { /* (different work around each, so the compiler keeps two barriers) */
+    out[threadIdx.x] = 2;
+    __syncthreads();
+    out[threadIdx.x] += 3;
+  } else {
+    __syncthreads(); /* a different barrier instruction */
+    out[threadIdx.x] = 5;
+  }
+}
+
+__global__ void exit_before_barrier(int *out) {
+  if (threadIdx.x == 3)
+    return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_with_exited_lane(float *out) {
+  if (threadIdx.x == 31)
+    return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (float)threadIdx.x, 1);
+}
+
+/* thread 0 writes shared memory and the others read it without a barrier:
+   in one of the two thread orders the readers run first */
+__global__ void missing_barrier(int *out) {
+  __shared__ int value;
+  if (threadIdx.x == 0)
+    value = 7;
+  out[threadIdx.x] = threadIdx.x == 0 ? 7 : value;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    value = 0;
+}
+
+__global__ void block_sum(const float *x, float *out, int n) {
+  __shared__ float partial[32];
+  float v = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    v += x[i];
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0)
+    partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0;
+    for (int o = 16; o > 0; o >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0)
+      out[blockIdx.x] = v;
+  }
+}
+
+__global__ void nothing(void) {}
+
+int main(void) {
+  int *d = NULL;
+  float *f = NULL, *sums = NULL;
+  cudaMalloc((void **)&d, 1024 * sizeof(int));
+  cudaMalloc((void **)&f, 4096 * sizeof(float));
+  cudaMalloc((void **)&sums, 4 * sizeof(float));
+
+  barrier_in_branch<<<1, 32>>>(d);
+  expect_fault("a barrier that half the block skips fails the launch", "cannot go on");
+  two_barriers<<<1, 32>>>(d);
+  expect_fault("threads at two different barriers fail the launch", "different __syncthreads");
+  exit_before_barrier<<<1, 32>>>(d);
+  expect_fault("a barrier that a thread exits before fails the launch", "exit before");
+  shuffle_with_exited_lane<<<1, 32>>>(f);
+  expect_fault("a full-warp shuffle naming an exited lane fails the launch", "has exited");
+
+  nothing<<<0, 32>>>();
+  expect_fault("a zero-sized grid is an invalid configuration", "zero-sized");
+  nothing<<<1, 1025>>>();
+  expect_fault("1025 threads per block is an invalid configuration", "1024 threads");
+  nothing<<<dim3(1, 65536), 32>>>();
+  expect_fault("grid y beyond 65535 is an invalid configuration", "65535");
+  nothing<<<1, 32, 64 * 1024>>>();
+  expect_fault("64 KiB of dynamic shared memory is an invalid configuration", "48 KiB");
+  nothing<<<1, 32>>>();
+  expect_ok("a correct launch after faults runs (the error was cleared)");
+
+  bool race_seen = false;
+  for (int launch = 0; launch < 2; launch++) { /* the second runs its threads in the other order */
+    for (int i = 0; i < 32; i++)
+      d[i] = -1;
+    missing_barrier<<<1, 32>>>(d);
+    expect_ok("the racy kernel itself launches");
+    for (int i = 1; i < 32; i++)
+      race_seen = race_seen || d[i] != 7;
+  }
+  expect(race_seen, "a read of shared memory without a barrier sees a stale value in one thread order", NULL);
+
+  for (int i = 0; i < 4096; i++)
+    f[i] = (float)(i % 7);
+  for (int launch = 0; launch < 2; launch++) {
+    block_sum<<<4, 256>>>(f, sums, 4096);
+    expect_ok("a block sum through shuffles and shared memory launches");
+    double total = 0, want = 0;
+    for (int b = 0; b < 4; b++)
+      total += sums[b];
+    for (int i = 0; i < 4096; i++)
+      want += i % 7;
+    char buf[96];
+    snprintf(buf, sizeof buf, "got %g, want %g", total, want);
+    expect(total == want, "a block sum through shuffles and shared memory is right in both orders", buf);
+  }
+
+  unsigned char *fresh = NULL;
+  cudaMalloc((void **)&fresh, 64);
+  expect(fresh[0] == 0xff && fresh[63] == 0xff, "new device memory holds garbage (0xff), not zeros", NULL);
+  void *huge = NULL;
+  expect(cudaMalloc(&huge, (size_t)1 << 50) == cudaErrorMemoryAllocation && !huge,
+         "an allocation beyond the capacity is cudaErrorMemoryAllocation", NULL);
+  cudaGetLastError();
+
+  printf("emu selftest: %d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
