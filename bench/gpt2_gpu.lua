@@ -14,7 +14,10 @@
 -- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
 --
 --   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16|auto] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
---       [--attention=auto|fused|composed]
+--       [--attention=auto|fused|composed] [--rate_size=8192]
+--
+-- make test runs it on the CUDA emulator at a tiny size (gpt2-tiny, T=32,
+-- --rate_size=64), so the script itself is checked before a GPU runs it.
 --
 -- --batches=auto doubles the micro-batch from 8 until one does not fit.
 -- --attention: auto (the default) is what training uses: cuDNN's flash
@@ -24,12 +27,12 @@
 local lt = require "lutra"
 
 local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128,
-  attention = "auto" }
+  attention = "auto", rate_size = 8192 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
   if not k or opts[k] == nil then
     error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] "
-      .. "[--pad_vocab=128] [--attention=auto|fused|composed]")
+      .. "[--pad_vocab=128] [--attention=auto|fused|composed] [--rate_size=8192]")
   end
   opts[k] = tonumber(v) or v
 end
@@ -60,10 +63,11 @@ local function median(t)
   return c[math.floor((#c + 1) / 2)]
 end
 
--- the product rate this device reaches on a large bf16 matmul
+-- the product rate this device reaches on a large bf16 matmul (n x n, n = --rate_size)
 local function matmul_rate()
-  local a = lt.randn({ 8192, 8192 }, { dtype = "bf16", device = DEV })
-  local b = lt.randn({ 8192, 8192 }, { dtype = "bf16", device = DEV })
+  local n = opts.rate_size
+  local a = lt.randn({ n, n }, { dtype = "bf16", device = DEV })
+  local b = lt.randn({ n, n }, { dtype = "bf16", device = DEV })
   local c = lt.matmul(a, b)
   lt.cuda.synchronize()
   local reps, t0 = 20, lt.clock()
@@ -71,11 +75,12 @@ local function matmul_rate()
   lt.cuda.synchronize()
   local dt = lt.clock() - t0
   c:free()
-  return 2 * 8192 ^ 3 * reps / dt
+  return 2 * n ^ 3 * reps / dt
 end
 
 local rate = matmul_rate()
-print(("bf16 matmul 8192^3: %.1f TFLOP/s (%.0f%% of %.0f)"):format(rate / 1e12, 100 * rate / PEAK, PEAK / 1e12))
+print(("bf16 matmul %d^3: %.1f TFLOP/s (%.0f%% of %.0f)"):format(opts.rate_size, rate / 1e12, 100 * rate / PEAK,
+  PEAK / 1e12))
 
 local function bench(dtype, B)
   collectgarbage()
