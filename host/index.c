@@ -34,15 +34,17 @@ lt_status lt_index_report_fail(const lt_index_report *r, int64_t pos, int64_t v)
                    "ignore index %lld", r->op, (long long)v, (long long)pos + 1, (long long)r->limit,
                    (long long)r->ignore);
   return lt_fail(LT_ERR_ARG,
-                 "%s: index %lld (element %lld of the index, 1-based) is out of range [0, %lld) for "
-                 "dim %d of shape %s (indices are 0-based)", r->op, (long long)v, (long long)pos + 1,
-                 (long long)r->limit, r->dim + 1, r->shape);
+                 "%s: index %lld (%s %lld of the %s, 1-based) is out of range [0, %lld) for "
+                 "dim %d of shape %s (indices are 0-based)", r->op, (long long)v,
+                 r->kind == LT_REPORT_IDS ? "position" : "element", (long long)pos + 1,
+                 r->kind == LT_REPORT_IDS ? "ids" : "index", (long long)r->limit, r->dim + 1, r->shape);
 }
 
-static lt_index_report index_report(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
+static lt_index_report index_report(const char *op, lt_report_kind kind, const lt_tensor *index, int dim,
+                                    const lt_tensor *t) {
   lt_index_report r;
   memset(&r, 0, sizeof r);
-  r.kind = LT_REPORT_INDEX;
+  r.kind = kind;
   r.op = op;
   r.dim = dim;
   r.limit = t->sizes[dim];
@@ -53,7 +55,7 @@ static lt_index_report index_report(const char *op, const lt_tensor *index, int 
 
 /* Reports the first out-of-range index in row-major order (the kernel found
    one; its own position follows its iteration order). */
-static lt_status bad_index(const char *op, const lt_tensor *index, int dim, const lt_tensor *t) {
+static lt_status bad_index(const char *op, lt_report_kind kind, const lt_tensor *index, int dim, const lt_tensor *t) {
   int64_t n = lt_tensor_numel(index), pos = -1, limit = t->sizes[dim];
   double v = 0, *vals = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
   lt_status st = vals ? lt_tensor_to_f64(index, vals, n) : lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
@@ -65,7 +67,7 @@ static lt_status bad_index(const char *op, const lt_tensor *index, int dim, cons
   free(vals);
   if (st != LT_OK) /* (the read reported an earlier op's deferred check, or memory ran out) */
     return st;
-  lt_index_report r = index_report(op, index, dim, t);
+  lt_index_report r = index_report(op, kind, index, dim, t);
   return lt_index_report_fail(&r, pos, (int64_t)v);
 }
 
@@ -83,13 +85,13 @@ lt_status lt_index_defer(const lt_backend_i *be, const lt_index_report *r) {
 /* The status of a 1-D index kernel: a bad position found now, one to be
    found later, or none. */
 static lt_status index_checked(const lt_backend_i *be, lt_status st, int64_t bad, const char *op,
-                               const lt_tensor *index, int dim, const lt_tensor *t) {
+                               lt_report_kind kind, const lt_tensor *index, int dim, const lt_tensor *t) {
   if (st == LT_OK && bad == LT_BAD_LATER) {
-    lt_index_report r = index_report(op, index, dim, t);
+    lt_index_report r = index_report(op, kind, index, dim, t);
     return lt_index_defer(be, &r);
   }
   if (st != LT_OK && bad >= 0)
-    return bad_index(op, index, dim, t);
+    return bad_index(op, kind, index, dim, t);
   return st;
 }
 
@@ -112,19 +114,20 @@ static void outer_inner(const lt_tensor *t, int dim, int64_t *outer, int64_t *in
     *inner *= t->sizes[d];
 }
 
-lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+/* index_select under the name op (errors and deferred reports name it) */
+static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_tensor *t, int dim,
+                                 const lt_tensor *index, lt_tensor **res) {
   const lt_tensor *ins[2] = {t, index};
   const lt_backend_i *be;
-  LT_TRY(lt_same_device("index_select", 2, ins, &be));
-  LT_TRY(check_dim("index_select", t, dim));
-  LT_TRY(check_index_dtype("index_select", index));
+  LT_TRY(lt_same_device(op, 2, ins, &be));
+  LT_TRY(check_dim(op, t, dim));
+  LT_TRY(check_index_dtype(op, index));
   if (index->ndim != 1) {
     char b[200];
-    return lt_fail(LT_ERR_SHAPE, "index_select: the index must be 1-D, got shape %s",
-                   lt_tensor_shape_str(index, b));
+    return lt_fail(LT_ERR_SHAPE, "%s: the index must be 1-D, got shape %s", op, lt_tensor_shape_str(index, b));
   }
   if (!be->index_select)
-    return lt_fail(LT_ERR_UNSUPPORTED, "index_select: not implemented on the %s backend", be->name);
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   int64_t sizes[LT_MAX_DIMS];
   memcpy(sizes, t->sizes, sizeof sizes);
   sizes[dim] = index->sizes[0];
@@ -144,7 +147,7 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
     d.index_stride = index->strides[0];
     int64_t bad = -1;
     st = be->index_select(&d, lt_tensor_ptr(r), lt_tensor_ptr(src), lt_dtype_size(t->dtype), &bad);
-    st = index_checked(be, st, bad, "index_select", index, dim, t);
+    st = index_checked(be, st, bad, op, kind, index, dim, t);
   }
   lt_tensor_release(src);
   if (st == LT_OK)
@@ -155,6 +158,14 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
   }
   *res = r;
   return LT_OK;
+}
+
+lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+  return index_select_as("index_select", LT_REPORT_INDEX, t, dim, index, res);
+}
+
+lt_status lt_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor **res) {
+  return index_select_as("embedding", LT_REPORT_IDS, weight, 0, ids, res);
 }
 
 lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
@@ -201,7 +212,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
     d.index_stride = idx->strides[0];
     int64_t bad = -1;
     st = be->index_add(&d, lt_tensor_ptr(dst), lt_tensor_ptr(s), t->dtype, &bad);
-    st = index_checked(be, st, bad, "index_add_", idx, dim, t);
+    st = index_checked(be, st, bad, "index_add_", LT_REPORT_INDEX, idx, dim, t);
     if (st == LT_OK && dst != t)
       st = lt_tensor_copy_(t, dst);
     if (st == LT_OK)
@@ -264,7 +275,7 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
   if (st != LT_OK) {
     lt_tensor_release(r);
     if (bad >= 0)
-      return bad_index("gather", index, dim, t);
+      return bad_index("gather", LT_REPORT_INDEX, index, dim, t);
     return st;
   }
   if ((st = lt_ag_record_index(1, t, dim, index, r)) != LT_OK) {
@@ -313,6 +324,6 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   if (st == LT_OK)
     lt_bump_version(t);
   if (st != LT_OK && bad >= 0)
-    return bad_index("scatter_add_", index, dim, t);
+    return bad_index("scatter_add_", LT_REPORT_INDEX, index, dim, t);
   return st;
 }

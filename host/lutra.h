@@ -266,6 +266,10 @@ lt_status lt_matmul(const lt_tensor *a, const lt_tensor *b, lt_tensor **res);
 
 /* out = t with dim restricted to the rows in index (1-D). */
 lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res);
+/* The rows of weight (V, C) for ids (1-D, i32/i64, 0-based): index_select
+   on dim 0 whose errors (found now or, on CUDA, at the next read) name the
+   embedding and the id's position. */
+lt_status lt_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor **res);
 /* out[i][j] = t[i][index[i][j]] (for dim 1), index has t's ndim. */
 lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res);
 /* t[i][index[i][j]] += src[i][j] (for dim 1), in order, deterministic. */

@@ -172,7 +172,7 @@ typedef struct lt_sdpa_desc {
    LT_BAD_LATER): what its message needs, handed to the backend, which
    reports it at its next synchronisation (lt_index_report_fail). */
 enum { LT_BAD_LATER = -2 };
-typedef enum { LT_REPORT_INDEX, LT_REPORT_TARGET } lt_report_kind;
+typedef enum { LT_REPORT_INDEX, LT_REPORT_IDS, LT_REPORT_TARGET } lt_report_kind; /* (IDS: an embedding's) */
 typedef struct lt_index_report {
   lt_report_kind kind;
   const char *op; /* a string literal */

@@ -69,10 +69,7 @@ function F.embedding(ids, weight)
   need("embedding", weight, 2)
   if weight:dim() ~= 2 then error("embedding: the weight must be (V, C), got " .. tostring(weight:shape()), 2) end
   local flat = ids:dim() == 1 and ids or ids:reshape(-1)
-  if C.lt_index_select(weight, 0, flat, box) ~= 0 then
-    error((ffi.string(C.lt_last_error()):gsub("^index_select:", "embedding:"):gsub("element (%d+) of the index",
-      "position %1 of the ids")), 2)
-  end
+  if C.lt_embedding(weight, flat, box) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end
   local rows = take()
   local shape = ids:shape()
   shape[#shape + 1] = weight:size(2)
