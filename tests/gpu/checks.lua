@@ -183,7 +183,8 @@ check("bad indices are errors naming the index (on cuda at the next read), and n
     t:index_add_(1, lt.tensor({ 1, -1 }, { dtype = "i64", device = CUDA }), lt.ones({ 2, 3 }, { device = CUDA }))
   end, "index_add_", "index -1")
   close(t, before:to("cpu"), "index_add_ left the target alone")
-  fails_by_next_read(function() return F.embedding(lt.tensor({ 0, 9 }, { dtype = "i64", device = CUDA }), t) end, "9")
+  fails_by_next_read(function() return F.embedding(lt.tensor({ 0, 9 }, { dtype = "i64", device = CUDA }), t) end,
+    "embedding: index 9 (position 2 of the ids")
   fails_by_next_read(function()
     return F.cross_entropy(lt.randn(2, 5):to(CUDA), lt.tensor({ 1, 5 }, { dtype = "i64", device = CUDA }),
       { count = false })
