@@ -73,6 +73,16 @@ else
   fi
 fi
 
+# one run counted as one test: passed when it exited 0 and its log has the pattern
+count_run() { # suite-name exit-status pattern
+  if [ "$2" -eq 0 ] && grep -q "$3" "$log"; then
+    count "$1" 1 0
+  else
+    sed 's/^/   /' "$log" | tail -20
+    count "$1" 0 1
+  fi
+}
+
 # GPU checks: on the GPU when there is one, else on the CUDA emulator
 # (build-emu/lutra, tests/emu/README.md) when it was built
 gpu_checks() { # suite-name lutra-binary
@@ -110,22 +120,14 @@ if ! gpu_checks "GPU checks" ./lutra; then
           --n_embd=64 --n_head=2 --seq=32 --batch=2 --eval_every=2 --eval_batches=1 --sample_every=4 \
           --sample_tokens=8 --pad_vocab=128 --warmup=1 --log_every=1 --name=$name; } >"$log" 2>&1; rc=$?
       rm -rf "runs/$name" "$shards"
-      if [ $rc -eq 0 ] && grep -q '^done: 4 steps' "$log"; then
-        count "main job (CUDA emulator, 4 steps)" 1 0
-      else
-        sed 's/^/   /' "$log" | tail -20; count "main job (CUDA emulator, 4 steps)" 0 1
-      fi
+      count_run "main job (CUDA emulator, 4 steps)" $rc '^done: 4 steps'
     else
       echo "== main job (CUDA emulator): skipped: no Python docs in $tutorial (make deps)"
     fi
     # the GPU benchmark's script, at a tiny size (its numbers mean nothing here)
     build-emu/lutra bench/gpt2_gpu.lua --steps=1 --batches=1 --dtypes=bf16 --model=gpt2-tiny --T=32 --rate_size=64 \
-      >"$log" 2>&1; rc=$?
-    if [ $rc -eq 0 ] && grep -q '^bf16 *1 *32 ' "$log"; then
-      count "GPU benchmark script (CUDA emulator)" 1 0
-    else
-      sed 's/^/   /' "$log" | tail -20; count "GPU benchmark script (CUDA emulator)" 0 1
-    fi
+      >"$log" 2>&1
+    count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 '
   else
     echo "== GPU checks (CUDA emulator): skipped: build-emu/lutra was not built (make emu; needs CUDA's headers)"
   fi

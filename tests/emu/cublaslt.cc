@@ -1,8 +1,9 @@
 /*
  * cublaslt.cc: the CUDA emulator's cuBLASLt, the thirteen calls
- * host/matmul-cuda.c makes, computed on the CPU in f64 (OpenBLAS's dgemm)
- * from what the descriptors say, as NVIDIA's documentation (cublasLt.h)
- * defines them: D = alpha op(A) op(B) + beta C, column-major, op N or T, strided
+ * host/matmul-cuda.c makes, computed on the CPU by OpenBLAS in the compute
+ * type (f32 accumulation, TF32-rounded inputs when asked, or f64) from what
+ * the descriptors say, as NVIDIA's documentation (cublasLt.h) defines
+ * them: D = alpha op(A) op(B) + beta C, column-major, op N or T, strided
  * batches; epilogues BIAS (a vector of D's row count, added to every
  * column), GELU_AUX and GELU_AUX_BIAS (the GELU's input written to the aux
  * matrix, leading dimension divisible by 8 and at least D's rows; GELU in
@@ -114,6 +115,17 @@ void store(cudaDataType_t t, void *p, int64_t i, double v) {
   case CUDA_R_16BF: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v); break;
   default: ((__half *)p)[i] = __float2half_rn((float)v); break;
   }
+}
+
+/* f32 rounded to TF32 (10 mantissa bits, to nearest even), as the tensor
+   cores read f32 inputs under CUBLAS_COMPUTE_32F_FAST_TF32 */
+float to_tf32(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) /* (inf and NaN stay) */
+    u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  memcpy(&v, &u, sizeof v);
+  return v;
 }
 
 double gelu_tanh(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
@@ -302,7 +314,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   s.align_bias = has_bias(D(op)->epilogue) || D(op)->epilogue == CUBLASLT_EPILOGUE_BGRADB ? alignment(D(op)->bias) : 0;
   s.align_aux = has_aux(D(op)->epilogue) ? alignment(D(op)->aux) : 0;
   memcpy(&results->algo, &s, sizeof s);
-  results->workspaceSize = 0;
+  /* an algorithm that wants workspace, as many do: within the preference */
+  results->workspaceSize = std::min<uint64_t>(P(pr)->workspace, 1 << 20);
   results->state = CUBLAS_STATUS_SUCCESS;
   results->wavesCount = 1.0f;
   *found = 1;
@@ -315,8 +328,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
   (void)h;
-  (void)workspace;
-  (void)workspace_bytes;
   (void)stream;
   const desc *d = D(op);
   const layout *a = L(adesc), *b = L(bdesc), *c = L(cdesc), *o = L(ddesc);
@@ -328,6 +339,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul without an algorithm%s", "");
   algo_state s;
   memcpy(&s, algo, sizeof s);
+  if (workspace_bytes && !workspace)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: a workspace size without a workspace%s", "");
+  if (workspace_bytes)
+    memset(workspace, 0xff, workspace_bytes); /* (the algorithm's scratch) */
   size_t es = type_size(a->type);
   const void *ptrs[4] = {A, B, C, Dp};
   const layout *lays[4] = {a, b, c, o};
@@ -358,7 +373,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     const char *pb = (const char *)B + (size_t)(bi * b->stride) * es;
     const char *pc = (const char *)C + (size_t)(bi * c->stride) * es;
     char *pd = (char *)Dp + (size_t)(bi * o->stride) * es;
-    /* op(A) (m x k) and op(B) (k x n) as f64, column-major; the product by OpenBLAS */
+    /* op(A) (m x k) and op(B) (k x n), column-major; the product by OpenBLAS
+       in the compute type: f64 for COMPUTE_64F, else f32 accumulation (inputs
+       rounded to TF32 first for COMPUTE_32F_FAST_TF32) */
+    bool f64 = d->compute == CUBLAS_COMPUTE_64F, tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     std::vector<double> x((size_t)(m * k)), y((size_t)(k * n)), out((size_t)(m * n));
     for (uint64_t q = 0; q < k; q++)
       for (uint64_t i = 0; i < m; i++)
@@ -366,9 +384,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     for (uint64_t j = 0; j < n; j++)
       for (uint64_t q = 0; q < k; q++)
         y[(size_t)(q + j * k)] = load(t, pb, (int64_t)(d->transb == CUBLAS_OP_N ? q + j * b->ld : j + q * b->ld));
-    if (m && n && k)
+    if (m && n && k && f64)
       cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, al, x.data(), (int)m, y.data(),
                   (int)k, 0.0, out.data(), (int)m);
+    else if (m && n && k) {
+      std::vector<float> xf(x.begin(), x.end()), yf(y.begin(), y.end()), of((size_t)(m * n));
+      if (tf32) {
+        for (float &v : xf)
+          v = to_tf32(v);
+        for (float &v : yf)
+          v = to_tf32(v);
+      }
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, (float)al, xf.data(), (int)m,
+                  yf.data(), (int)k, 0.0f, of.data(), (int)m);
+      out.assign(of.begin(), of.end());
+    }
     if (be != 0)
       for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++)

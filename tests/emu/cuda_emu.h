@@ -9,7 +9,7 @@
  *
  * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
  * variables (one block runs at a time, so a function's static storage is
- * the block's shared memory); __syncthreads; __shfl_xor_sync; atomicMin;
+ * the block's shared memory; garbage at the start of each block); __syncthreads; __shfl_xor_sync; atomicMin;
  * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
  * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
  * a barrier or a shuffle switches to the next thread, so the kernels' barrier
@@ -95,6 +95,10 @@ extern dim3 lt_emu_block_dim, lt_emu_grid_dim;
 #define blockIdx lt_emu_block_idx
 #define blockDim lt_emu_block_dim
 #define gridDim lt_emu_grid_dim
+
+/* the first thread of a block to declare shared variable p fills it with
+   0xff bytes (rewrite_launches.py inserts the call after each declaration) */
+void lt_emu_shared(void *p, size_t bytes);
 
 /* waits until every thread of the block is at this barrier (line of file) */
 void lt_emu_syncthreads(const char *file, int line);

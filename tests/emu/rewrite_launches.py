@@ -8,7 +8,10 @@ becomes
 
     lt_emu_launch(lt_emu_cfg(grid, block, smem, stream), "kernel<T, H>", kernel<T, H>, a, b)
 
-and CUB's include is dropped (cuda_emu.h provides the sort lutra uses).
+each `__shared__ T a[N];` becomes `static T a[N]; lt_emu_shared(&a, sizeof a);`
+(the block's first thread to get there fills it with garbage, as a GPU's
+shared memory holds, so a read before any write is noticed), and CUB's
+include is dropped (cuda_emu.h provides the sort lutra uses).
 Lines keep their numbers, so __LINE__ in launch checks still points at the .cu
 file (a #line directive names it)."""
 import re
@@ -76,11 +79,43 @@ def rewrite(src):
         pos = q + 1
 
 
+def split_top(text):
+    """text split at commas outside brackets"""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
+def rewrite_shared(src):
+    """`__shared__ T a[N], b[M];` -> the same statics, then a call per
+    variable that fills it with garbage once per block (cuda_emu.h)."""
+    def one(m):
+        decls = split_top(m.group(1))
+        names = []
+        for d in decls:
+            head = d.split("[")[0].split("=")[0].strip()
+            names.append(re.findall(r"[A-Za-z_]\w*", head)[-1])
+        calls = " ".join("lt_emu_shared(&%s, sizeof %s);" % (n, n) for n in names)
+        return "static %s; %s" % (m.group(1).strip(), calls)
+    return re.sub(r"__shared__\s+([^;]+);", one, src)
+
+
 def main():
     if len(sys.argv) != 3:
         raise SystemExit("usage: rewrite_launches.py IN.cu OUT.cc")
     src = open(sys.argv[1]).read()
     src = re.sub(r"#include <cub/[^>]*>", "/* (CUB: cuda_emu.h) */", src)
+    src = rewrite_shared(src)
     with open(sys.argv[2], "w") as f:
         f.write('#line 1 "%s"\n' % sys.argv[1])
         f.write(rewrite(src))

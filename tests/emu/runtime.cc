@@ -68,6 +68,7 @@ struct fiber {
 };
 
 fiber fibers[MAX_THREADS];
+unsigned long long block_serial; /* counts blocks run: shared memory is fresh garbage in each */
 void *scheduler_sp;
 fiber *current;
 const std::function<void()> *body;
@@ -387,6 +388,7 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         lt_emu_block_idx.y = backwards ? c.grid.y - 1 - y : y;
         lt_emu_block_idx.z = backwards ? c.grid.z - 1 - z : z;
         descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
+        block_serial++;
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */
             fibers[i].booted = false;
@@ -401,6 +403,27 @@ void lt_emu_syncthreads(const char *file, int line) {
   f->barrier_line = line;
   f->state = AT_BARRIER;
   yield_to_scheduler(f);
+}
+
+namespace {
+struct shared_var {
+  void *p;
+  unsigned long long filled_in;
+};
+std::vector<shared_var> shared_vars;
+} // namespace
+
+void lt_emu_shared(void *p, size_t bytes) {
+  for (shared_var &v : shared_vars)
+    if (v.p == p) {
+      if (v.filled_in != block_serial) {
+        memset(p, 0xff, bytes);
+        v.filled_in = block_serial;
+      }
+      return;
+    }
+  memset(p, 0xff, bytes);
+  shared_vars.push_back(shared_var{p, block_serial});
 }
 
 uint64_t lt_emu_shuffle(unsigned mask, uint64_t bits, unsigned src_lane) {

@@ -95,6 +95,14 @@ __global__ void block_sum(const float *x, float *out, int n) {
   }
 }
 
+/* reads shared memory no thread wrote in this block */
+__global__ void read_unwritten_shared(int *out) {
+  __shared__ int fresh[4];
+  out[blockIdx.x] = fresh[blockIdx.x % 4];
+  __syncthreads();
+  fresh[blockIdx.x % 4] = 5; /* (the next block must not see this) */
+}
+
 __global__ void nothing(void) {}
 
 int main(void) {
@@ -149,6 +157,10 @@ int main(void) {
     snprintf(buf, sizeof buf, "got %g, want %g", total, want);
     expect(total == want, "a block sum through shuffles and shared memory is right in both orders", buf);
   }
+
+  read_unwritten_shared<<<2, 1>>>(d);
+  expect_ok("the kernel reading unwritten shared memory launches");
+  expect(d[0] == -1 && d[1] == -1, "shared memory holds garbage (all ones) at the start of every block", NULL);
 
   unsigned char *fresh = NULL;
   cudaMalloc((void **)&fresh, 64);

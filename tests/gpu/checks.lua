@@ -448,6 +448,8 @@ check("f64 matmul, and TF32 only when asked", function()
   lt.cuda.allow_tf32(false)
   close(exact, lt.matmul(c32, c32), "f32 without TF32", 1e-5)
   close(fast, lt.matmul(c32, c32), "f32 with TF32", 5e-3)
+  -- TF32 keeps 10 mantissa bits of each input: the flag must reach the product
+  assert((fast - exact):abs():max():item() > 0, "allow_tf32(true) changed no product")
 end)
 
 --- Forward and the gradients of sum(f(inputs) * w) on both devices.
