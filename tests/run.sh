@@ -85,8 +85,8 @@ count_run() { # suite-name exit-status pattern
 
 # GPU checks: on the GPU when there is one, else on the CUDA emulator
 # (build-emu/lutra, tests/emu/README.md) when it was built
-gpu_checks() { # suite-name lutra-binary
-  "$2" tests/gpu/checks.lua >"$log" 2>&1; rc=$?
+gpu_checks() { # suite-name lutra-binary [name-fragment]
+  "$2" tests/gpu/checks.lua ${3:+"$3"} >"$log" 2>&1; rc=$?
   if grep -q '^skipped' "$log"; then
     echo "== $1: $(grep '^skipped' "$log" | head -1)"
     return 1
@@ -109,6 +109,11 @@ if ! gpu_checks "GPU checks" ./lutra; then
       count "CUDA emulator selftest" 0 1
     fi
     gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
+    # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
+    for where in heuristic matmul; do
+      LUTRA_EMU_REFUSE_EPILOGUES=$where gpu_checks "linear, cuBLASLt refusing epilogues at the $where (CUDA emulator)" \
+        build-emu/lutra linear
+    done
     # the main job's CUDA path (lt.train, evaluation, sampling): 4 steps of a
     # tiny model on the Python tutorial's token shards
     tutorial=/usr/share/doc/python3.11/html/_sources/tutorial

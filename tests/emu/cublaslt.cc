@@ -17,6 +17,7 @@
  * cublasLtMatmul must have the alignment the heuristic was promised
  * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, and the bias and aux pointers'
  * alignment when the heuristic ran). Each refusal says why on stderr.
+ * LUTRA_EMU_REFUSE_EPILOGUES=heuristic|matmul refuses every epilogue there.
  */
 #include <cblas.h>
 #include <cublasLt.h>
@@ -26,6 +27,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -129,6 +131,14 @@ float to_tf32(float v) {
 }
 
 double gelu_tanh(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+/* LUTRA_EMU_REFUSE_EPILOGUES=heuristic or =matmul: epilogues are refused
+   (NOT_SUPPORTED) by the heuristic or by cublasLtMatmul, as a real
+   cuBLASLt may for some shapes, so lutra's composing fallbacks run */
+bool refuses_epilogues_at(const char *where) {
+  const char *e = getenv("LUTRA_EMU_REFUSE_EPILOGUES");
+  return e && !strcmp(e, where);
+}
 
 bool has_bias(uint32_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 bool has_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
@@ -306,6 +316,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   const char *why = problem(D(op), L(a), L(b), L(c), L(dd), &m, &n, &k);
   if (why)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "the heuristic: %s", why);
+  if (D(op)->epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuses_epilogues_at("heuristic"))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   memset(results, 0, sizeof *results);
   algo_state s;
   memset(&s, 0, sizeof s);
@@ -337,6 +349,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: %s", why);
   if (!algo)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul without an algorithm%s", "");
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuses_epilogues_at("matmul"))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   algo_state s;
   memcpy(&s, algo, sizeof s);
   if (workspace_bytes && !workspace)
