@@ -175,8 +175,8 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
 
 test-c: $(C_TESTS)
 
-# (with CUDA's headers, the GPU checks also run on the CUDA emulator)
-EMU_FOR_TEST := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),emu)
+# (with CUDA's headers on x86-64, the GPU checks also run on the CUDA emulator)
+EMU_FOR_TEST := $(if $(and $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),$(filter x86_64,$(shell uname -m))),emu)
 test: lutra test-c data/gpt2.tiktoken $(EMU_FOR_TEST)
 	@tests/run.sh
 

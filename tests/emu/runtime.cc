@@ -90,6 +90,10 @@ void fault(const char *fmt, ...) {
 
 } // namespace
 
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is written for x86-64 (tests/emu/runtime.cc)"
+#endif
+
 /* lt_emu_switch(&save, to): saves the callee-saved registers on this stack,
    stores the stack pointer in save, and continues on the stack to (System V
    x86-64: rbx, rbp, r12-r15 are callee-saved; a switch is a call). */
