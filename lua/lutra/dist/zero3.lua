@@ -122,9 +122,17 @@ function M.new(base, model, opts, settings, kind)
     for _, u in ipairs(self.units) do
       for _, f in ipairs(u.flats) do
         local flat = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
-        for k, p in ipairs(f.params) do flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(p:reshape(-1)) end
-        f.shard = flat:narrow(1, rank * f.chunk + 1, f.chunk):clone()
-        flat:free() -- now: a model's worth of device memory otherwise waits for Lua's collector
+        -- (each view holds the storage too: all are freed now, or a model's
+        -- worth of device memory would wait for Lua's collector)
+        for k, p in ipairs(f.params) do
+          local part = flat:narrow(1, f.offsets[k] + 1, p:numel())
+          part:copy_(p:reshape(-1))
+          part:free()
+        end
+        local mine = flat:narrow(1, rank * f.chunk + 1, f.chunk)
+        f.shard = mine:clone()
+        mine:free()
+        flat:free()
         if not f.frozen then
           f.shard:requires_grad_()
           self.flats[#self.flats + 1] = f
