@@ -52,7 +52,10 @@ endif
 # kernels compiled for the CPU, the emulator's runtime and cuBLASLt linked in
 # place of CUDA's; needs only CUDA's headers. `make emu` builds build-emu/lutra.
 ifeq ($(EMU),1)
-  CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),1,0)
+  override CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),1,0)
+  ifeq ($(CUDA),0)
+    $(error EMU=1: the CUDA emulator needs CUDA's headers in $(CUDA_HOME)/include)
+  endif
 endif
 ifeq ($(CUDA),1)
   CUDA_CFLAGS := -DLT_WITH_CUDA -I$(CUDA_HOME)/include -DLT_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
@@ -175,8 +178,11 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
 
 test-c: $(C_TESTS)
 
-# (with CUDA's headers on x86-64, the GPU checks also run on the CUDA emulator)
-EMU_FOR_TEST := $(if $(and $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),$(filter x86_64,$(shell uname -m))),emu)
+# make test builds the CUDA emulator where it can (CUDA's runtime, cuBLASLt
+# and NCCL headers, python3, x86-64, CUDA not turned off): tests/run.sh runs
+# the GPU checks on it when there is no GPU. EMU_FOR_TEST= leaves it out.
+EMU_HEADERS := $(foreach h,cuda_runtime.h cublasLt.h nccl.h,$(wildcard $(CUDA_HOME)/include/$(h)))
+EMU_FOR_TEST ?= $(if $(and $(filter 3,$(words $(EMU_HEADERS))),$(filter x86_64,$(shell uname -m)),$(filter-out 0,$(CUDA)),$(shell command -v python3)),emu)
 test: lutra test-c data/gpt2.tiktoken $(EMU_FOR_TEST)
 	@tests/run.sh
 

@@ -111,8 +111,9 @@ if ! gpu_checks "GPU checks" ./lutra; then
     gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
     for where in heuristic matmul; do
-      LUTRA_EMU_REFUSE_EPILOGUES=$where gpu_checks "linear, cuBLASLt refusing epilogues at the $where (CUDA emulator)" \
-        build-emu/lutra linear
+      suite="linear, cuBLASLt refusing epilogues at the $where (CUDA emulator)"
+      LUTRA_EMU_REFUSE_EPILOGUES=$where gpu_checks "$suite" build-emu/lutra linear
+      grep -q 'running it as matmul' "$log" || { echo "   lutra did not say it composed"; count "$suite" 0 1; }
     done
     # the main job's CUDA path (lt.train, evaluation, sampling): 4 steps of a
     # tiny model on the Python tutorial's token shards
@@ -132,7 +133,7 @@ if ! gpu_checks "GPU checks" ./lutra; then
     # the GPU benchmark's script, at a tiny size (its numbers mean nothing here)
     build-emu/lutra bench/gpt2_gpu.lua --steps=1 --batches=1 --dtypes=bf16 --model=gpt2-tiny --T=32 --rate_size=64 \
       >"$log" 2>&1
-    count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 '
+    count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 *[0-9]'
   else
     echo "== GPU checks (CUDA emulator): skipped: build-emu/lutra was not built (make emu; needs CUDA's headers)"
   fi

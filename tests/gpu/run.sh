@@ -22,7 +22,9 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
 nproc
 
-make_args=(MPI=0) # one process on the device: NCCL needs no MPI for one rank (the GPU checks use it)
+# one process on the device: NCCL needs no MPI for one rank (the GPU checks use it); the
+# CUDA emulator is for machines without a GPU (EMU_FOR_TEST= keeps make test from building it)
+make_args=(MPI=0 EMU_FOR_TEST=)
 if ! pkg-config --exists luajit 2>/dev/null && [ -d .deps ]; then
   step "unpacking .deps into /tmp/sysroot"
   SYSROOT=/tmp/sysroot
