@@ -29,8 +29,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NCLASSES = LT_SIZE_CLASSES(SMALL_STEP, SMALL_LIMIT) };
 
 #ifdef LT_CUDA_EMU
-/* the CUDA emulator (tests/emu/runtime.cc): under AddressSanitizer, poisons
-   the part of a block no tensor owns */
+/* the CUDA emulator (tests/emu/runtime.cc): a block of block bytes handed
+   out for used bytes (0: freed); it fills them with garbage and, under
+   AddressSanitizer, poisons the part no tensor owns */
 void lt_emu_device_span(void *p, size_t used, size_t block);
 #endif
 

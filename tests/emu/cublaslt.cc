@@ -62,6 +62,7 @@ struct pref {
 struct algo_state {
   uint32_t align[4];
   uint32_t align_bias, align_aux;
+  uint64_t workspace; /* the bytes it asked for */
 };
 static_assert(sizeof(algo_state) <= sizeof(cublasLtMatmulAlgo_t), "the algo's opaque bytes hold its state");
 
@@ -317,7 +318,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   if (why)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "the heuristic: %s", why);
   if (D(op)->epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuses_epilogues_at("heuristic"))
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "the heuristic: %s", "epilogues refused (LUTRA_EMU_REFUSE_EPILOGUES)");
   memset(results, 0, sizeof *results);
   algo_state s;
   memset(&s, 0, sizeof s);
@@ -325,9 +326,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     s.align[i] = P(pr)->align[i];
   s.align_bias = has_bias(D(op)->epilogue) || D(op)->epilogue == CUBLASLT_EPILOGUE_BGRADB ? alignment(D(op)->bias) : 0;
   s.align_aux = has_aux(D(op)->epilogue) ? alignment(D(op)->aux) : 0;
-  memcpy(&results->algo, &s, sizeof s);
   /* an algorithm that wants workspace, as many do: within the preference */
-  results->workspaceSize = std::min<uint64_t>(P(pr)->workspace, 1 << 20);
+  s.workspace = std::min<uint64_t>(P(pr)->workspace, 1 << 20);
+  memcpy(&results->algo, &s, sizeof s);
+  results->workspaceSize = s.workspace;
   results->state = CUBLAS_STATUS_SUCCESS;
   results->wavesCount = 1.0f;
   *found = 1;
@@ -350,11 +352,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (!algo)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul without an algorithm%s", "");
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && refuses_epilogues_at("matmul"))
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul: %s", "epilogues refused (LUTRA_EMU_REFUSE_EPILOGUES)");
   algo_state s;
   memcpy(&s, algo, sizeof s);
-  if (workspace_bytes && !workspace)
-    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: a workspace size without a workspace%s", "");
+  if (workspace_bytes < s.workspace || (workspace_bytes && !workspace))
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: less workspace than the algorithm asked for%s", "");
   if (workspace_bytes)
     memset(workspace, 0xff, workspace_bytes); /* (the algorithm's scratch) */
   size_t es = type_size(a->type);

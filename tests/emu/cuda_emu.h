@@ -63,6 +63,7 @@ struct lt_emu_config {
   cudaStream_t stream;
 };
 
+/* The <<<grid, block, smem, stream>>> of a launch (rewrite_launches.py). */
 static inline lt_emu_config lt_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = 0) {
   lt_emu_config c;
   c.grid = grid;
@@ -76,6 +77,8 @@ static inline lt_emu_config lt_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, c
    configuration or a barrier fault sets the error cudaGetLastError returns. */
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &body);
 
+/* kernel<<<c>>>(args...), named name in fault messages; args convert to
+   the kernel's parameter types as in a launch. */
 template <typename... P, typename... A>
 static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void (*kernel)(P...), A &&...args) {
   lt_emu_run(c, name, [&] { kernel(args...); });

@@ -21,9 +21,7 @@ namespace {
 size_t type_size(ncclDataType_t t) {
   switch (t) {
   case ncclInt8:
-  case ncclUint8:
-  case ncclFloat8e4m3:
-  case ncclFloat8e5m2: return 1;
+  case ncclUint8: return 1;
   case ncclFloat16:
   case ncclBfloat16: return 2;
   case ncclInt32:

@@ -70,12 +70,13 @@ def rewrite(src):
             p += 1
         if src[p] != "(":
             raise SystemExit("rewrite_launches: no arguments after %s<<<...>>>" % callee)
+        gap = src[close + 3:p]  # (kept: its line breaks keep the line numbers)
         q = matching_paren(src, p)
         args = src[p + 1:q]
         name = " ".join(callee.split())
         out.append(src[pos:start])
-        out.append('lt_emu_launch(lt_emu_cfg(%s), "%s", %s%s%s)' %
-                   (cfg, name, callee, ", " if args.strip() else "", args))
+        out.append('lt_emu_launch(lt_emu_cfg(%s), "%s", %s%s%s%s)' %
+                   (cfg, name, callee, gap, ", " if args.strip() else "", args))
         pos = q + 1
 
 

@@ -74,7 +74,8 @@ fiber *current;
 const std::function<void()> *body;
 std::mutex launch_lock;
 
-/* the sticky error of the last launch, as cudaGetLastError reports it */
+/* the error of the last launch or call, until cudaGetLastError reads and clears it (a GPU's
+   launch failures stay: the emulator's do not) */
 cudaError_t last_error = cudaSuccess;
 std::string fault_message;
 
@@ -198,6 +199,9 @@ bool boot(fiber *f) {
     mprotect(p, 4096, PROT_NONE); /* a guard page: an overflow faults instead of corrupting */
     f->stack = (char *)p;
   }
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_UNPOISON_MEMORY_REGION(f->stack + 4096, STACK_BYTES - 4096); /* (frames a fault abandoned) */
+#endif
   /* tops staggered by cache lines: stacks that all ended on a 256 KiB
      boundary would share the same cache sets, and switching thrashed them */
   size_t color = (size_t)(f - fibers) % 61 * 64;
@@ -284,6 +288,14 @@ bool release_shuffles(unsigned n, const char *name, bool *failed) {
     }
     if (!ready)
       continue;
+    for (unsigned lane = 0; lane < 32; lane++)
+      if ((mask >> lane & 1) && !(mask >> fibers[base + lane].shuffle_src & 1)) {
+        fault("%s: block (%u,%u,%u): lane %u of warp %u reads lane %u, outside the shuffle's mask 0x%08x", name,
+              lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z, lane, base / 32,
+              fibers[base + lane].shuffle_src, mask);
+        *failed = true;
+        return false;
+      }
     for (unsigned lane = 0; lane < 32; lane++)
       if (mask >> lane & 1) {
         fiber *f = &fibers[base + lane];
@@ -493,8 +505,14 @@ void lt_emu_device_span(void *p, size_t used, size_t block) {
   (void)block;
 #endif
   /* a new tensor's memory holds garbage, as on a GPU (cudaMalloc does not
-     clear, and the cache hands back old data): all ones, NaN as a float */
-  memset(p, 0xff, used);
+     clear, and the cache hands back old data): all ones, NaN as a float;
+     a freed block is scribbled too, so a read after the free sees garbage */
+#if defined(__SANITIZE_ADDRESS__)
+  if (used)
+    memset(p, 0xff, used);
+#else
+  memset(p, 0xff, used ? used : block);
+#endif
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -619,7 +637,8 @@ cudaError_t cudaFree(void *p) {
 }
 
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
-  *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  size_t rounded = (bytes + 255) / 256 * 256;
+  *p = aligned_alloc(256, rounded ? rounded : 256);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 

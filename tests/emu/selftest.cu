@@ -103,6 +103,12 @@ __global__ void read_unwritten_shared(int *out) {
   fresh[blockIdx.x % 4] = 5; /* (the next block must not see this) */
 }
 
+/* lanes read a lane outside the shuffle's (partial) mask */
+__global__ void shuffle_outside_mask(float *out) {
+  if (threadIdx.x < 16)
+    out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, (float)threadIdx.x, 16);
+}
+
 __global__ void nothing(void) {}
 
 int main(void) {
@@ -120,6 +126,9 @@ int main(void) {
   expect_fault("a barrier that a thread exits before fails the launch", "exit before");
   shuffle_with_exited_lane<<<1, 32>>>(f);
   expect_fault("a full-warp shuffle naming an exited lane fails the launch", "has exited");
+
+  shuffle_outside_mask<<<1, 32>>>(f);
+  expect_fault("a shuffle reading a lane outside its mask fails the launch", "outside the shuffle's mask");
 
   nothing<<<0, 32>>>();
   expect_fault("a zero-sized grid is an invalid configuration", "zero-sized");
