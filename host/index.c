@@ -165,6 +165,11 @@ lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, l
 }
 
 lt_status lt_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor **res) {
+  LT_TRY(lt_check_tensor("embedding", weight, 1));
+  if (weight->ndim != 2) {
+    char b[200];
+    return lt_fail(LT_ERR_SHAPE, "embedding: the weight must be (V, C), got shape %s", lt_tensor_shape_str(weight, b));
+  }
   return index_select_as("embedding", LT_REPORT_IDS, weight, 0, ids, res);
 }
 
