@@ -2,8 +2,9 @@
 # tests/run.sh: runs every suite (`make test` calls it after building) and
 # ends with one line "N passed, N failed". Suites: C unit tests, Lua specs
 # run by lutra (busted), REPL tests on a pseudo-terminal, distributed specs
-# under mpirun, GPU checks (on the CUDA emulator where there is no GPU). Each prints its own lines; a suite that cannot
-# run here says why and counts as skipped, not passed.
+# under mpirun, GPU checks (on the CUDA emulator where there is no GPU).
+# Each prints its own lines; a suite that cannot run here says why and
+# counts as skipped, not passed.
 set -u
 cd "$(dirname "$0")/.."
 passed=0
@@ -15,6 +16,17 @@ count() { # suite-name passed failed
   echo "== $1: $2 passed, $3 failed"
   passed=$((passed + $2))
   failed=$((failed + $3))
+}
+
+# a suite's summary line "...N passed, M failed" counted under suite-name
+# (no line: the suite did not finish, one failure)
+count_line() { # suite-name line
+  if [ -z "$2" ]; then
+    count "$1" 0 1
+  else
+    count "$1" "$(echo "$2" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed$/\1/')" \
+      "$(echo "$2" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed$/\2/')"
+  fi
 }
 
 # C unit tests: each binary prints "<file>: N passed, M failed"
@@ -63,14 +75,8 @@ else
   bash tests/dist/run.sh >"$log" 2>&1
   grep -A16 '^not ok' "$log" | sed 's/^/   /'
   line=$(grep -E '^dist: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
-  if [ -z "$line" ]; then
-    echo "   distributed specs did not finish:"; tail -20 "$log" | sed 's/^/   /'
-    count "distributed specs" 0 1
-  else
-    dp=$(echo "$line" | sed -E 's/dist: ([0-9]+) passed.*/\1/')
-    df=$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed/\1/')
-    count "distributed specs" "$dp" "$df"
-  fi
+  [ -z "$line" ] && { echo "   distributed specs did not finish:"; tail -20 "$log" | sed 's/^/   /'; }
+  count_line "distributed specs" "$line"
 fi
 
 # one run counted as one test: passed when it exited 0 and its log has the pattern
@@ -101,13 +107,7 @@ if ! gpu_checks "GPU checks" ./lutra; then
     # the emulator's own test first: it must catch what it claims to catch
     out=$(build-emu/tests/emu/selftest 2>&1)
     echo "$out" | grep -v 'passed, [0-9]* failed$' | sed 's/^/   /'
-    line=$(echo "$out" | grep -E '^emu selftest: [0-9]+ passed, [0-9]+ failed$')
-    if [ -n "$line" ]; then
-      count "CUDA emulator selftest" "$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')" \
-        "$(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed/\1/')"
-    else
-      count "CUDA emulator selftest" 0 1
-    fi
+    count_line "CUDA emulator selftest" "$(echo "$out" | grep -E '^emu selftest: [0-9]+ passed, [0-9]+ failed$')"
     gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
     for where in heuristic matmul; do
