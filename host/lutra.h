@@ -186,10 +186,18 @@ lt_status lt_tensor_full(int ndim, const int64_t *sizes, double value, lt_dtype 
 lt_status lt_tensor_arange(double start, double end, double step, lt_dtype dtype, lt_device device, lt_tensor **out);
 /* A tensor of the given shape from n = numel doubles in row-major order. */
 lt_status lt_tensor_from_f64(const double *values, int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device, lt_tensor **out);
-/* Copies t's numel elements in row-major order into dst as doubles. */
+/* Copies t's numel elements in row-major order into dst as doubles (NaNs
+   canonical: see lt_canonical_nans). */
 lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n);
-/* The single element of a numel-1 tensor. */
+/* The single element of a numel-1 tensor (a NaN canonical). */
 lt_status lt_tensor_item(const lt_tensor *t, double *value);
+/* Replaces every NaN of v[0..n) by the canonical quiet NaN (0x7ff8...). The
+   C functions that hand doubles to Lua call it: LuaJIT keeps its other
+   values inside NaN bit patterns, so a NaN with the sign bit and payload
+   bits set (uninitialised memory, a bf16 NaN widened, a CPU propagating a
+   NaN's payload) would read in Lua as nil, a table or a dangling pointer
+   (lj_obj.h, "NaN-tagging"). */
+void lt_canonical_nans(double *v, int64_t n);
 
 /* ---- views: share storage, never copy ---------------------------------- */
 

@@ -398,6 +398,12 @@ lt_status lt_tensor_from_f64(const double *values, int ndim, const int64_t *size
   return finish(st, r, out);
 }
 
+void lt_canonical_nans(double *v, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (v[i] != v[i])
+      v[i] = NAN;
+}
+
 lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
   LT_TRY(lt_check_tensor("to_f64", t, 1));
   int64_t numel = lt_tensor_numel(t);
@@ -409,6 +415,8 @@ lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
   wrap_f64(&d, &s, dst, t->ndim, t->sizes);
   lt_status st;
   LT_NO_GRAD(st = lt_tensor_copy_(&d, t)); /* reading values out is not an op to record */
+  if (st == LT_OK && lt_dtype_is_float(t->dtype))
+    lt_canonical_nans(dst, numel);
   return st;
 }
 

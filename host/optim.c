@@ -210,6 +210,7 @@ lt_status lt_grad_sum_squares(int n, lt_tensor *const *grads, double *out) {
   if (st == LT_OK)
     for (int i = 0; i < n; i++)
       *out += parts[i];
+  lt_canonical_nans(out, 1);
   for (int i = 0; tmp && i < n; i++)
     lt_tensor_release(tmp[i]);
   free(tmp);

@@ -257,6 +257,11 @@ function T.storage_offset(t) return tonumber(C.lt_tensor_offset(t)) end
 function T.shares_storage(t, other) return C.lt_tensor_same_storage(t, other) ~= 0 end
 function T.is_floating_point(t) return C.lt_dtype_is_float(C.lt_tensor_dtype(t)) ~= 0 end
 --- Address of element 1 of a CPU tensor, as a typed pointer for FFI code.
+-- Reading a float NaN through it hands LuaJIT the NaN's bits unchanged, and
+-- LuaJIT keeps its other values inside NaN bit patterns: a NaN with the sign
+-- and high payload bits set reads as nil or a bogus object. Read values
+-- with t:item() or t:totable() (which return every NaN as a plain NaN), or
+-- test the bits as integers.
 local ptr_types = { f32 = "float*", f64 = "double*", bf16 = "uint16_t*", f16 = "uint16_t*",
   i8 = "int8_t*", u8 = "uint8_t*", u16 = "uint16_t*", i32 = "int32_t*", i64 = "int64_t*", bool = "uint8_t*" }
 function T.data_ptr(t)

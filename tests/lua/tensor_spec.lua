@@ -181,6 +181,35 @@ describe("printing", function()
     assert.truthy(tostring(lt.tensor({ true }, { dtype = "bool" })):find("true", 1, true))
     assert.truthy(tostring(lt.tensor { 0 / 0, math.huge }):find("nan", 1, true))
   end)
+  it("reads every NaN bit pattern back as a NaN number (LuaJIT's NaN tags)", function()
+    -- NaNs whose sign and high payload bits are set (uninitialised memory,
+    -- a bf16 NaN widened, a CPU propagating a payload) would read in Lua as
+    -- nil or a bogus object if handed over unchanged
+    local ffi = require "ffi"
+    local t = lt.zeros({ 4 }, { dtype = "f32" })
+    local bits = ffi.cast("uint32_t*", t:data_ptr())
+    bits[0], bits[1], bits[2], bits[3] = 0xFFFFFFFF, 0xFFFF0001, 0x7FC00000, 0xFFC00000
+    local d = lt.zeros({ 2 }, { dtype = "f64" })
+    local dbits = ffi.cast("uint64_t*", d:data_ptr())
+    dbits[0], dbits[1] = 0xFFFA000000001234ULL, 0xFFFFFFFFFFFFFFFFULL
+    for _, x in ipairs { t, d, t:to("bf16"), t:to("f16") } do
+      for i = 1, x:numel() do
+        local v = x:narrow(1, i, 1):item()
+        assert.are.equal("number", type(v), x.dtype .. " element " .. i)
+        assert.is_true(v ~= v, x.dtype .. " element " .. i .. " is a NaN")
+      end
+      for i, v in ipairs(x:totable()) do
+        assert.is_true(type(v) == "number" and v ~= v, x.dtype .. " totable element " .. i)
+      end
+      assert.truthy(tostring(x):find("nan", 1, true))
+      local s = x:sum():item()
+      assert.is_true(type(s) == "number" and s ~= s, x.dtype .. " sum")
+    end
+    local p = lt.zeros({ 2 }, { requires_grad = true })
+    p.grad = t:narrow(1, 1, 2):clone()
+    local norm = lt.optim.clip_grad_norm({ p }, 1.0)
+    assert.is_true(type(norm) == "number" and norm ~= norm, "clip_grad_norm of NaN gradients")
+  end)
   it("summarizes large tensors with their edges", function()
     local s = tostring(lt.arange(1000000):view(1000, 1000))
     assert.truthy(s:find("...", 1, true))
