@@ -13,6 +13,7 @@
 #   make fuzz       libFuzzer on the safetensors reader (FUZZ_SECONDS=60)
 #   make emu        lutra on the CUDA emulator (build-emu/lutra: GPU checks on the CPU)
 #   make emu-asan   the GPU checks on the emulator under AddressSanitizer and UBSan
+#   make emu-tsan   the GPU checks on the emulator under ThreadSanitizer (races between threads and blocks)
 #
 # Options: CUDA=0 / MPI=0 build without them (default: used when found);
 # SYSROOT=<dir> takes LuaJIT, OpenBLAS, libedit and cJSON from Debian
@@ -76,6 +77,13 @@ ifeq ($(EMU)$(CUDA),11)
   EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/nccl.o
   EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                   -DLT_WITH_CUDA -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(SANITIZE)
+  # EMU_TSAN=1 (make emu-tsan): block threads as ThreadSanitizer contexts;
+  # the emulator's own scheduler is not instrumented (its bookkeeping is
+  # not the kernels' memory)
+  ifeq ($(EMU_TSAN),1)
+    EMU_CXXFLAGS += -DLT_EMU_TSAN=1
+    $(BUILD)/tests/emu/runtime.o: EMU_CXXFLAGS := $(filter-out $(SANITIZE),$(EMU_CXXFLAGS))
+  endif
 endif
 
 # MPI: Open MPI through pkg-config (the machine's own, never a sysroot's), unless MPI=0.
@@ -116,7 +124,7 @@ CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(EMU_OBJ
 BIND_OBJ := $(LUA_BIND_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
-.PHONY: all test test-c deps demo ref bench asan fuzz emu emu-asan clean data check-tokenizer
+.PHONY: all test test-c deps demo ref bench asan fuzz emu emu-asan emu-tsan clean data check-tokenizer
 all: lutra
 
 LUTRA_OUT ?= lutra
@@ -248,6 +256,20 @@ emu-asan:
 	  LUTRA_OUT=build-emu-asan/lutra build-emu-asan/lutra
 	$(ASAN_ENV) build-emu-asan/lutra tests/gpu/checks.lua
 
+# the GPU checks on the CUDA emulator under ThreadSanitizer: two threads of
+# a block, or two blocks, touching the same memory with nothing ordering
+# them (a __syncthreads, an atomic, the kernel's end) are reported, which
+# the emulator's one-thread-at-a-time run cannot show otherwise. Slow: pass
+# a check name fragment as EMU_TSAN_CHECKS to run fewer.
+emu-tsan:
+	$(MAKE) -j$$(nproc) BUILD=build-emu-tsan EMU=1 EMU_TSAN=1 SANITIZE=-fsanitize=thread OPT=-O1 KERNEL_OPT=-O1 \
+	  LUTRA_OUT=build-emu-tsan/lutra build-emu-tsan/lutra build-emu-tsan/tests/emu/selftest
+	TSAN_OPTIONS=halt_on_error=0:exitcode=0 build-emu-tsan/tests/emu/selftest > build-emu-tsan/selftest.log 2>&1 || \
+	  { grep -A3 "not ok" build-emu-tsan/selftest.log; exit 1; }
+	@echo "CUDA emulator selftest under ThreadSanitizer: $$(tail -1 build-emu-tsan/selftest.log)"
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  build-emu-tsan/lutra tests/gpu/checks.lua $(EMU_TSAN_CHECKS)
+
 # libFuzzer (clang, AddressSanitizer) on the file parsers: safetensors, shard
 # headers, vocabularies; FUZZ_SECONDS per harness (60 by default).
 FUZZ_SECONDS ?= 60
@@ -264,6 +286,6 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz build-emu build-emu-asan lutra
+	rm -rf $(BUILD) build-asan build-fuzz build-emu build-emu-asan build-emu-tsan lutra
 
 -include $(CORE_OBJ:.o=.d) $(BIND_OBJ:.o=.d)

@@ -30,9 +30,10 @@ enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NCLASSES = LT_SIZE_CLASSES(SMALL_S
 
 #ifdef LT_CUDA_EMU
 /* the CUDA emulator (tests/emu/runtime.cc): a block of block bytes handed
-   out for used bytes (0: freed); it fills them with garbage and, under
-   AddressSanitizer, poisons the part no tensor owns */
-void lt_emu_device_span(void *p, size_t used, size_t block);
+   out for used bytes (0: freed), in the order of the stream that uses it;
+   it fills them with garbage and, under AddressSanitizer, poisons the part
+   no tensor owns */
+void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream);
 #endif
 
 static int size_class(size_t nbytes, size_t *rounded) {
@@ -159,7 +160,7 @@ static lt_status cuda_alloc(lt_device device, size_t nbytes, void **ptr) {
   c->nalloc++;
   pthread_mutex_unlock(&lock);
 #ifdef LT_CUDA_EMU
-  lt_emu_device_span(*ptr, nbytes, rounded);
+  lt_emu_device_span(*ptr, nbytes, rounded, c->compute);
 #endif
   return LT_OK;
 }
@@ -173,7 +174,7 @@ static void cuda_free(lt_device device, void *ptr, size_t nbytes) {
   int k = size_class(nbytes, &rounded);
   cblock *b = malloc(sizeof *b);
 #ifdef LT_CUDA_EMU
-  lt_emu_device_span(ptr, 0, rounded);
+  lt_emu_device_span(ptr, 0, rounded, c->compute);
 #endif
   pthread_mutex_lock(&lock);
   c->allocated -= rounded;

@@ -18,6 +18,9 @@
  * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, and the bias and aux pointers'
  * alignment when the heuristic ran). Each refusal says why on stderr.
  * LUTRA_EMU_REFUSE_EPILOGUES=heuristic|matmul refuses every epilogue there.
+ * cublasLtMatmul checks its arguments and reads alpha, beta and the
+ * descriptors when called; the product runs in the stream's order
+ * (emu_queue.h).
  */
 #include <cblas.h>
 #include <cublasLt.h>
@@ -32,6 +35,8 @@
 
 #include <algorithm>
 #include <vector>
+
+#include "emu_queue.h"
 
 namespace {
 
@@ -183,6 +188,68 @@ const char *problem(const desc *d, const layout *a, const layout *b, const layou
       d->epilogue != CUBLASLT_EPILOGUE_BGRADB)
     return "an epilogue lutra does not use";
   return NULL;
+}
+
+/* D = alpha op(A) op(B) + beta C and the epilogue, now (cublasLtMatmul
+   has checked the arguments) */
+void product(const desc *d, const layout *a, const layout *b, const layout *c, const layout *o, uint64_t m,
+             uint64_t n, uint64_t k, double al, double be, const void *A, const void *B, const void *C, void *Dp) {
+  size_t es = type_size(a->type);
+  cudaDataType_t t = a->type;
+  for (int32_t bi = 0; bi < a->batch; bi++) {
+    const char *pa = (const char *)A + (size_t)(bi * a->stride) * es;
+    const char *pb = (const char *)B + (size_t)(bi * b->stride) * es;
+    const char *pc = (const char *)C + (size_t)(bi * c->stride) * es;
+    char *pd = (char *)Dp + (size_t)(bi * o->stride) * es;
+    /* op(A) (m x k) and op(B) (k x n), column-major; the product by OpenBLAS
+       in the compute type: f64 for COMPUTE_64F, else f32 accumulation (inputs
+       rounded to TF32 first for COMPUTE_32F_FAST_TF32) */
+    bool f64 = d->compute == CUBLAS_COMPUTE_64F, tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    std::vector<double> x((size_t)(m * k)), y((size_t)(k * n)), out((size_t)(m * n));
+    for (uint64_t q = 0; q < k; q++)
+      for (uint64_t i = 0; i < m; i++)
+        x[(size_t)(i + q * m)] = load(t, pa, (int64_t)(d->transa == CUBLAS_OP_N ? i + q * a->ld : q + i * a->ld));
+    for (uint64_t j = 0; j < n; j++)
+      for (uint64_t q = 0; q < k; q++)
+        y[(size_t)(q + j * k)] = load(t, pb, (int64_t)(d->transb == CUBLAS_OP_N ? q + j * b->ld : j + q * b->ld));
+    if (m && n && k && f64)
+      cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, al, x.data(), (int)m, y.data(),
+                  (int)k, 0.0, out.data(), (int)m);
+    else if (m && n && k) {
+      std::vector<float> xf(x.begin(), x.end()), yf(y.begin(), y.end()), of((size_t)(m * n));
+      if (tf32) {
+        for (float &v : xf)
+          v = to_tf32(v);
+        for (float &v : yf)
+          v = to_tf32(v);
+      }
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, (float)al, xf.data(), (int)m,
+                  yf.data(), (int)k, 0.0f, of.data(), (int)m);
+      out.assign(of.begin(), of.end());
+    }
+    if (be != 0)
+      for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++)
+          out[(size_t)(i + j * m)] += be * load(t, pc, (int64_t)(i + j * c->ld));
+    if (d->epilogue == CUBLASLT_EPILOGUE_BGRADB)
+      for (uint64_t j = 0; j < n; j++) {
+        double sum = 0;
+        for (uint64_t q = 0; q < k; q++)
+          sum += y[(size_t)(q + j * k)];
+        store(t, (void *)d->bias, (int64_t)j, sum);
+      }
+    for (uint64_t j = 0; j < n; j++)
+      for (uint64_t i = 0; i < m; i++) {
+        double v = out[(size_t)(i + j * m)];
+        if (has_bias(d->epilogue))
+          v += load(t, d->bias, (int64_t)i);
+        if (has_aux(d->epilogue)) {
+          store(t, d->aux, (int64_t)(i + j * d->aux_ld), v);
+          v = gelu_tanh(v);
+        }
+        store(t, pd, (int64_t)(i + j * o->ld), v);
+      }
+  }
 }
 
 } // namespace
@@ -342,7 +409,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
   (void)h;
-  (void)stream;
   const desc *d = D(op);
   const layout *a = L(adesc), *b = L(bdesc), *c = L(cdesc), *o = L(ddesc);
   uint64_t m, n, k;
@@ -357,8 +423,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   memcpy(&s, algo, sizeof s);
   if (workspace_bytes < s.workspace || (workspace_bytes && !workspace))
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: less workspace than the algorithm asked for%s", "");
-  if (workspace_bytes)
-    memset(workspace, 0xff, workspace_bytes); /* (the algorithm's scratch) */
   size_t es = type_size(a->type);
   const void *ptrs[4] = {A, B, C, Dp};
   const layout *lays[4] = {a, b, c, o};
@@ -383,61 +447,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the epilogue needs an aux pointer%s", "");
   double al = d->scale == CUDA_R_64F ? *(const double *)alpha : *(const float *)alpha;
   double be = d->scale == CUDA_R_64F ? *(const double *)beta : *(const float *)beta;
-  cudaDataType_t t = a->type;
-  for (int32_t bi = 0; bi < a->batch; bi++) {
-    const char *pa = (const char *)A + (size_t)(bi * a->stride) * es;
-    const char *pb = (const char *)B + (size_t)(bi * b->stride) * es;
-    const char *pc = (const char *)C + (size_t)(bi * c->stride) * es;
-    char *pd = (char *)Dp + (size_t)(bi * o->stride) * es;
-    /* op(A) (m x k) and op(B) (k x n), column-major; the product by OpenBLAS
-       in the compute type: f64 for COMPUTE_64F, else f32 accumulation (inputs
-       rounded to TF32 first for COMPUTE_32F_FAST_TF32) */
-    bool f64 = d->compute == CUBLAS_COMPUTE_64F, tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    std::vector<double> x((size_t)(m * k)), y((size_t)(k * n)), out((size_t)(m * n));
-    for (uint64_t q = 0; q < k; q++)
-      for (uint64_t i = 0; i < m; i++)
-        x[(size_t)(i + q * m)] = load(t, pa, (int64_t)(d->transa == CUBLAS_OP_N ? i + q * a->ld : q + i * a->ld));
-    for (uint64_t j = 0; j < n; j++)
-      for (uint64_t q = 0; q < k; q++)
-        y[(size_t)(q + j * k)] = load(t, pb, (int64_t)(d->transb == CUBLAS_OP_N ? q + j * b->ld : j + q * b->ld));
-    if (m && n && k && f64)
-      cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, al, x.data(), (int)m, y.data(),
-                  (int)k, 0.0, out.data(), (int)m);
-    else if (m && n && k) {
-      std::vector<float> xf(x.begin(), x.end()), yf(y.begin(), y.end()), of((size_t)(m * n));
-      if (tf32) {
-        for (float &v : xf)
-          v = to_tf32(v);
-        for (float &v : yf)
-          v = to_tf32(v);
-      }
-      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, (float)al, xf.data(), (int)m,
-                  yf.data(), (int)k, 0.0f, of.data(), (int)m);
-      out.assign(of.begin(), of.end());
-    }
-    if (be != 0)
-      for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++)
-          out[(size_t)(i + j * m)] += be * load(t, pc, (int64_t)(i + j * c->ld));
-    if (d->epilogue == CUBLASLT_EPILOGUE_BGRADB)
-      for (uint64_t j = 0; j < n; j++) {
-        double sum = 0;
-        for (uint64_t q = 0; q < k; q++)
-          sum += y[(size_t)(q + j * k)];
-        store(t, (void *)d->bias, (int64_t)j, sum);
-      }
-    for (uint64_t j = 0; j < n; j++)
-      for (uint64_t i = 0; i < m; i++) {
-        double v = out[(size_t)(i + j * m)];
-        if (has_bias(d->epilogue))
-          v += load(t, d->bias, (int64_t)i);
-        if (has_aux(d->epilogue)) {
-          store(t, d->aux, (int64_t)(i + j * d->aux_ld), v);
-          v = gelu_tanh(v);
-        }
-        store(t, pd, (int64_t)(i + j * o->ld), v);
-      }
-  }
+  /* alpha, beta and the descriptors are read now, the matrices when the
+     product runs in the stream's order (emu_queue.h) */
+  desc dc = *d;
+  layout la = *a, lb = *b, lc = *c, lo = *o;
+  lt_emu_enqueue(stream, [=] {
+    if (workspace_bytes)
+      memset(workspace, 0xff, workspace_bytes); /* (the algorithm's scratch) */
+    product(&dc, &la, &lb, &lc, &lo, m, n, k, al, be, A, B, C, Dp);
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -16,7 +16,8 @@
  * discipline is checked (a thread that waits at a barrier the others never
  * reach, or a full-warp shuffle with a lane that has exited, fails the
  * launch with a message), and launch configurations are checked as the
- * driver does (grid and block limits, zero-sized grids).
+ * driver does (grid and block limits, zero-sized grids). A launch is
+ * queued on its stream and runs when the host waits for it (emu_queue.h).
  */
 #ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
 #define LUTRA_TESTS_EMU_CUDA_EMU_H
@@ -44,8 +45,11 @@ static inline float __int_as_float(int v) {
 #include <math_constants.h>
 #include <cmath>
 
+#include "emu_queue.h"
+
 #include <algorithm>
 #include <functional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -73,15 +77,25 @@ static inline lt_emu_config lt_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, c
   return c;
 }
 
-/* Runs body once per thread of every block of c (runtime.cc); a bad
-   configuration or a barrier fault sets the error cudaGetLastError returns. */
+/* Whether c is a configuration the driver launches; if not, sets the
+   error cudaGetLastError returns (at the launch, as a GPU does). */
+bool lt_emu_config_ok(const lt_emu_config &c, const char *name);
+
+/* Runs body once per thread of every block of c, now (runtime.cc); a
+   barrier or shuffle fault stops it and sets the error that the next wait
+   for the stream (and cudaGetLastError) returns. */
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &body);
 
-/* kernel<<<c>>>(args...), named name in fault messages; args convert to
-   the kernel's parameter types as in a launch. */
+/* kernel<<<c>>>(args...), named name in fault messages: the configuration
+   is checked now, the arguments converted to the kernel's parameter types
+   and copied now (as a launch does), and the kernel runs in c.stream's
+   order (emu_queue.h). */
 template <typename... P, typename... A>
 static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void (*kernel)(P...), A &&...args) {
-  lt_emu_run(c, name, [&] { kernel(args...); });
+  if (!lt_emu_config_ok(c, name))
+    return;
+  std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
+  lt_emu_enqueue(c.stream, [c, name, kernel, params] { lt_emu_run(c, name, [&] { std::apply(kernel, params); }); });
 }
 
 /* ---- what a thread sees --------------------------------------------------- */
@@ -103,6 +117,16 @@ extern dim3 lt_emu_block_dim, lt_emu_grid_dim;
    0xff bytes (rewrite_launches.py inserts the call after each declaration) */
 void lt_emu_shared(void *p, size_t bytes);
 
+/* Shared variables have LT_EMU_SETS copies, and a block uses copy
+   lt_emu_set: two under ThreadSanitizer (make emu-tsan), where every other
+   block runs on a second set of fibers (runtime.cc), one otherwise. */
+#if LT_EMU_TSAN
+#define LT_EMU_SETS 2
+#else
+#define LT_EMU_SETS 1
+#endif
+extern unsigned lt_emu_set;
+
 /* waits until every thread of the block is at this barrier (line of file) */
 void lt_emu_syncthreads(const char *file, int line);
 /* lane's value after every lane of mask's warp wrote its own (bits: up to 8 bytes) */
@@ -123,11 +147,12 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
   return r;
 }
 
-/* one thread runs at a time: atomics are plain read-modify-writes */
+/* atomics as the compiler's (one thread runs at a time, but the race
+   detector of make emu-tsan must see them as atomic) */
 static inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v) {
-  unsigned long long old = *p;
-  if (v < old)
-    *p = v;
+  unsigned long long old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
   return old;
 }
 
@@ -138,12 +163,11 @@ static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((ui
 namespace cub {
 struct DeviceRadixSort {
   /* as CUB: with temp NULL, sets temp_bytes; else sorts pairs by the key
-     bits [begin_bit, end_bit), stably (as a radix sort is) */
+     bits [begin_bit, end_bit), stably (as a radix sort is), in stream order */
   template <typename K, typename V, typename N>
   static cudaError_t SortPairs(void *temp, size_t &temp_bytes, const K *keys_in, K *keys_out, const V *values_in,
                                V *values_out, N n, int begin_bit = 0, int end_bit = (int)sizeof(K) * 8,
                                cudaStream_t stream = 0) {
-    (void)stream;
     /* about what CUB asks for (its double buffers), so a caller that
        under-sizes the scratch fails here too; scribbled over when used */
     size_t need = 2 * (size_t)n * (sizeof(K) + sizeof(V)) + 4096;
@@ -153,6 +177,14 @@ struct DeviceRadixSort {
     }
     if (temp_bytes < need)
       return cudaErrorInvalidValue;
+    lt_emu_enqueue(stream, [=] { sort_now(temp, need, keys_in, keys_out, values_in, values_out, n, begin_bit, end_bit); });
+    return cudaSuccess;
+  }
+
+private:
+  template <typename K, typename V, typename N>
+  static void sort_now(void *temp, size_t need, const K *keys_in, K *keys_out, const V *values_in, V *values_out, N n,
+                       int begin_bit, int end_bit) {
     memset(temp, 0xff, need);
     typedef typename std::make_unsigned<K>::type U;
     /* CUB orders signed keys by value: the sign bit flipped */
@@ -171,7 +203,6 @@ struct DeviceRadixSort {
       keys_out[i] = keys[order[i]];
       values_out[i] = pairs[order[i]].second;
     }
-    return cudaSuccess;
   }
 };
 } // namespace cub

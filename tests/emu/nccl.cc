@@ -5,9 +5,12 @@
  * is a copy from the send buffer to the receive buffer (NCCL's semantics,
  * nccl.h: all_reduce of count elements, broadcast from root 0, all_gather of
  * sendcount, reduce_scatter of recvcount; in place when the buffers are the
- * same). Data types and reduction operations are checked as NCCL does.
+ * same), done in the stream's order (emu_queue.h). Data types and
+ * reduction operations are checked as NCCL does, when the call is made.
  */
 #include <nccl.h>
+
+#include "emu_queue.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,7 +37,9 @@ size_t type_size(ncclDataType_t t) {
   }
 }
 
-ncclResult_t copy(const char *what, const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm) {
+/* the collective's copy, checked now and done in stream's order (emu_queue.h) */
+ncclResult_t copy(const char *what, const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                  cudaStream_t stream) {
   size_t es = type_size(t);
   if (!comm || !es) {
     fprintf(stderr, "emulated NCCL: %s with %s\n", what, comm ? "an unknown data type" : "no communicator");
@@ -45,7 +50,7 @@ ncclResult_t copy(const char *what, const void *send, void *recv, size_t count, 
     return ncclInvalidArgument;
   }
   if (count && send != recv)
-    memmove(recv, send, count * es);
+    lt_emu_enqueue(stream, [=] { memmove(recv, send, count * es); });
   return ncclSuccess;
 }
 
@@ -88,34 +93,30 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   if (!op_ok(op))
     return ncclInvalidArgument;
-  return copy("all_reduce", send, recv, count, t, comm);
+  return copy("all_reduce", send, recv, count, t, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  (void)stream;
   if (root != 0) {
     fprintf(stderr, "emulated NCCL: broadcast from root %d of one rank\n", root);
     return ncclInvalidArgument;
   }
-  return copy("broadcast", send, recv, count, t, comm);
+  return copy("broadcast", send, recv, count, t, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t t, ncclComm_t comm,
                            cudaStream_t stream) {
-  (void)stream;
-  return copy("all_gather", send, recv, sendcount, t, comm);
+  return copy("all_gather", send, recv, sendcount, t, comm, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t t, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   if (!op_ok(op))
     return ncclInvalidArgument;
-  return copy("reduce_scatter", send, recv, recvcount, t, comm);
+  return copy("reduce_scatter", send, recv, recvcount, t, comm, stream);
 }
 
 } // extern "C"

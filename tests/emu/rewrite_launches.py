@@ -8,7 +8,8 @@ becomes
 
     lt_emu_launch(lt_emu_cfg(grid, block, smem, stream), "kernel<T, H>", kernel<T, H>, a, b)
 
-each `__shared__ T a[N];` becomes `static T a[N]; lt_emu_shared(&a, sizeof a);`
+each `__shared__ T a[N];` becomes `static T a__emu[LT_EMU_SETS][N]; auto &a =
+a__emu[lt_emu_set]; lt_emu_shared(&a, sizeof a);`
 (the block's first thread to get there fills it with garbage, as a GPU's
 shared memory holds, so a read before any write is noticed), and CUB's
 include is dropped (cuda_emu.h provides the sort lutra uses).
@@ -98,16 +99,23 @@ def split_top(text):
 
 
 def rewrite_shared(src):
-    """`__shared__ T a[N], b[M];` -> the same statics, then a call per
-    variable that fills it with garbage once per block (cuda_emu.h)."""
+    """`__shared__ T a[N], b[M];` -> statics with LT_EMU_SETS copies
+    (`static T a__emu[LT_EMU_SETS][N], b__emu[LT_EMU_SETS][M];`), a
+    reference to the block's copy under the variable's name, and a call per
+    variable that fills it with garbage once per block (cuda_emu.h); all on
+    the declaration's line."""
     def one(m):
         decls = split_top(m.group(1))
-        names = []
+        names, copies = [], []
         for d in decls:
             head = d.split("[")[0].split("=")[0].strip()
-            names.append(re.findall(r"[A-Za-z_]\w*", head)[-1])
+            name = re.findall(r"[A-Za-z_]\w*", head)[-1]
+            names.append(name)
+            at = d.rindex(name, 0, len(d.split("[")[0]))
+            copies.append(d[:at] + name + "__emu[LT_EMU_SETS]" + d[at + len(name):])
+        refs = " ".join("auto &%s = %s__emu[lt_emu_set];" % (n, n) for n in names)
         calls = " ".join("lt_emu_shared(&%s, sizeof %s);" % (n, n) for n in names)
-        return "static %s; %s" % (m.group(1).strip(), calls)
+        return "static %s; %s %s" % (",".join(copies).strip(), refs, calls)
     return re.sub(r"__shared__\s+([^;]+);", one, src)
 
 

@@ -20,9 +20,14 @@
  * (aligned to 256 bytes, as cudaMalloc's; new blocks and tensors filled
  * with 0xff bytes, as a GPU leaves garbage) counted against a capacity
  * (LUTRA_EMU_MEMORY_MB, 4096 by default) so that running out is an error as
- * on a GPU. Streams and events exist, but every call completes before it
- * returns (every other recorded event still says "not ready" to its first
- * two queries, so the host's code for work in flight runs too). The launch
+ * on a GPU. Streams are queues (emu_queue.h): launches, copies, memsets,
+ * cuBLASLt's products and NCCL's collectives run in stream order when the
+ * host waits for them (or another stream waits through an event), not
+ * when they are queued, so host code that reads a result before waiting,
+ * a stream that does not wait for another's work, or a pinned buffer
+ * changed under a queued copy goes wrong here as it can on a GPU; a
+ * kernel's fault is returned where the host waits. LUTRA_EMU_SYNC=1 runs
+ * each piece of work when it is queued. The launch
  * configuration is checked against the driver's limits (CUDA C++
  * Programming Guide, "Compute Capabilities": 1024 threads per block, block
  * z <= 64, grid y and z <= 65535, 48 KiB of dynamic shared memory without
@@ -35,17 +40,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#if LT_EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
 lt_emu_thread *lt_emu_self;
+unsigned lt_emu_set;
 uint3 lt_emu_block_idx;
 dim3 lt_emu_block_dim, lt_emu_grid_dim;
 
@@ -65,9 +77,23 @@ struct fiber {
   uint64_t shuffle_value, shuffle_result;
   const char *barrier_file; /* where the thread called __syncthreads */
   int barrier_line;
+  unsigned barriers; /* passed in this block */
+  void *tsan;        /* ThreadSanitizer's context for it (make emu-tsan) */
 };
 
-fiber fibers[MAX_THREADS];
+/* Under ThreadSanitizer (make emu-tsan, LT_EMU_TSAN) every other block runs
+   on a second set of fibers, each a context of its own for the race
+   detector, with the block's shared memory in a second copy
+   (rewrite_launches.py): two blocks in a row are then two sets of threads
+   with nothing ordering them, as on a GPU, so a global-memory access one
+   makes and the other conflicts with is reported. */
+#if LT_EMU_TSAN
+enum { SETS = 2 };
+#else
+enum { SETS = 1 };
+#endif
+fiber fiber_sets[SETS][MAX_THREADS];
+fiber *fibers = fiber_sets[0]; /* the running block's set */
 unsigned long long block_serial; /* counts blocks run: shared memory is fresh garbage in each */
 void *scheduler_sp;
 fiber *current;
@@ -86,7 +112,32 @@ void fault(const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   fault_message = buf;
-  last_error = cudaErrorLaunchFailure;
+}
+
+/* a kernel's fault, for the next wait for its stream to return (as a GPU
+   reports a kernel's failure where the host waits: the emulator's is not
+   sticky) */
+cudaError_t async_error = cudaSuccess;
+
+/* what LUTRA_EMU_STATS=1 prints at exit */
+struct {
+  unsigned long long launches, queued, waits, full, deepest;
+  double running; /* seconds running queued work */
+} stats;
+
+double now() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t queue_limit();
+
+void print_stats() {
+  fprintf(stderr,
+          "lutra CUDA emulator: %llu pieces of work queued (%llu kernel launches), run at %llu waits of the host "
+          "and %llu times for a full queue (limit %zu); deepest queue %llu; %.2f s running them\n",
+          stats.queued, stats.launches, stats.waits, stats.full, queue_limit(), stats.deepest, stats.running);
 }
 
 } // namespace
@@ -125,6 +176,29 @@ void switch_end(void *fake) { __sanitizer_finish_switch_fiber(fake, NULL, NULL);
 #else
 void switch_begin(void **, const void *, size_t) {}
 void switch_end(void *) {}
+#endif
+
+/* What ThreadSanitizer is told (make emu-tsan): each switch is to another
+   context with no ordering implied; a launch orders the host's work before
+   it before every thread (launch_begun) and every thread before the host's
+   work after it (launch_done); a __syncthreads orders the block's threads
+   before it before them all after it (one token per set and per parity of
+   the barrier's count, so a thread running on to the next barrier adds
+   nothing to what the others acquire at this one); a block orders its
+   threads before those of the next block on the same set (set_done: the
+   next block reuses the set's copy of shared memory, as a GPU reuses an
+   SM's), not before the other set's. Shuffles order nothing
+   (CUDA's do not order memory either: __syncwarp does). */
+char launch_begun, launch_done, barrier_token[SETS][2], set_done[SETS];
+#if LT_EMU_TSAN
+void *scheduler_tsan;
+void tsan_to(fiber *f) { __tsan_switch_to_fiber(f ? f->tsan : scheduler_tsan, __tsan_switch_to_fiber_no_sync); }
+void tsan_release(void *token) { __tsan_release(token); }
+void tsan_acquire(void *token) { __tsan_acquire(token); }
+#else
+void tsan_to(fiber *) {}
+void tsan_release(void *) {}
+void tsan_acquire(void *) {}
 #endif
 
 /* the calling thread's stack, for the switches back to the scheduler */
@@ -166,15 +240,18 @@ long next_runnable(long i) {
    scheduler after the last (one pass: each thread that could run has run
    once, with one switch per thread). */
 void yield_to_scheduler(fiber *f) {
+  tsan_release(&launch_done); /* (at every switch: a launch that faults ends with threads mid-way) */
   long i = next_runnable((long)f->t.linear);
   void *fake = NULL;
   if (i < 0) {
     switch_begin(&fake, scheduler_stack, scheduler_stack_bytes);
+    tsan_to(NULL);
     lt_emu_switch(&f->sp, scheduler_sp);
   } else {
     current = &fibers[i];
     lt_emu_self = &fibers[i].t;
     switch_begin(&fake, fibers[i].stack, STACK_BYTES);
+    tsan_to(&fibers[i]);
     lt_emu_switch(&f->sp, fibers[i].sp);
   }
   switch_end(fake);
@@ -184,7 +261,10 @@ void yield_to_scheduler(fiber *f) {
   switch_end(NULL);
   for (;;) {
     fiber *f = current;
+    tsan_acquire(&launch_begun);
+    tsan_acquire(&set_done[lt_emu_set]);
     (*body)();
+    tsan_release(&set_done[lt_emu_set]);
     f->state = DONE;
     yield_to_scheduler(f);
   }
@@ -212,6 +292,10 @@ bool boot(fiber *f) {
     *--top = NULL; /* rbp, rbx, r12-r15 */
   f->sp = top;
   f->booted = true;
+#if LT_EMU_TSAN
+  if (!f->tsan)
+    f->tsan = __tsan_create_fiber(0);
+#endif
   return true;
 }
 
@@ -219,6 +303,7 @@ void resume(fiber *f) {
   current = f;
   lt_emu_self = &f->t;
   switch_begin(&scheduler_fake_stack, f->stack, STACK_BYTES);
+  tsan_to(f);
   lt_emu_switch(&scheduler_sp, f->sp);
   switch_end(scheduler_fake_stack);
 }
@@ -319,6 +404,7 @@ bool run_block(unsigned n, const char *name) {
     f->t.warp = i / 32;
     f->t.lane = i % 32;
     f->state = RUNNABLE;
+    f->barriers = 0;
     if (!f->booted && !boot(f)) {
       fault("%s: no memory for the emulator's thread stacks", name);
       return false;
@@ -365,7 +451,9 @@ bool run_block(unsigned n, const char *name) {
   }
 }
 
-bool config_ok(const lt_emu_config &c, const char *name) {
+} // namespace
+
+bool lt_emu_config_ok(const lt_emu_config &c, const char *name) {
   uint64_t threads = (uint64_t)c.block.x * c.block.y * c.block.z;
   const char *why = NULL;
   if (threads == 0 || c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0)
@@ -384,14 +472,15 @@ bool config_ok(const lt_emu_config &c, const char *name) {
   return false;
 }
 
-} // namespace
-
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &fn) {
   std::lock_guard<std::mutex> guard(launch_lock);
-  if (!config_ok(c, name))
-    return;
+  stats.launches++;
   body = &fn;
   launching_thread_stack(&scheduler_stack, &scheduler_stack_bytes);
+#if LT_EMU_TSAN
+  scheduler_tsan = __tsan_get_current_fiber();
+#endif
+  tsan_release(&launch_begun);
   lt_emu_grid_dim = c.grid;
   lt_emu_block_dim = c.block;
   unsigned n = c.block.x * c.block.y * c.block.z;
@@ -405,12 +494,17 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         lt_emu_block_idx.z = backwards ? c.grid.z - 1 - z : z;
         descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
         block_serial++;
+        lt_emu_set = (unsigned)(block_serial % SETS);
+        fibers = fiber_sets[lt_emu_set];
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */
             fibers[i].booted = false;
+          last_error = async_error = cudaErrorLaunchFailure;
+          tsan_acquire(&launch_done);
           return;
         }
       }
+  tsan_acquire(&launch_done);
 }
 
 void lt_emu_syncthreads(const char *file, int line) {
@@ -418,7 +512,10 @@ void lt_emu_syncthreads(const char *file, int line) {
   f->barrier_file = file;
   f->barrier_line = line;
   f->state = AT_BARRIER;
+  char *token = &barrier_token[lt_emu_set][f->barriers++ % 2];
+  tsan_release(token);
   yield_to_scheduler(f);
+  tsan_acquire(token);
 }
 
 namespace {
@@ -427,9 +524,33 @@ struct shared_var {
   unsigned long long filled_in;
 };
 std::vector<shared_var> shared_vars;
+
+/* While one lives, the race detector (make emu-tsan) sees none of this
+   fiber's accesses: the emulator's own work on a fiber (the garbage fill of
+   shared memory, which stands for no thread's write, and its bookkeeping)
+   is not the kernel's. */
+#if LT_EMU_TSAN
+extern "C" void AnnotateIgnoreReadsBegin(const char *file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char *file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char *file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char *file, int line);
+struct unseen {
+  unseen() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~unseen() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+};
+#else
+struct unseen {};
+#endif
 } // namespace
 
 void lt_emu_shared(void *p, size_t bytes) {
+  unseen quiet;
   for (shared_var &v : shared_vars)
     if (v.p == p) {
       if (v.filled_in != block_serial) {
@@ -477,27 +598,135 @@ size_t device_capacity() {
 
 int current_device;
 
+/* A stream: its queued work in order, each piece numbered from one count
+   shared by all streams (emu_queue.h). */
+struct emu_stream;
+struct queued {
+  unsigned long long serial;
+  std::function<void()> work;
+  emu_stream *after; /* a wait: runs when after has done through after_serial */
+  unsigned long long after_serial;
+};
 struct emu_stream {
   unsigned flags;
+  std::deque<queued> pending;
+  unsigned long long queued_through, done_through;
 };
-/* An event completes with the work before it (all of it is done when the
-   record returns), but reports "not ready" to its first queries after
-   every other record, so the host's paths for work still in flight run. */
+emu_stream default_stream;
+unsigned long long serials;
+std::recursive_mutex queue_lock;
+
+/* An event is the point of its stream's queue where it was last recorded:
+   complete once the stream has done the work before it. */
 struct emu_event {
   unsigned flags;
-  int polls_left;
+  emu_stream *stream;
+  unsigned long long serial;
+  int queries; /* "not ready" answers since the record */
 };
-unsigned long long event_records;
 
-} // namespace
+/* a GPU queues about a thousand launches before the host waits at one
+   (LUTRA_EMU_QUEUE_LIMIT changes it: a step's whole queue, to time the host alone) */
+size_t queue_limit() {
+  static size_t limit;
+  if (!limit) {
+    const char *e = getenv("LUTRA_EMU_QUEUE_LIMIT");
+    long v = e ? strtol(e, NULL, 10) : 0;
+    limit = v > 0 ? (size_t)v : 1024;
+  }
+  return limit;
+}
 
-extern "C" {
+bool run_at_once() {
+  static int sync = -1;
+  if (sync < 0) {
+    const char *e = getenv("LUTRA_EMU_SYNC");
+    sync = e && *e && strcmp(e, "0") != 0;
+  }
+  return sync;
+}
 
-/* host/backend-cuda.c's allocator hands out block (a size class) for used
-   bytes: under AddressSanitizer the rest of the block is poisoned, and all
-   of it while the block waits in the cache, so a kernel reading past its
-   tensor or a freed one is caught (used 0: the block was freed). */
-void lt_emu_device_span(void *p, size_t used, size_t block) {
+emu_stream *stream_of(cudaStream_t s) { return s ? (emu_stream *)s : &default_stream; }
+
+/* Runs s's queued work through serial (and what it waits for on other streams). */
+void run_through(emu_stream *s, unsigned long long serial) {
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  while (s->done_through < serial && !s->pending.empty()) {
+    queued q = std::move(s->pending.front());
+    s->pending.pop_front();
+    if (q.after)
+      run_through(q.after, q.after_serial);
+    if (q.work)
+      q.work();
+    s->done_through = q.serial;
+  }
+}
+
+/* run_through for the host, which waits (counted for LUTRA_EMU_STATS) */
+void host_waits(emu_stream *s, unsigned long long serial) {
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (s->done_through >= serial || s->pending.empty())
+    return;
+  double t0 = now();
+  run_through(s, serial);
+  stats.running += now() - t0;
+  stats.waits++;
+}
+
+void run_all(emu_stream *s) { host_waits(s, s->queued_through); }
+
+/* every stream lutra made, for what waits for the whole device (cudaFree) */
+std::vector<emu_stream *> streams;
+
+void run_everything() {
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  run_all(&default_stream);
+  for (emu_stream *s : streams)
+    run_all(s);
+}
+
+void push(emu_stream *s, std::function<void()> work, emu_stream *after, unsigned long long after_serial) {
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  unsigned long long serial = ++serials;
+  s->pending.push_back(queued{serial, std::move(work), after, after_serial});
+  s->queued_through = serial;
+  stats.queued++;
+  stats.deepest = std::max<unsigned long long>(stats.deepest, s->pending.size());
+  static bool report = getenv("LUTRA_EMU_STATS") && atexit(print_stats) == 0;
+  (void)report;
+  if (run_at_once())
+    run_all(s);
+  else if (s->pending.size() > queue_limit()) {
+    stats.full++;
+    double t0 = now();
+    run_through(s, s->pending.front().serial);
+    stats.running += now() - t0;
+  }
+}
+
+/* the error of a kernel that failed in the work just waited for, once */
+cudaError_t take_async_error() {
+  cudaError_t e = async_error;
+  async_error = cudaSuccess;
+  return e;
+}
+
+/* pinned host memory (cudaMallocHost): queued copies read and write it
+   when they run; pageable memory is read when the copy is queued, and a
+   copy into it waits */
+std::map<const char *, size_t> pinned;
+
+bool is_pinned(const void *p) {
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  auto it = pinned.upper_bound((const char *)p);
+  if (it == pinned.begin())
+    return false;
+  --it;
+  return (const char *)p < it->first + it->second;
+}
+
+/* fills (and under AddressSanitizer poisons) a block as lt_emu_device_span says */
+void span_now(void *p, size_t used, size_t block) {
 #if defined(__SANITIZE_ADDRESS__)
   ASAN_UNPOISON_MEMORY_REGION(p, used);
   ASAN_POISON_MEMORY_REGION((char *)p + used, block - used);
@@ -513,6 +742,24 @@ void lt_emu_device_span(void *p, size_t used, size_t block) {
 #else
   memset(p, 0xff, used ? used : block);
 #endif
+}
+
+} // namespace
+
+void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work) {
+  push(stream_of(stream), std::move(work), NULL, 0);
+}
+
+extern "C" {
+
+/* host/backend-cuda.c's allocator hands out block (a size class) for used
+   bytes (used 0: the block was freed), in the order of stream, the stream
+   whose kernels use it: when the stream's earlier work has run, the bytes
+   are filled with garbage and, under AddressSanitizer, the rest of the
+   block is poisoned (all of it while the block waits in the cache), so a
+   kernel reading past its tensor or a freed one is caught. */
+void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream) {
+  push(stream_of(stream), [=] { span_now(p, used, block); }, NULL, 0);
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -625,12 +872,13 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 cudaError_t cudaFree(void *p) {
   if (!p)
     return cudaSuccess;
+  run_everything(); /* (cudaFree waits for the device) */
   std::lock_guard<std::mutex> guard(memory_lock);
   auto it = device_blocks.find(p);
   if (it == device_blocks.end())
     return cudaErrorInvalidValue;
   device_used -= it->second;
-  lt_emu_device_span(p, it->second, it->second);
+  span_now(p, it->second, it->second);
   device_blocks.erase(it);
   free(p);
   return cudaSuccess;
@@ -639,84 +887,128 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
   size_t rounded = (bytes + 255) / 256 * 256;
   *p = aligned_alloc(256, rounded ? rounded : 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p)
+    return cudaErrorMemoryAllocation;
+  memset(*p, 0xff, rounded);
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  pinned[(const char *)*p] = rounded;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p) {
+  if (!p)
+    return cudaSuccess;
+  run_everything(); /* (as cudaFree) */
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (!pinned.erase((const char *)p))
+    return cudaErrorInvalidValue;
   free(p);
   return cudaSuccess;
 }
 
+/* As CUDA's: a copy between device memory and pinned host memory runs in
+   stream order; one from pageable memory reads it now (the caller may
+   reuse it at once) and lands in stream order; one to pageable memory
+   waits for the stream's work before it and returns when done. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s) {
-  (void)kind;
-  (void)s;
-  if (bytes)
-    memmove(dst, src, bytes);
+  emu_stream *q = stream_of(s);
+  if (!bytes)
+    return cudaSuccess;
+  if (!dst || !src)
+    return last_error = cudaErrorInvalidValue;
+  bool to_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault;
+  bool from_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault;
+  if (to_host && !is_pinned(dst)) {
+    push(q, [=] { memmove(dst, src, bytes); }, NULL, 0);
+    run_all(q);
+    return take_async_error();
+  }
+  if (from_host && !is_pinned(src)) {
+    std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src,
+                                                                                  (const char *)src + bytes);
+    push(q, [=] { memcpy(dst, copy->data(), bytes); }, NULL, 0);
+    return cudaSuccess;
+  }
+  push(q, [=] { memmove(dst, src, bytes); }, NULL, 0);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
-  (void)s;
   if (bytes)
-    memset(p, v, bytes);
+    push(stream_of(s), [=] { memset(p, v, bytes); }, NULL, 0);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   emu_stream *e = new emu_stream();
   e->flags = flags;
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  streams.push_back(e);
   *s = (cudaStream_t)e;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
+  run_all(stream_of(s));
+  return take_async_error();
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-  (void)s;
-  (void)e;
   (void)flags;
+  if (!e)
+    return cudaErrorInvalidValue;
+  emu_event *v = (emu_event *)e;
+  emu_stream *q = stream_of(s);
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (v->stream && v->stream != q && v->stream->done_through < v->serial)
+    push(q, nullptr, v->stream, v->serial);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
   emu_event *v = new emu_event();
   v->flags = flags;
-  v->polls_left = 0;
   *e = (cudaEvent_t)v;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  (void)s;
   if (!e)
     return cudaErrorInvalidValue;
-  ((emu_event *)e)->polls_left = event_records++ % 2 ? 2 : 0;
+  emu_event *v = (emu_event *)e;
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  v->stream = stream_of(s);
+  v->serial = v->stream->queued_through;
+  v->queries = 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e)
     return cudaErrorInvalidValue;
-  ((emu_event *)e)->polls_left = 0;
-  return cudaSuccess;
+  emu_event *v = (emu_event *)e;
+  if (v->stream)
+    host_waits(v->stream, v->serial);
+  return take_async_error();
 }
 
+/* "not ready" while the work before the record has not run, for two
+   queries; the third runs it (the GPU caught up) */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e)
     return cudaErrorInvalidValue;
   emu_event *v = (emu_event *)e;
-  if (v->polls_left > 0) {
-    v->polls_left--;
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (!v->stream || v->stream->done_through >= v->serial)
+    return cudaSuccess;
+  if (v->queries++ < 2)
     return cudaErrorNotReady;
-  }
-  return cudaSuccess;
+  host_waits(v->stream, v->serial);
+  return take_async_error();
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete (emu_event *)e;
+  delete (emu_event *)e; /* (a wait queued on it keeps its own copy of the point) */
   return cudaSuccess;
 }
 

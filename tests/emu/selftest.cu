@@ -3,7 +3,9 @@
  * that break the rules the emulator claims to check, each of which must
  * fail its launch with the emulator's message, and correct kernels that
  * must pass (a block sum through shuffles and shared memory, a grid-stride
- * loop). Built like kernels/cuda (launches rewritten by rewrite_launches.py,
+ * loop), and the host's mistakes with asynchrony (reading a result before
+ * waiting, a stream that does not wait for another, a pinned buffer
+ * changed under a queued copy), which must show. Built like kernels/cuda (launches rewritten by rewrite_launches.py,
  * cuda_emu.h included first) and linked with runtime.cc. Prints
  * "emu selftest: N passed, M failed".
  */
@@ -22,15 +24,29 @@ static void expect(bool ok, const char *what, const char *detail) {
   }
 }
 
-/* expects the last launch to have failed with a message containing needle */
-static void expect_fault(const char *what, const char *needle) {
+/* expects the last launch to have been refused (a bad configuration, at
+   the launch) with a message containing needle */
+static void expect_refused(const char *what, const char *needle) {
   cudaError_t e = cudaGetLastError();
   const char *msg = cudaGetErrorString(e);
   expect(e != cudaSuccess && strstr(msg, needle), what, msg);
 }
 
+/* expects the work queued on the default stream to fail when waited for,
+   with a message containing needle (a kernel's fault shows where the host
+   waits, as on a GPU) */
+static void expect_fault(const char *what, const char *needle) {
+  cudaError_t e = cudaStreamSynchronize(0);
+  const char *msg = cudaGetErrorString(e);
+  expect(e != cudaSuccess && strstr(msg, needle), what, msg);
+  cudaGetLastError();
+}
+
+/* expects the launch to be accepted and to run without a fault */
 static void expect_ok(const char *what) {
   cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(0);
   expect(e == cudaSuccess, what, cudaGetErrorString(e));
 }
 
@@ -111,6 +127,95 @@ __global__ void shuffle_outside_mask(float *out) {
 
 __global__ void nothing(void) {}
 
+/* every block adds to one word without an atomic: lost updates on a GPU */
+__global__ void every_block_adds(int *out) {
+  if (threadIdx.x == 0)
+    *out += 1;
+}
+
+#if LT_EMU_TSAN
+/* Under ThreadSanitizer (make emu-tsan) the races above must be reported,
+   and the correct kernels must not be: the sanitizers call this hook with
+   each report's summary line. */
+static int races;
+extern "C" void __sanitizer_report_error_summary(const char *summary) {
+  if (strstr(summary, "data race"))
+    races++;
+}
+#endif
+
+__global__ void set_value(int *p, int v) { *p = v; }
+__global__ void copy_value(const int *from, int *to) { *to = *from; }
+
+/* Work runs in stream order when the host waits for it, not before: each
+   of the host's mistakes with asynchrony shows as on a GPU. */
+static void check_asynchrony(int *d) {
+  cudaStream_t a, b;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  int *pinned = NULL;
+  cudaMallocHost((void **)&pinned, 4 * sizeof(int));
+
+  set_value<<<1, 1, 0, a>>>(d, 42);
+  cudaMemcpyAsync(pinned, d, sizeof(int), cudaMemcpyDeviceToHost, a);
+  expect(pinned[0] != 42, "pinned memory read before waiting does not hold the queued copy's result", NULL);
+  cudaStreamSynchronize(a);
+  expect(pinned[0] == 42, "pinned memory holds the copy's result after cudaStreamSynchronize", NULL);
+
+  int got = 0;
+  set_value<<<1, 1, 0, a>>>(d, 7);
+  cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, a);
+  expect(got == 7, "a copy to pageable memory waits for the stream's work before it", NULL);
+
+  set_value<<<1, 1, 0, a>>>(d, 1);
+  copy_value<<<1, 1, 0, b>>>(d, d + 1); /* no wait for stream a */
+  cudaStreamSynchronize(b);
+  cudaMemcpyAsync(&got, d + 1, sizeof(int), cudaMemcpyDeviceToHost, b);
+  expect(got == 7, "a stream that does not wait for another's event reads the value before that stream's work",
+         NULL);
+  cudaEvent_t e;
+  cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  set_value<<<1, 1, 0, a>>>(d, 2);
+  cudaEventRecord(e, a);
+  cudaStreamWaitEvent(b, e, 0);
+  cudaEventDestroy(e); /* (legal: the wait keeps its point) */
+  copy_value<<<1, 1, 0, b>>>(d, d + 1);
+  cudaMemcpyAsync(&got, d + 1, sizeof(int), cudaMemcpyDeviceToHost, b);
+  expect(got == 2, "a stream waiting for another's event reads that stream's result", NULL);
+
+  pinned[1] = 5;
+  cudaMemcpyAsync(d + 2, &pinned[1], sizeof(int), cudaMemcpyHostToDevice, a);
+  pinned[1] = 6; /* the host's mistake: the copy has not read it yet */
+  cudaMemcpyAsync(&got, d + 2, sizeof(int), cudaMemcpyDeviceToHost, a);
+  expect(got == 6, "a pinned source changed before its queued copy ran is copied as changed", NULL);
+  int pageable = 5;
+  cudaMemcpyAsync(d + 2, &pageable, sizeof(int), cudaMemcpyHostToDevice, a);
+  pageable = 6;
+  cudaMemcpyAsync(&got, d + 2, sizeof(int), cudaMemcpyDeviceToHost, a);
+  expect(got == 5, "a pageable source is read when the copy is queued", NULL);
+
+  cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  set_value<<<1, 1, 0, a>>>(d, 3);
+  cudaEventRecord(e, a);
+  bool early = cudaEventQuery(e) == cudaErrorNotReady && cudaEventQuery(e) == cudaErrorNotReady;
+  expect(early && cudaEventQuery(e) == cudaSuccess, "an event with work before it is not ready twice, then ready",
+         NULL);
+  cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, b);
+  expect(got == 3, "an event that reported ready had its work done", NULL);
+  cudaEventRecord(e, a);
+  expect(cudaEventQuery(e) == cudaSuccess, "an event recorded after all the work is ready at once", NULL);
+  cudaEventDestroy(e);
+
+  barrier_in_branch<<<1, 32, 0, a>>>(d + 3);
+  expect(cudaGetLastError() == cudaSuccess, "a kernel that will fault is accepted at its launch", NULL);
+  cudaError_t err = cudaStreamSynchronize(a);
+  expect(err == cudaErrorLaunchFailure, "its fault is returned where the host waits for its stream",
+         cudaGetErrorString(err));
+  expect(cudaStreamSynchronize(a) == cudaSuccess, "and only once", NULL);
+  cudaGetLastError();
+  cudaFreeHost(pinned);
+}
+
 int main(void) {
   int *d = NULL;
   float *f = NULL, *sums = NULL;
@@ -131,13 +236,13 @@ int main(void) {
   expect_fault("a shuffle reading a lane outside its mask fails the launch", "outside the shuffle's mask");
 
   nothing<<<0, 32>>>();
-  expect_fault("a zero-sized grid is an invalid configuration", "zero-sized");
+  expect_refused("a zero-sized grid is an invalid configuration", "zero-sized");
   nothing<<<1, 1025>>>();
-  expect_fault("1025 threads per block is an invalid configuration", "1024 threads");
+  expect_refused("1025 threads per block is an invalid configuration", "1024 threads");
   nothing<<<dim3(1, 65536), 32>>>();
-  expect_fault("grid y beyond 65535 is an invalid configuration", "65535");
+  expect_refused("grid y beyond 65535 is an invalid configuration", "65535");
   nothing<<<1, 32, 64 * 1024>>>();
-  expect_fault("64 KiB of dynamic shared memory is an invalid configuration", "48 KiB");
+  expect_refused("64 KiB of dynamic shared memory is an invalid configuration", "48 KiB");
   nothing<<<1, 32>>>();
   expect_ok("a correct launch after faults runs (the error was cleared)");
 
@@ -151,6 +256,10 @@ int main(void) {
       race_seen = race_seen || d[i] != 7;
   }
   expect(race_seen, "a read of shared memory without a barrier sees a stale value in one thread order", NULL);
+#if LT_EMU_TSAN
+  expect(races > 0, "ThreadSanitizer reports the read of shared memory without a barrier", NULL);
+  int reported = races;
+#endif
 
   for (int i = 0; i < 4096; i++)
     f[i] = (float)(i % 7);
@@ -166,6 +275,14 @@ int main(void) {
     snprintf(buf, sizeof buf, "got %g, want %g", total, want);
     expect(total == want, "a block sum through shuffles and shared memory is right in both orders", buf);
   }
+
+  check_asynchrony(d);
+#if LT_EMU_TSAN
+  expect(races == reported, "ThreadSanitizer reports nothing in the correct kernels", NULL);
+  every_block_adds<<<4, 32>>>(d);
+  expect_ok("the kernel adding to one word from every block launches");
+  expect(races > reported, "ThreadSanitizer reports blocks adding to one word without an atomic", NULL);
+#endif
 
   read_unwritten_shared<<<2, 1>>>(d);
   expect_ok("the kernel reading unwritten shared memory launches");

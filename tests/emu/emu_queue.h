@@ -1,0 +1,26 @@
+/*
+ * emu_queue.h: the CUDA emulator's stream queues (runtime.cc), for the
+ * parts of the emulator that stand in for work the device does in stream
+ * order: kernel launches (cuda_emu.h), cuBLASLt's products (cublaslt.cc),
+ * NCCL's collectives (nccl.cc) and CUB's sort.
+ */
+#ifndef LUTRA_TESTS_EMU_EMU_QUEUE_H
+#define LUTRA_TESTS_EMU_EMU_QUEUE_H
+
+#include <cuda_runtime.h>
+
+#include <functional>
+
+/* Appends work to stream's queue (stream 0: the default stream). It runs
+   after the stream's earlier work, when the host waits for the stream, an
+   event recorded after it, or a copy to pageable memory queued after it
+   (cudaStreamSynchronize, cudaEventSynchronize, cudaEventQuery after a few
+   "not ready" answers, cudaMemcpyAsync to pageable memory, cudaFree), or
+   when another stream's work waits for it through an event; not before.
+   So host code that reads a result before waiting for it, or changes a
+   pinned buffer that queued work still reads, sees the wrong data here as
+   it can on a GPU. With LUTRA_EMU_SYNC=1 in the environment, work runs
+   when it is queued (a fault then shows at its launch). */
+void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work);
+
+#endif
