@@ -257,8 +257,9 @@ emu-asan:
 	$(ASAN_ENV) build-emu-asan/lutra tests/gpu/checks.lua
 
 # the GPU checks on the CUDA emulator under ThreadSanitizer: two threads of
-# a block, or two blocks, touching the same memory with nothing ordering
-# them (a __syncthreads, an atomic, the kernel's end) are reported, which
+# a block, two blocks, two streams, or a stream and the host, touching the
+# same memory with nothing ordering them (a __syncthreads, the kernel's
+# end, an event, a wait) are reported, which
 # the emulator's one-thread-at-a-time run cannot show otherwise. Slow: pass
 # a check name fragment as EMU_TSAN_CHECKS to run fewer.
 emu-tsan:

@@ -583,7 +583,9 @@ static lt_status k_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t 
 static lt_status scratch(lt_cuda_ctx *c, size_t nbytes, void **out) {
   if (c->scratch_size < nbytes) {
     if (c->scratch) {
-      cudaStreamSynchronize(c->compute);
+      cudaError_t e = cudaStreamSynchronize(c->compute);
+      if (e != cudaSuccess) /* (a kernel before failed: say so, keep the old block) */
+        return lt_cuda_error("a kernel failed", c->index, e);
       cudaFree(c->scratch);
       c->scratch = NULL;
       c->scratch_size = 0;

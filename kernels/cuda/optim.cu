@@ -206,7 +206,9 @@ extern "C" lt_status lt_cuda_grad_sum_squares(int n, const lt_optim_tensor *ts, 
   cudaError_t e = cudaMemcpyAsync(out_host, outs, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost, cs);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(cs);
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* (reported here: not again by the next launch's check) */
     return lt_fail(LT_ERR_DEVICE, "cuda: reading gradient norms: %s", cudaGetErrorString(e));
+  }
   return LT_OK;
 }

@@ -49,6 +49,7 @@ static inline float __int_as_float(int v) {
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -83,7 +84,7 @@ bool lt_emu_config_ok(const lt_emu_config &c, const char *name);
 
 /* Runs body once per thread of every block of c, now (runtime.cc); a
    barrier or shuffle fault stops it and sets the error that the next wait
-   for the stream (and cudaGetLastError) returns. */
+   (on any stream) or cudaGetLastError returns, once. */
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &body);
 
 /* kernel<<<c>>>(args...), named name in fault messages: the configuration
@@ -94,8 +95,12 @@ template <typename... P, typename... A>
 static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void (*kernel)(P...), A &&...args) {
   if (!lt_emu_config_ok(c, name))
     return;
+  /* the kernel's body as a std::function made now, on the heap: one made
+     on the stack when the launch runs would share stack memory with other
+     streams' launches, which make emu-tsan would report */
   std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
-  lt_emu_enqueue(c.stream, [c, name, kernel, params] { lt_emu_run(c, name, [&] { std::apply(kernel, params); }); });
+  auto body = std::make_shared<std::function<void()>>([kernel, params] { std::apply(kernel, params); });
+  lt_emu_enqueue(c.stream, [c, name, body = std::move(body)] { lt_emu_run(c, name, *body); });
 }
 
 /* ---- what a thread sees --------------------------------------------------- */

@@ -27,7 +27,9 @@
  * a stream that does not wait for another's work, or a pinned buffer
  * changed under a queued copy goes wrong here as it can on a GPU; a
  * kernel's fault is returned where the host waits. LUTRA_EMU_SYNC=1 runs
- * each piece of work when it is queued. The launch
+ * each piece of work when it is queued. Under ThreadSanitizer (make
+ * emu-tsan, LT_EMU_TSAN) block threads, blocks and streams are contexts of
+ * the race detector ordered only as on a GPU. The launch
  * configuration is checked against the driver's limits (CUDA C++
  * Programming Guide, "Compute Capabilities": 1024 threads per block, block
  * z <= 64, grid y and z <= 65535, 48 KiB of dynamic shared memory without
@@ -36,6 +38,7 @@
 #include "cuda_emu.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,19 +89,33 @@ struct fiber {
    detector, with the block's shared memory in a second copy
    (rewrite_launches.py): two blocks in a row are then two sets of threads
    with nothing ordering them, as on a GPU, so a global-memory access one
-   makes and the other conflicts with is reported. */
+   makes and the other conflicts with is reported. Kernels of different
+   streams run on different fibers too (STREAM_SLOTS), so that a thread's
+   program order does not order two streams' work. */
 #if LT_EMU_TSAN
-enum { SETS = 2 };
+enum { SETS = 2, STREAM_SLOTS = 8 };
 #else
-enum { SETS = 1 };
+enum { SETS = 1, STREAM_SLOTS = 1 };
 #endif
-fiber fiber_sets[SETS][MAX_THREADS];
-fiber *fibers = fiber_sets[0]; /* the running block's set */
+fiber fiber_sets[STREAM_SLOTS][SETS][MAX_THREADS];
+fiber *fibers = fiber_sets[0][0]; /* the running block's set */
+unsigned stream_slot;             /* the fibers of the stream whose work runs */
 unsigned long long block_serial; /* counts blocks run: shared memory is fresh garbage in each */
 void *scheduler_sp;
 fiber *current;
 const std::function<void()> *body;
-std::mutex launch_lock;
+/* one launch runs at a time: a spinlock of the compiler's atomics, which
+   this uninstrumented file keeps from ThreadSanitizer (a mutex would order
+   every launch after the one before, whatever its stream) */
+struct spinlock {
+  bool held = false;
+  void lock() {
+    while (__atomic_exchange_n(&held, true, __ATOMIC_ACQUIRE))
+      sched_yield();
+  }
+  void unlock() { __atomic_store_n(&held, false, __ATOMIC_RELEASE); }
+};
+spinlock launch_lock;
 
 /* the error of the last launch or call, until cudaGetLastError reads and clears it (a GPU's
    launch failures stay: the emulator's do not) */
@@ -180,18 +197,25 @@ void switch_end(void *) {}
 
 /* What ThreadSanitizer is told (make emu-tsan): each switch is to another
    context with no ordering implied; a launch orders the host's work before
-   it before every thread (launch_begun) and every thread before the host's
-   work after it (launch_done); a __syncthreads orders the block's threads
+   it before every thread (begun) and every thread before the host's
+   work after it (done); a __syncthreads orders the block's threads
    before it before them all after it (one token per set and per parity of
    the barrier's count, so a thread running on to the next barrier adds
    nothing to what the others acquire at this one); a block orders its
    threads before those of the next block on the same set (set_done: the
    next block reuses the set's copy of shared memory, as a GPU reuses an
-   SM's), not before the other set's. Shuffles order nothing
-   (CUDA's do not order memory either: __syncwarp does). */
-char launch_begun, launch_done, barrier_token[SETS][2], set_done[SETS];
+   SM's), not before the other set's. Shuffles and atomics order nothing
+   (CUDA's do not order memory either: __syncwarp and fences do). Each
+   stream's queued work runs in a context of the stream's own, ordered
+   after the host's work before it was queued, and before what waits for
+   the stream (run_piece), so races between streams, and between the host
+   and queued work, are reported too. */
+struct launch_tokens {
+  char begun, done, barrier[SETS][2], set_done[SETS];
+};
+launch_tokens *tokens; /* the running launch's (new for each: launches on two streams share none) */
 #if LT_EMU_TSAN
-void *scheduler_tsan;
+void *scheduler_tsan, *scheduler_tsan_host;
 void tsan_to(fiber *f) { __tsan_switch_to_fiber(f ? f->tsan : scheduler_tsan, __tsan_switch_to_fiber_no_sync); }
 void tsan_release(void *token) { __tsan_release(token); }
 void tsan_acquire(void *token) { __tsan_acquire(token); }
@@ -240,7 +264,7 @@ long next_runnable(long i) {
    scheduler after the last (one pass: each thread that could run has run
    once, with one switch per thread). */
 void yield_to_scheduler(fiber *f) {
-  tsan_release(&launch_done); /* (at every switch: a launch that faults ends with threads mid-way) */
+  tsan_release(&tokens->done); /* (at every switch: a launch that faults ends with threads mid-way) */
   long i = next_runnable((long)f->t.linear);
   void *fake = NULL;
   if (i < 0) {
@@ -261,40 +285,50 @@ void yield_to_scheduler(fiber *f) {
   switch_end(NULL);
   for (;;) {
     fiber *f = current;
-    tsan_acquire(&launch_begun);
-    tsan_acquire(&set_done[lt_emu_set]);
+    tsan_acquire(&tokens->begun);
+    tsan_acquire(&tokens->set_done[lt_emu_set]);
     (*body)();
-    tsan_release(&set_done[lt_emu_set]);
+    tsan_release(&tokens->set_done[lt_emu_set]);
     f->state = DONE;
     yield_to_scheduler(f);
   }
 }
 
 /* A fresh stack whose first switch "returns" into fiber_entry. */
+/* A stack of bytes (reserved, not committed), or NULL. */
+char *new_stack(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  mprotect(p, 4096, PROT_NONE); /* a guard page: an overflow faults instead of corrupting */
+  return (char *)p;
+}
+
+/* The stack pointer of a stack ending at top (16-byte aligned) whose first
+   switch "returns" into entry. */
+void *first_frame(void **top, void (*entry)()) {
+  *--top = NULL;           /* entry's return address (it never returns) */
+  *--top = (void *)entry;  /* where lt_emu_switch's ret goes */
+  for (int i = 0; i < 6; i++)
+    *--top = NULL; /* rbp, rbx, r12-r15 */
+  return top;
+}
+
 bool boot(fiber *f) {
-  if (!f->stack) {
-    void *p = mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-      return false;
-    mprotect(p, 4096, PROT_NONE); /* a guard page: an overflow faults instead of corrupting */
-    f->stack = (char *)p;
-  }
+  if (!f->stack && !(f->stack = new_stack(STACK_BYTES)))
+    return false;
 #if defined(__SANITIZE_ADDRESS__)
   ASAN_UNPOISON_MEMORY_REGION(f->stack + 4096, STACK_BYTES - 4096); /* (frames a fault abandoned) */
 #endif
   /* tops staggered by cache lines: stacks that all ended on a 256 KiB
      boundary would share the same cache sets, and switching thrashed them */
   size_t color = (size_t)(f - fibers) % 61 * 64;
-  void **top = (void **)(f->stack + STACK_BYTES - color); /* 16-byte aligned */
-  *--top = NULL;                                  /* fiber_entry's return address (it never returns) */
-  *--top = (void *)fiber_entry;                   /* where lt_emu_switch's ret goes */
-  for (int i = 0; i < 6; i++)
-    *--top = NULL; /* rbp, rbx, r12-r15 */
-  f->sp = top;
+  f->sp = first_frame((void **)(f->stack + STACK_BYTES - color), fiber_entry);
   f->booted = true;
 #if LT_EMU_TSAN
-  if (!f->tsan)
-    f->tsan = __tsan_create_fiber(0);
+  if (f->tsan) /* (a fresh context: the one a fault abandoned holds stale frames) */
+    __tsan_destroy_fiber(f->tsan);
+  f->tsan = __tsan_create_fiber(0);
 #endif
   return true;
 }
@@ -473,14 +507,16 @@ bool lt_emu_config_ok(const lt_emu_config &c, const char *name) {
 }
 
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &fn) {
-  std::lock_guard<std::mutex> guard(launch_lock);
+  std::lock_guard<spinlock> guard(launch_lock);
   stats.launches++;
   body = &fn;
   launching_thread_stack(&scheduler_stack, &scheduler_stack_bytes);
 #if LT_EMU_TSAN
   scheduler_tsan = __tsan_get_current_fiber();
 #endif
-  tsan_release(&launch_begun);
+  std::unique_ptr<launch_tokens> mine(new launch_tokens());
+  tokens = mine.get();
+  tsan_release(&tokens->begun);
   lt_emu_grid_dim = c.grid;
   lt_emu_block_dim = c.block;
   unsigned n = c.block.x * c.block.y * c.block.z;
@@ -495,16 +531,16 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
         block_serial++;
         lt_emu_set = (unsigned)(block_serial % SETS);
-        fibers = fiber_sets[lt_emu_set];
+        fibers = fiber_sets[stream_slot][lt_emu_set];
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */
             fibers[i].booted = false;
           last_error = async_error = cudaErrorLaunchFailure;
-          tsan_acquire(&launch_done);
+          tsan_acquire(&tokens->done);
           return;
         }
       }
-  tsan_acquire(&launch_done);
+  tsan_acquire(&tokens->done);
 }
 
 void lt_emu_syncthreads(const char *file, int line) {
@@ -512,7 +548,7 @@ void lt_emu_syncthreads(const char *file, int line) {
   f->barrier_file = file;
   f->barrier_line = line;
   f->state = AT_BARRIER;
-  char *token = &barrier_token[lt_emu_set][f->barriers++ % 2];
+  char *token = &tokens->barrier[lt_emu_set][f->barriers++ % 2];
   tsan_release(token);
   yield_to_scheduler(f);
   tsan_acquire(token);
@@ -545,7 +581,9 @@ struct unseen {
   }
 };
 #else
-struct unseen {};
+struct unseen {
+  unseen() {} /* (a constructor: no unused-variable warning) */
+};
 #endif
 } // namespace
 
@@ -603,14 +641,21 @@ int current_device;
 struct emu_stream;
 struct queued {
   unsigned long long serial;
-  std::function<void()> work;
+  std::unique_ptr<std::function<void()>> work; /* (on the heap: a stream's context under
+                                                 ThreadSanitizer touches no queue memory) */
   emu_stream *after; /* a wait: runs when after has done through after_serial */
   unsigned long long after_serial;
+  std::unique_ptr<char> token; /* make emu-tsan: released by the host when queued */
 };
 struct emu_stream {
   unsigned flags;
   std::deque<queued> pending;
   unsigned long long queued_through, done_through;
+  void *tsan;      /* make emu-tsan: the context its work runs in */
+  unsigned slot;   /* make emu-tsan: its set of fibers */
+  char *stack;     /* make emu-tsan: the stack its work runs on */
+  void *sp;        /* its saved stack pointer */
+  char done_token; /* released after each piece of its work */
 };
 emu_stream default_stream;
 unsigned long long serials;
@@ -648,17 +693,75 @@ bool run_at_once() {
 
 emu_stream *stream_of(cudaStream_t s) { return s ? (emu_stream *)s : &default_stream; }
 
-/* Runs s's queued work through serial (and what it waits for on other streams). */
+void run_through(emu_stream *s, unsigned long long serial);
+
+/* Does a piece of s's work; under ThreadSanitizer in s's context (after
+   what the host did before queueing it and what it waits for, before what
+   waits for s), on s's own stack (so that its frames share no memory with
+   the host's or another stream's). */
+void do_work(emu_stream *s, queued &q) {
+#if LT_EMU_TSAN
+  if (q.token)
+    __tsan_acquire(q.token.get());
+  if (q.after)
+    __tsan_acquire(&q.after->done_token);
+#endif
+  stream_slot = s->slot;
+  if (q.work && *q.work)
+    (*q.work)();
+  q.work.reset(); /* (its captures freed here, in the context that used them) */
+#if LT_EMU_TSAN
+  __tsan_release(&s->done_token);
+#endif
+}
+
+#if LT_EMU_TSAN
+enum { STREAM_STACK_BYTES = 8 << 20 };
+emu_stream *stream_running;
+queued *stream_job;
+void *host_sp;
+
+[[noreturn]] void stream_entry() {
+  for (;;) {
+    emu_stream *s = stream_running;
+    do_work(s, *stream_job);
+    __tsan_switch_to_fiber(scheduler_tsan_host, __tsan_switch_to_fiber_no_sync);
+    lt_emu_switch(&s->sp, host_sp);
+  }
+}
+#endif
+
+/* Runs a piece of s's work: what it waits for on other streams, then its own. */
+void run_piece(emu_stream *s, queued &q) {
+  if (q.after)
+    run_through(q.after, q.after_serial);
+#if LT_EMU_TSAN
+  if (!s->stack) {
+    s->stack = new_stack(STREAM_STACK_BYTES);
+    if (!s->stack) {
+      fprintf(stderr, "lutra CUDA emulator: no memory for a stream's stack\n");
+      abort();
+    }
+    s->sp = first_frame((void **)(s->stack + STREAM_STACK_BYTES), stream_entry);
+  }
+  stream_running = s;
+  stream_job = &q;
+  scheduler_tsan_host = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(s->tsan, __tsan_switch_to_fiber_no_sync);
+  lt_emu_switch(&host_sp, s->sp);
+#else
+  do_work(s, q);
+#endif
+}
+
+/* Runs s's queued work through serial (and what it waits for on other
+   streams), each piece where it lies in the queue. */
 void run_through(emu_stream *s, unsigned long long serial) {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
   while (s->done_through < serial && !s->pending.empty()) {
-    queued q = std::move(s->pending.front());
+    run_piece(s, s->pending.front());
+    s->done_through = s->pending.front().serial;
     s->pending.pop_front();
-    if (q.after)
-      run_through(q.after, q.after_serial);
-    if (q.work)
-      q.work();
-    s->done_through = q.serial;
   }
 }
 
@@ -669,6 +772,7 @@ void host_waits(emu_stream *s, unsigned long long serial) {
     return;
   double t0 = now();
   run_through(s, serial);
+  tsan_acquire(&s->done_token); /* (the host goes on after what it waited for) */
   stats.running += now() - t0;
   stats.waits++;
 }
@@ -688,7 +792,14 @@ void run_everything() {
 void push(emu_stream *s, std::function<void()> work, emu_stream *after, unsigned long long after_serial) {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
   unsigned long long serial = ++serials;
-  s->pending.push_back(queued{serial, std::move(work), after, after_serial});
+  s->pending.push_back(queued{serial, std::unique_ptr<std::function<void()>>(new std::function<void()>(std::move(work))),
+                              after, after_serial, nullptr});
+#if LT_EMU_TSAN
+  if (!s->tsan) /* (made by the host before the stream's first work: a context inherits its maker's past) */
+    s->tsan = __tsan_create_fiber(0);
+  s->pending.back().token.reset(new char());
+  __tsan_release(s->pending.back().token.get());
+#endif
   s->queued_through = serial;
   stats.queued++;
   stats.deepest = std::max<unsigned long long>(stats.deepest, s->pending.size());
@@ -700,6 +811,7 @@ void push(emu_stream *s, std::function<void()> work, emu_stream *after, unsigned
     stats.full++;
     double t0 = now();
     run_through(s, s->pending.front().serial);
+    tsan_acquire(&s->done_token); /* (a host that found the queue full waited for its oldest work) */
     stats.running += now() - t0;
   }
 }
@@ -708,6 +820,8 @@ void push(emu_stream *s, std::function<void()> work, emu_stream *after, unsigned
 cudaError_t take_async_error() {
   cudaError_t e = async_error;
   async_error = cudaSuccess;
+  if (e != cudaSuccess && last_error == e) /* (one fault is reported once) */
+    last_error = cudaSuccess;
   return e;
 }
 
@@ -715,6 +829,16 @@ cudaError_t take_async_error() {
    when they run; pageable memory is read when the copy is queued, and a
    copy into it waits */
 std::map<const char *, size_t> pinned;
+
+/* whether p lies in a cudaMalloc block */
+bool is_device(const void *p) {
+  std::lock_guard<std::mutex> guard(memory_lock);
+  auto it = device_blocks.upper_bound((void *)p);
+  if (it == device_blocks.begin())
+    return false;
+  --it;
+  return (const char *)p < (const char *)it->first + it->second;
+}
 
 bool is_pinned(const void *p) {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
@@ -765,6 +889,8 @@ void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream)
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = last_error;
   last_error = cudaSuccess;
+  if (e == cudaErrorLaunchFailure) /* (one fault is reported once, here or at a wait) */
+    async_error = cudaSuccess;
   return e;
 }
 
@@ -881,7 +1007,7 @@ cudaError_t cudaFree(void *p) {
   span_now(p, it->second, it->second);
   device_blocks.erase(it);
   free(p);
-  return cudaSuccess;
+  return take_async_error();
 }
 
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
@@ -903,7 +1029,7 @@ cudaError_t cudaFreeHost(void *p) {
   if (!pinned.erase((const char *)p))
     return cudaErrorInvalidValue;
   free(p);
-  return cudaSuccess;
+  return take_async_error();
 }
 
 /* As CUDA's: a copy between device memory and pinned host memory runs in
@@ -916,8 +1042,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     return cudaSuccess;
   if (!dst || !src)
     return last_error = cudaErrorInvalidValue;
-  bool to_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault;
-  bool from_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault;
+  if (kind == cudaMemcpyDefault) /* (unified addressing: the pointers say) */
+    kind = (enum cudaMemcpyKind)((is_device(src) ? 2 : 0) + (is_device(dst) ? 1 : 0)); /* H2H 0, H2D 1, D2H 2, D2D 3 */
+  if (kind == cudaMemcpyHostToHost) { /* fully synchronous */
+    run_all(q);
+    memmove(dst, src, bytes);
+    return take_async_error();
+  }
+  bool to_host = kind == cudaMemcpyDeviceToHost, from_host = kind == cudaMemcpyHostToDevice;
   if (to_host && !is_pinned(dst)) {
     push(q, [=] { memmove(dst, src, bytes); }, NULL, 0);
     run_all(q);
@@ -944,6 +1076,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   e->flags = flags;
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
   streams.push_back(e);
+  e->slot = (unsigned)(streams.size() % STREAM_SLOTS); /* (the default stream has slot 0) */
   *s = (cudaStream_t)e;
   return cudaSuccess;
 }
