@@ -11,6 +11,8 @@
 --      devices, out of memory) are clear and leave the process working;
 --   4. 50 SGD steps (20 on the CUDA emulator) of a tiny GPT-2 on each device
 --      from the same weights and batches give the same losses.
+--
+--   lutra tests/gpu/checks.lua ["name fragment" ...]
 local lt = require "lutra"
 local H = require "tests.lua.helpers"
 local runners = require "tests.lua.runners"
@@ -26,7 +28,15 @@ if on_cuda and ndev == 0 then
   os.exit(0)
 end
 
-local only = arg and arg[1] -- a name fragment runs only the matching checks
+-- name fragments as arguments run only the checks whose names hold one of them
+local only = arg and #arg > 0 and arg or nil
+local function selected(name)
+  if not only then return true end
+  for _, fragment in ipairs(only) do
+    if name:find(fragment, 1, true) then return true end
+  end
+  return false
+end
 -- The CUDA emulator (make emu, tests/emu) runs these checks on the CPU; it
 -- has no cuDNN, so the checks that need it say "skip" (its NCCL has one rank).
 local EMULATED = on_cuda and lt.build_info():find("CUDA emulator", 1, true) ~= nil
@@ -35,7 +45,7 @@ local tests, failed = 0, 0
 --- Runs fn as one check. cuda_only: not with LUTRA_CHECK_DEVICE=cpu; needs:
 -- "cuDNN", which the emulator lacks.
 local function check(name, fn, cuda_only, needs)
-  if only and not name:find(only, 1, true) then return end
+  if not selected(name) then return end
   if cuda_only and not on_cuda then return end
   if needs and EMULATED then
     print(("skip - %s (needs %s, which the CUDA emulator lacks)"):format(name, needs))
