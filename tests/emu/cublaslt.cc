@@ -451,6 +451,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
      product runs in the stream's order (emu_queue.h) */
   desc dc = *d;
   layout la = *a, lb = *b, lc = *c, lo = *o;
+  lt_emu_trace(stream, "matmul %lld %lld %lld batch %d epilogue %d", (long long)m, (long long)n, (long long)k,
+               lo.batch, (int)d->epilogue);
   lt_emu_enqueue(stream, [=] {
     if (workspace_bytes)
       memset(workspace, 0xff, workspace_bytes); /* (the algorithm's scratch) */

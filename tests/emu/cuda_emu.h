@@ -100,6 +100,8 @@ static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void 
      streams' launches, which make emu-tsan would report */
   std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
   auto body = std::make_shared<std::function<void()>>([kernel, params] { std::apply(kernel, params); });
+  lt_emu_trace(c.stream, "kernel %s %u,%u,%u %u,%u,%u %zu", name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y,
+               c.block.z, c.smem);
   lt_emu_enqueue(c.stream, [c, name, body = std::move(body)] { lt_emu_run(c, name, *body); });
 }
 
@@ -182,6 +184,7 @@ struct DeviceRadixSort {
     }
     if (temp_bytes < need)
       return cudaErrorInvalidValue;
+    lt_emu_trace(stream, "sort %lld", (long long)n);
     lt_emu_enqueue(stream, [=] { sort_now(temp, need, keys_in, keys_out, values_in, values_out, n, begin_bit, end_bit); });
     return cudaSuccess;
   }

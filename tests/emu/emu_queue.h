@@ -23,4 +23,13 @@
    when it is queued (a fault then shows at its launch). */
 void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work);
 
+/* With LUTRA_EMU_TRACE=FILE in the environment, appends one line to FILE
+   for each piece of work as it is queued (printf's format: what and how
+   big, e.g. "kernel name grid block smem" or "memcpy D2H bytes"), after
+   the stream's number (0 the default stream, then in order of creation), and
+   a line "host waits" where the host waits for a stream or an event. For
+   reading what a training step launches and where the host stops for the
+   device (tests/emu/README.md). Does nothing without the variable. */
+void lt_emu_trace(cudaStream_t stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif

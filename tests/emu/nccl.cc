@@ -49,8 +49,10 @@ ncclResult_t copy(const char *what, const void *send, void *recv, size_t count, 
     fprintf(stderr, "emulated NCCL: %s with a NULL buffer\n", what);
     return ncclInvalidArgument;
   }
-  if (count && send != recv)
+  if (count && send != recv) {
+    lt_emu_trace(stream, "nccl %s %zu", what, count * es);
     lt_emu_enqueue(stream, [=] { memmove(recv, send, count * es); });
+  }
   return ncclSuccess;
 }
 

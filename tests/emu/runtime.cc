@@ -765,9 +765,12 @@ void run_through(emu_stream *s, unsigned long long serial) {
   }
 }
 
-/* run_through for the host, which waits (counted for LUTRA_EMU_STATS) */
-void host_waits(emu_stream *s, unsigned long long serial) {
+/* run_through for the host, which waits (counted for LUTRA_EMU_STATS;
+   traced as why, unless NULL) */
+void host_waits(emu_stream *s, unsigned long long serial, const char *why = "host waits") {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (why)
+    lt_emu_trace((cudaStream_t)s, "%s", why);
   if (s->done_through < serial && !s->pending.empty()) {
     double t0 = now();
     run_through(s, serial);
@@ -781,8 +784,35 @@ void host_waits(emu_stream *s, unsigned long long serial) {
 
 void run_all(emu_stream *s) { host_waits(s, s->queued_through); }
 
+} // namespace
+
 /* every stream lutra made, for what waits for the whole device (cudaFree) */
-std::vector<emu_stream *> streams;
+static std::vector<emu_stream *> streams;
+
+void lt_emu_trace(cudaStream_t stream, const char *fmt, ...) {
+  static FILE *f = [] {
+    const char *path = getenv("LUTRA_EMU_TRACE");
+    FILE *t = path && *path ? fopen(path, "w") : NULL;
+    if (path && *path && !t)
+      fprintf(stderr, "lutra CUDA emulator: cannot write the trace %s\n", path);
+    return t;
+  }();
+  if (!f)
+    return;
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  size_t id = 0; /* 0: the default stream, else 1 + the order of creation */
+  for (size_t j = 0; stream && stream != (cudaStream_t)&default_stream && j < streams.size(); j++)
+    if ((cudaStream_t)streams[j] == stream)
+      id = j + 1;
+  fprintf(f, "%zu ", id);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+}
+
+namespace {
 
 void run_everything() {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
@@ -1052,6 +1082,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     return take_async_error();
   }
   bool to_host = kind == cudaMemcpyDeviceToHost, from_host = kind == cudaMemcpyHostToDevice;
+  static const char *kinds[4] = {"H2H", "H2D", "D2H", "D2D"};
+  lt_emu_trace(s, "memcpy %s%s %zu", kinds[kind & 3], is_pinned(dst) || is_pinned(src) ? " pinned" : "", bytes);
   if (to_host && !is_pinned(dst)) {
     push(q, [=] { memmove(dst, src, bytes); }, NULL, 0);
     run_all(q);
@@ -1068,8 +1100,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
-  if (bytes)
+  if (bytes) {
+    lt_emu_trace(s, "memset %zu", bytes);
     push(stream_of(s), [=] { memset(p, v, bytes); }, NULL, 0);
+  }
   return cudaSuccess;
 }
 
@@ -1137,12 +1171,12 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!v->stream)
     return cudaSuccess;
   if (v->stream->done_through >= v->serial) {
-    host_waits(v->stream, v->serial); /* (nothing to run: the host's view of it, under ThreadSanitizer) */
+    host_waits(v->stream, v->serial, NULL); /* (nothing to run: the host's view of it, under ThreadSanitizer) */
     return cudaSuccess;
   }
   if (v->queries++ < 2)
     return cudaErrorNotReady;
-  host_waits(v->stream, v->serial);
+  host_waits(v->stream, v->serial, "event query (the emulator runs the event's work; a GPU answers at once)");
   return take_async_error();
 }
 
