@@ -142,7 +142,7 @@ $(BUILD)/kernels/%.o: kernels/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/tensor-impl.h host/lutra.h
+CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/tensor-impl.h host/lutra.h
 ifeq ($(EMU_OBJ),)
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS)
 	@mkdir -p $(dir $@)

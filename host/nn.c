@@ -451,6 +451,19 @@ static lt_status give_qkv_grads(lt_node *n, lt_status st, lt_tensor *dq, lt_tens
   return st;
 }
 
+/* *t, or a copy of it where its data is not 16-byte aligned (the vector
+   loads of 16-bit attention rows need it; a fresh tensor always is). */
+static lt_status aligned_rows(lt_tensor **t) {
+  if ((uintptr_t)lt_tensor_ptr(*t) % 16 == 0)
+    return LT_OK;
+  lt_tensor *c = NULL;
+  lt_status st;
+  LT_NO_GRAD(st = lt_tensor_clone(*t, &c));
+  lt_tensor_release(*t);
+  *t = c;
+  return st;
+}
+
 /* i[0..5] = B, NH, NKV, T, S, HS; i[6] causal; f[0] scale. Saved: q, k, v,
    o (compute dtype, contiguous) and lse. */
 static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
@@ -464,7 +477,9 @@ static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor 
   lt_tensor *dout = NULL, *D = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
   lt_status st = as_compute(go[0], cd, &dout);
   if (st == LT_OK)
-    st = lt_tensor_empty_like(lse, cd, &D);
+    st = aligned_rows(&dout);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(lse, lse->dtype, &D);
   if (st == LT_OK)
     st = lt_tensor_empty_like(q, cd, &dq);
   if (st == LT_OK)
@@ -519,7 +534,9 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
                    LT_ATTN_MAX_HS);
   if (!be->attention_fwd || !be->attention_bwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
-  lt_dtype cd = compute_dtype(q->dtype);
+  /* the rows as they are where the backend takes them (16-bit on tensor cores), else in the compute dtype */
+  int half = be->attention_half && be->attention_half(q->dtype, HS);
+  lt_dtype cd = half ? q->dtype : compute_dtype(q->dtype);
   lt_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *lse = NULL, *r = NULL;
   int64_t rows = B * NH * T;
   lt_status st = as_compute(q, cd, &qc);
@@ -527,10 +544,16 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
     st = as_compute(k, cd, &kc);
   if (st == LT_OK)
     st = as_compute(v, cd, &vc);
+  if (st == LT_OK && half)
+    st = aligned_rows(&qc);
+  if (st == LT_OK && half)
+    st = aligned_rows(&kc);
+  if (st == LT_OK && half)
+    st = aligned_rows(&vc);
   if (st == LT_OK)
     st = lt_tensor_empty_like(qc, cd, &o);
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &rows, cd, q->storage->device, &lse);
+    st = lt_tensor_empty(1, &rows, compute_dtype(q->dtype), q->storage->device, &lse);
   if (st == LT_OK)
     st = be->attention_fwd(cd, lt_tensor_ptr(qc), lt_tensor_ptr(kc), lt_tensor_ptr(vc), lt_tensor_ptr(o),
                            lt_tensor_ptr(lse), B, NH, NKV, T, S, HS, scale, causal != 0);
@@ -670,14 +693,18 @@ static lt_status sdpa_backward_by_kernel(const lt_sdpa_desc *d, const lt_tensor 
   if (!be->attention_bwd || d->HS > LT_ATTN_MAX_HS)
     return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: the library refused its backward and lutra's "
                    "kernel takes head sizes up to %d, not %lld", LT_ATTN_MAX_HS, (long long)d->HS);
-  lt_dtype cd = compute_dtype(q->dtype);
+  int half = be->attention_half && be->attention_half(q->dtype, d->HS);
+  lt_dtype cd = half ? q->dtype : compute_dtype(q->dtype);
   const lt_tensor *ins[5] = {q, k, v, o, dout};
   lt_tensor *c[5] = {NULL}, *D = NULL, *g[3] = {NULL};
   lt_status st = LT_OK;
-  for (int j = 0; j < 5 && st == LT_OK; j++)
+  for (int j = 0; j < 5 && st == LT_OK; j++) {
     st = as_compute(ins[j], cd, &c[j]);
-  if (st == LT_OK)
-    st = lt_tensor_empty_like(stats, cd, &D);
+    if (st == LT_OK && half)
+      st = aligned_rows(&c[j]);
+  }
+  if (st == LT_OK) /* (the library's statistics are f32, as lutra's kernels take them for 16-bit rows) */
+    st = lt_tensor_empty_like(stats, half ? stats->dtype : cd, &D);
   for (int j = 0; j < 3 && st == LT_OK; j++)
     st = lt_tensor_empty_like(c[j], cd, &g[j]);
   if (st == LT_OK)

@@ -5,9 +5,10 @@
  * thread per query row (forward, dq) or per key row (dk and dv, summing the
  * query heads that share the key/value head). Nothing of size (T, S) is
  * stored; each sum runs in a fixed order, so results are deterministic.
- * A first fused path: threads read K and V rows through the caches, no
- * tiling in shared memory and no tensor cores yet (cuDNN's fused attention
- * is the next step).
+ * Threads read K and V rows through the caches, no tiling in shared
+ * memory: the path for f32, f64 and the head sizes that the tensor-core
+ * kernels (attention_mma.cu: bf16/f16, head sizes 32 and 64) and cuDNN do
+ * not take.
  */
 #include "common.cuh"
 

@@ -10,6 +10,7 @@
  * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
  * variables (one block runs at a time, so a function's static storage is
  * the block's shared memory; garbage at the start of each block); __syncthreads; __shfl_xor_sync; atomicMin;
+ * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through kernels/cuda/mma.cuh);
  * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
  * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
  * a barrier or a shuffle switches to the next thread, so the kernels' barrier
@@ -21,6 +22,9 @@
  */
 #ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
 #define LUTRA_TESTS_EMU_CUDA_EMU_H
+
+/* kernels that use instructions the emulator stands in for (mma.cuh) test this */
+#define LT_CUDA_EMULATED 1
 
 #include <math.h>
 #include <stdint.h>
@@ -54,6 +58,11 @@ static inline float __int_as_float(int v) {
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+/* a register budget for the device compiler: nothing here */
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 /* the host compiler's CUDA headers define __shared__ as nothing: here it is
    static storage, which one block at a time owns */
@@ -152,6 +161,51 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
   T r;
   memcpy(&r, &bits, sizeof r);
   return r;
+}
+
+/* Every lane of mask's warp passes bytes at mine and receives all of them,
+   lane l's at all + l * bytes (the emulator's ground for warp-wide
+   operations such as the tensor-core product below). */
+void lt_emu_warp_exchange(unsigned mask, const void *mine, void *all, size_t bytes);
+
+/* the 16-bit float in bits as a float, by the type named by the null pointer */
+static inline float lt_emu_bits_to_float(uint16_t bits, const __nv_bfloat16 *) {
+  uint32_t u = (uint32_t)bits << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline float lt_emu_bits_to_float(uint16_t bits, const __half *) { return __half2float(__ushort_as_half(bits)); }
+
+/* PTX's mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32
+   with C = D: c (16x8, f32) += A (16x16) B (16x8), H the input type; each
+   lane holds the fragments of the PTX ISA's "Matrix Fragments for
+   mma.m16n8k16 with floating point type" (group g = lane / 4, t = lane % 4;
+   a[r]: row g + 8 (r % 2), columns 2t + 8 (r / 2) and one more; b[r]:
+   rows 2t + 8 r and one more, column g; c[i]: row g + 8 (i / 2), column
+   2t + i % 2; the lower column or row in a register's low 16 bits). Sums
+   in f32, k in order (the hardware's order is unspecified). */
+template <typename H> static inline void lt_emu_mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  struct frag {
+    uint32_t a[4], b[2];
+  } mine, all[32];
+  memcpy(mine.a, a, sizeof mine.a);
+  memcpy(mine.b, b, sizeof mine.b);
+  lt_emu_warp_exchange(0xffffffffu, &mine, all, sizeof mine);
+  auto half = [](uint32_t w, unsigned high) {
+    return lt_emu_bits_to_float((uint16_t)(high ? w >> 16 : w & 0xffff), (const H *)nullptr);
+  };
+  unsigned lane = lt_emu_self->lane, g = lane / 4, t = lane % 4;
+  for (unsigned i = 0; i < 4; i++) {
+    unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float s = c[i];
+    for (unsigned k = 0; k < 16; k++) {
+      float av = half(all[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k % 2);
+      float bv = half(all[4 * col + (k % 8) / 2].b[k / 8], k % 2);
+      s += av * bv;
+    }
+    c[i] = s;
+  }
 }
 
 /* atomics as the compiler's (one thread runs at a time, but the race

@@ -78,6 +78,9 @@ struct fiber {
   fiber_state state;
   unsigned shuffle_mask, shuffle_src;
   uint64_t shuffle_value, shuffle_result;
+  const void *exchange_in; /* a warp exchange (lt_emu_warp_exchange) when exchange_bytes > 0 */
+  void *exchange_out;
+  size_t exchange_bytes;
   const char *barrier_file; /* where the thread called __syncthreads */
   int barrier_line;
   unsigned barriers; /* passed in this block */
@@ -408,6 +411,26 @@ bool release_shuffles(unsigned n, const char *name, bool *failed) {
     if (!ready)
       continue;
     for (unsigned lane = 0; lane < 32; lane++)
+      if ((mask >> lane & 1) && fibers[base + lane].exchange_bytes != fibers[base + (unsigned)__builtin_ctz(mask)].exchange_bytes) {
+        fault("%s: block (%u,%u,%u): lanes of warp %u meet at different warp operations (a shuffle and a matrix "
+              "product, or products of different sizes)", name, lt_emu_block_idx.x, lt_emu_block_idx.y,
+              lt_emu_block_idx.z, base / 32);
+        *failed = true;
+        return false;
+      }
+    if (size_t bytes = fibers[base + (unsigned)__builtin_ctz(mask)].exchange_bytes) {
+      for (unsigned lane = 0; lane < 32; lane++)
+        if (mask >> lane & 1) {
+          fiber *f = &fibers[base + lane];
+          for (unsigned src = 0; src < 32; src++)
+            if (mask >> src & 1)
+              memcpy((char *)f->exchange_out + src * bytes, fibers[base + src].exchange_in, bytes);
+          f->state = RUNNABLE;
+        }
+      released = true;
+      continue;
+    }
+    for (unsigned lane = 0; lane < 32; lane++)
       if ((mask >> lane & 1) && !(mask >> fibers[base + lane].shuffle_src & 1)) {
         fault("%s: block (%u,%u,%u): lane %u of warp %u reads lane %u, outside the shuffle's mask 0x%08x", name,
               lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z, lane, base / 32,
@@ -439,6 +462,7 @@ bool run_block(unsigned n, const char *name) {
     f->t.lane = i % 32;
     f->state = RUNNABLE;
     f->barriers = 0;
+    f->exchange_bytes = 0;
     if (!f->booted && !boot(f)) {
       fault("%s: no memory for the emulator's thread stacks", name);
       return false;
@@ -606,9 +630,22 @@ uint64_t lt_emu_shuffle(unsigned mask, uint64_t bits, unsigned src_lane) {
   f->shuffle_mask = mask;
   f->shuffle_src = src_lane;
   f->shuffle_value = bits;
+  f->exchange_bytes = 0;
   f->state = AT_SHUFFLE;
   yield_to_scheduler(f);
   return f->shuffle_result;
+}
+
+void lt_emu_warp_exchange(unsigned mask, const void *mine, void *all, size_t bytes) {
+  fiber *f = current;
+  f->shuffle_mask = mask;
+  f->shuffle_src = f->t.lane;
+  f->exchange_in = mine;
+  f->exchange_out = all;
+  f->exchange_bytes = bytes;
+  f->state = AT_SHUFFLE;
+  yield_to_scheduler(f);
+  f->exchange_bytes = 0;
 }
 
 /* ---- the runtime API ------------------------------------------------------ */

@@ -3,13 +3,14 @@
  * that break the rules the emulator claims to check, each of which must
  * fail its launch with the emulator's message, and correct kernels that
  * must pass (a block sum through shuffles and shared memory, a grid-stride
- * loop), and the host's mistakes with asynchrony (reading a result before
+ * loop, the tensor-core product against its documented fragment layout), and the host's mistakes with asynchrony (reading a result before
  * waiting, a stream that does not wait for another, a pinned buffer
  * changed under a queued copy), which must show. Built like kernels/cuda (launches rewritten by rewrite_launches.py,
  * cuda_emu.h included first) and linked with runtime.cc. Prints
  * "emu selftest: N passed, M failed".
  */
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,79 @@ static void check_asynchrony(int *d) {
   cudaFreeHost(pinned);
 }
 
+/* one warp: C (16x8) = A (16x16) B (16x8) of bf16 bits through the emulated mma.m16n8k16, each lane
+   loading its fragments as the PTX ISA's layout puts them (written here in its word form: A's register r
+   of lane l holds the pair at row l/4 + 8 (r%2), columns 2 (l%4 + 4 (r/2)); B's holds the pair at rows
+   2 (l%4 + 4 r), column l/4; C's value i is row l/4 + 8 (i/2), column 2 (l%4) + i%2) */
+__global__ void mma_product(const uint16_t *A, const uint16_t *B, float *C) {
+  unsigned l = threadIdx.x;
+  uint32_t a[4], b[2];
+  float c[4] = {0, 0, 0, 0};
+  for (unsigned r = 0; r < 4; r++) {
+    unsigned row = l / 4 + 8 * (r % 2), col = 2 * (l % 4 + 4 * (r / 2));
+    a[r] = A[row * 16 + col] | (uint32_t)A[row * 16 + col + 1] << 16;
+  }
+  for (unsigned r = 0; r < 2; r++) {
+    unsigned k = 2 * (l % 4 + 4 * r), n = l / 4;
+    b[r] = B[k * 8 + n] | (uint32_t)B[(k + 1) * 8 + n] << 16;
+  }
+  lt_emu_mma16816<__nv_bfloat16>(c, a, b);
+  for (unsigned i = 0; i < 4; i++)
+    C[(l / 4 + 8 * (i / 2)) * 8 + 2 * (l % 4) + i % 2] = c[i];
+}
+
+/* half the warp shuffles while the other half multiplies */
+__global__ void shuffle_meets_mma(float *out) {
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float c[4] = {0, 0, 0, 0};
+  if (threadIdx.x < 16)
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  else
+    lt_emu_mma16816<__nv_bfloat16>(c, a, b);
+}
+
+/* the bf16 bits of a small integer (exact) */
+static uint16_t bf16_bits(int v) {
+  float f = (float)v;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)(u >> 16);
+}
+
+static void check_mma(void) {
+  uint16_t ha[256], hb[128];
+  int ia[256], ib[128];
+  for (int i = 0; i < 256; i++)
+    ha[i] = bf16_bits(ia[i] = (i * 7 + 3) % 11 - 5);
+  for (int i = 0; i < 128; i++)
+    hb[i] = bf16_bits(ib[i] = (i * 5 + 1) % 9 - 4);
+  uint16_t *da, *db;
+  float *dc, hc[128];
+  cudaMalloc((void **)&da, sizeof ha);
+  cudaMalloc((void **)&db, sizeof hb);
+  cudaMalloc((void **)&dc, sizeof hc);
+  cudaMemcpyAsync(da, ha, sizeof ha, cudaMemcpyHostToDevice, 0);
+  cudaMemcpyAsync(db, hb, sizeof hb, cudaMemcpyHostToDevice, 0);
+  mma_product<<<1, 32>>>(da, db, dc);
+  cudaMemcpyAsync(hc, dc, sizeof hc, cudaMemcpyDeviceToHost, 0);
+  int wrong = 0;
+  for (int m = 0; m < 16; m++)
+    for (int n = 0; n < 8; n++) {
+      int want = 0;
+      for (int k = 0; k < 16; k++)
+        want += ia[m * 16 + k] * ib[k * 8 + n];
+      wrong += hc[m * 8 + n] != (float)want;
+    }
+  char buf[64];
+  snprintf(buf, sizeof buf, "%d of 128 products wrong", wrong);
+  expect(wrong == 0, "the tensor-core product mma.m16n8k16 multiplies fragments laid out as PTX documents them", buf);
+  shuffle_meets_mma<<<1, 32>>>(dc);
+  expect_fault("a warp whose lanes meet at a shuffle and a matrix product fails the launch", "different warp operations");
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
 int main(void) {
   int *d = NULL;
   float *f = NULL, *sums = NULL;
@@ -255,6 +329,7 @@ int main(void) {
   expect_refused("64 KiB of dynamic shared memory is an invalid configuration", "48 KiB");
   nothing<<<1, 32>>>();
   expect_ok("a correct launch after faults runs (the error was cleared)");
+  check_mma();
 
   bool race_seen = false;
   for (int launch = 0; launch < 2; launch++) { /* the second runs its threads in the other order */

@@ -550,6 +550,49 @@ grad_check("fused causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
 end, { gtol = 1e-4 })
+-- fused attention on tensor cores (kernels/cuda/attention_mma.cu: bf16/f16, head sizes 32 and 64) against
+-- the cpu's fused rows on the same 16-bit values (outputs and gradients rounded to bf16/f16 on both)
+grad_check("fused causal attention on tensor cores, bf16 (2, 4, 192, 64)", { { shape = { 2, 4, 192, 64 }, dtype = "bf16" },
+  { shape = { 2, 4, 192, 64 }, dtype = "bf16" }, { shape = { 2, 4, 192, 64 }, dtype = "bf16" } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true, library = false })
+end)
+grad_check("fused attention on tensor cores, f16, grouped-query, 96 queries after 64 cached keys (1, 4 / 2 heads, 32)",
+  { { shape = { 1, 4, 96, 32 }, dtype = "f16" }, { shape = { 1, 2, 160, 32 }, dtype = "f16" },
+    { shape = { 1, 2, 160, 32 }, dtype = "f16" } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true, library = false })
+end)
+grad_check("fused attention on tensor cores, bf16, no mask, 100 queries over 130 keys (1, 2, 64)",
+  { { shape = { 1, 2, 100, 64 }, dtype = "bf16" }, { shape = { 1, 2, 130, 64 }, dtype = "bf16" },
+    { shape = { 1, 2, 130, 64 }, dtype = "bf16" } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { fused = true, library = false })
+end)
+check("fused attention on tensor cores: rows with no visible key give zeros, a NaN gives a NaN row, gradients repeat bit for bit", function()
+  -- 100 queries over 40 keys, causal: the first 60 queries see nothing
+  local q, k, v = lt.randn({ 1, 2, 100, 64 }):to("bf16"), lt.randn({ 1, 2, 40, 64 }):to("bf16"),
+      lt.randn({ 1, 2, 40, 64 }):to("bf16")
+  local w = lt.randn({ 1, 2, 100, 64 })
+  local function run(dev, qq, grads)
+    local a, b, c = qq:to(dev):detach():requires_grad_(grads), k:to(dev):detach():requires_grad_(grads),
+        v:to(dev):detach():requires_grad_(grads)
+    local y = F.scaled_dot_product_attention(a, b, c, { causal = true, fused = true, library = false })
+    if grads then (y:to("f32") * w:to(dev)):sum():backward() end
+    return y, a.grad, b.grad, c.grad
+  end
+  local y, dq, dk, dv = run(CUDA, q, true)
+  local cy, cdq, cdk, cdv = run("cpu", q, true)
+  close(y, cy, "output")
+  assert(y:narrow(3, 1, 60):to("f32"):abs():max():item() == 0, "a query that sees no key should give zeros")
+  close(dq, cdq, "dq")
+  close(dk, cdk, "dk")
+  close(dv, cdv, "dv")
+  local _, dq2, dk2, dv2 = run(CUDA, q, true)
+  for i, pair in ipairs({ { dq, dq2 }, { dk, dk2 }, { dv, dv2 } }) do
+    assert((pair[1]:to("f32") - pair[2]:to("f32")):abs():max():item() == 0, "gradient " .. i .. " differs between two runs")
+  end
+  local qn = q:clone()
+  qn:narrow(2, 1, 1):narrow(3, 70, 1):narrow(4, 5, 1):fill_(0 / 0) -- query 70 of head 1: a NaN row
+  close(run(CUDA, qn, false), run("cpu", qn, false), "output with a NaN row")
+end, true)
 grad_check("causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 64 } }, { shape = { 2, 12, 256, 64 } },
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true })

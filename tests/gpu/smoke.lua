@@ -1,6 +1,6 @@
 -- tests/gpu/smoke.lua: the newest CUDA paths once each, small, printing what
 -- ran: cuDNN attention (forward and backward, causal, from one qkv tensor),
--- cuBLASLt's bias/GELU epilogues, bf16 row kernels and a deferred index
+-- lutra's tensor-core attention, cuBLASLt's bias/GELU epilogues, bf16 row kernels and a deferred index
 -- check. tests/gpu/run.sh runs it first, and again with cuDNN's and
 -- cuBLASLt's own logs on when it fails. Exits 1 on the first failure.
 local lt = require "lutra"
@@ -27,6 +27,18 @@ step("cuDNN attention forward and backward (2, 4, 128, 64) bf16 causal, q/k/v cu
   y:to("f32"):sum():backward()
   lt.cuda.synchronize()
   local g = qkv.grad:to("f32"):abs():sum():item()
+  assert(g == g and g > 0, "gradient " .. g)
+end)
+
+step("fused attention on tensor cores (2, 4, 128, 64) bf16 causal, against the row kernel in f32", function()
+  local q = lt.randn({ 2, 4, 128, 64 }, { dtype = "bf16", device = "cuda" }):requires_grad_()
+  local y = F.scaled_dot_product_attention(q, q, q, { causal = true, fused = true, library = false })
+  y:to("f32"):sum():backward()
+  local q32 = q:detach():to("f32")
+  local ref = F.scaled_dot_product_attention(q32, q32, q32, { causal = true, fused = true })
+  local err = (y:detach():to("f32") - ref):abs():max():item()
+  assert(err < 0.05, "max error " .. err)
+  local g = q.grad:to("f32"):abs():sum():item()
   assert(g == g and g > 0, "gradient " .. g)
 end)
 

@@ -1,0 +1,435 @@
+/*
+ * attention_mma.cu: fused scaled-dot-product attention on tensor cores for
+ * bf16/f16 rows of head size 32 or 64, forward and backward, after
+ * FlashAttention-2 (Dao 2023): a block of 4 warps takes 64 query rows (16 a
+ * warp) and walks the visible keys in tiles of 64 with the online softmax;
+ * the products run as mma.m16n8k16 (mma.cuh) with f32 accumulators, and a
+ * score tile's accumulators become the next product's A fragments in
+ * registers (the probabilities rounded to the input type, as FlashAttention
+ * does). Backward recomputes the probabilities from the log-sum-exp:
+ * D = rowsum(dO * O), then one kernel sums dq over the key tiles of its
+ * query rows and another dk and dv over the query tiles (and the query
+ * heads of a K/V head) of its key rows, so each sum runs in a fixed order:
+ * deterministic, no atomics. Masking, the empty row (zeros, lse = -inf) and
+ * NaN follow kernels/attention_rows.h, which the CPU runs and these are
+ * checked against, with two differences the composed path shares: a key
+ * masked inside a loaded tile enters the products with weight 0, so an Inf
+ * or NaN in its V (or K) row makes the row NaN (the row algorithms skip
+ * it), and a +inf score gives NaN; in f16 the rounded dS can overflow under
+ * large loss scales (as FlashAttention-2's). Layouts: q, o, dout, dq
+ * (B, NH, T, HS) and k, v, dk, dv (B, NKV, S, HS) contiguous and 16-byte
+ * aligned, lse and D f32 (B, NH, T).
+ */
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace {
+
+const int WARPS = 4, THREADS = 32 * WARPS;
+const int BQ = 16 * WARPS; /* query rows of a forward or dq block */
+const int BK = 64;         /* keys of a tile */
+const int PAD = 8;         /* 16-bit elements after each shared row (bank spread; rows stay 16-byte aligned) */
+const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+/* the 32-bit word at a 16-bit row's even column c */
+__device__ __forceinline__ uint32_t word(const uint16_t *row, int c) { return *(const uint32_t *)(row + c); }
+
+/* a[4]: the A fragment of rows r0.. r0+15 and columns c0..c0+15 of a row-major 16-bit matrix (ld elements
+   a row) in global memory; rows at or past n read zeros */
+__device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t *m, int64_t ld, int64_t r0, int64_t n, int c0,
+                                       int g, int t) {
+  for (int r = 0; r < 4; r++) {
+    int64_t row = r0 + g + 8 * (r % 2);
+    a[r] = row < n ? word(m + row * ld, c0 + 2 * t + 8 * (r / 2)) : 0u;
+  }
+}
+
+/* the B fragment whose column n is row n0 + g of a row-major shared tile s (k along the row) */
+__device__ __forceinline__ void load_b(uint32_t b[2], const uint16_t *s, int ld, int n0, int k0, int g, int t) {
+  const uint16_t *row = s + (n0 + g) * ld + k0 + 2 * t;
+  b[0] = word(row, 0);
+  b[1] = word(row, 8);
+}
+
+/* Rows r0.. of a (rows, D) global matrix into the shared tile s (rows x (D + PAD)) and, when st, its
+   transpose into st (D x (rows + PAD)); rows at or past n as zeros. 16-byte loads; neighbouring threads
+   take neighbouring rows, so the transposed 16-bit stores of a warp fall in distinct banks (and the
+   16-byte stores, rows D + PAD apart, too). */
+template <int D>
+__device__ __forceinline__ void load_tile(uint16_t *s, uint16_t *st, const uint16_t *m, int64_t r0, int64_t n,
+                                          int rows) {
+  for (int e = threadIdx.x; e < rows * D / 8; e += THREADS) {
+    int r = e % rows, c = e / rows * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < n)
+      v = *(const uint4 *)(m + (r0 + r) * D + c);
+    if (s)
+      *(uint4 *)(s + r * (D + PAD) + c) = v;
+    if (st) {
+      const uint16_t *h = (const uint16_t *)&v;
+      for (int j = 0; j < 8; j++)
+        st[(c + j) * (rows + PAD) + r] = h[j];
+    }
+  }
+}
+
+/* the A fragment of a 16-column slice (columns 16 ks..) of a warp's score tile held as C fragments x[n][i] */
+template <typename H> __device__ __forceinline__ void scores_as_a(uint32_t a[4], const float (*x)[4], int ks) {
+  a[0] = lt_pack2<H>(x[2 * ks][0], x[2 * ks][1]);
+  a[1] = lt_pack2<H>(x[2 * ks][2], x[2 * ks][3]);
+  a[2] = lt_pack2<H>(x[2 * ks + 1][0], x[2 * ks + 1][1]);
+  a[3] = lt_pack2<H>(x[2 * ks + 1][2], x[2 * ks + 1][3]);
+}
+
+/* may query i of T see key j of S */
+__device__ __forceinline__ bool visible(int64_t i, int64_t j, int64_t T, int64_t S, int causal) {
+  return i < T && j < S && (!causal || j <= i + S - T);
+}
+
+/* does each of the 16 queries r0.. (all below T) see each key of [k0, k0 + n)? (then the tile needs no mask) */
+__device__ __forceinline__ bool every_key_seen(int64_t r0, int64_t k0, int n, int64_t T, int64_t S, int causal) {
+  return r0 + 16 <= T && k0 + n <= S && (!causal || k0 + n - 1 <= r0 + S - T);
+}
+
+/* the keys [0, end) that some query of [q0, q0 + BQ) sees */
+__device__ __forceinline__ int64_t keys_end(int64_t q0, int64_t T, int64_t S, int causal) {
+  if (!causal)
+    return S;
+  int64_t last = (q0 + BQ < T ? q0 + BQ : T) - 1, end = last + S - T + 1;
+  return end < 0 ? 0 : (end > S ? S : end);
+}
+
+/* the sum over the 4 lanes that share a fragment row */
+__device__ __forceinline__ float row_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float row_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/* grid (B * NH, query blocks) */
+template <typename H, int D>
+__global__ void __launch_bounds__(THREADS)
+    attention_mma_fwd_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
+                             int64_t NH, int64_t NKV, int64_t T, int64_t S, float scale, int causal) {
+  __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vt[D * (BK + PAD)];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.x, b = bh / NH, kvh = bh % NH / (NH / NKV);
+  const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
+  const uint16_t *qb = q + bh * T * D, *kb = k + (b * NKV + kvh) * S * D, *vb = v + (b * NKV + kvh) * S * D;
+  const float sl2 = scale * LOG2E; /* scores in base 2 */
+  uint32_t qa[D / 16][4];
+  for (int kk = 0; kk < D / 16; kk++)
+    load_a(qa[kk], qb, D, r0, T, 16 * kk, g, t);
+  float acc[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows g and g + 8: running max (base 2), partial sum */
+  const int64_t kend = keys_end(q0, T, S, causal);
+  for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads(); /* (the previous tile is read) */
+    load_tile<D>(ks, NULL, kb, k0, S, BK);
+    load_tile<D>(NULL, vt, vb, k0, S, BK);
+    __syncthreads();
+    float s[BK / 8][4] = {};
+    for (int kk = 0; kk < D / 16; kk++)
+      for (int n = 0; n < BK / 8; n++) {
+        uint32_t bf[2];
+        load_b(bf, ks, D + PAD, 8 * n, 16 * kk, g, t);
+        lt_mma16816<H>(s[n], qa[kk], bf);
+      }
+    float mx[2] = {m[0], m[1]};
+    const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
+    for (int n = 0; n < BK / 8; n++)
+      for (int i = 0; i < 4; i++) {
+        int64_t row = r0 + g + 8 * (i / 2), key = k0 + 8 * n + 2 * t + i % 2;
+        s[n][i] = all_seen || visible(row, key, T, S, causal) ? s[n][i] * sl2 : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+      }
+    float base[2], sum[2] = {0.f, 0.f};
+    for (int r = 0; r < 2; r++) {
+      mx[r] = row_max(mx[r]);
+      base[r] = mx[r] == -INFINITY ? 0.f : mx[r]; /* (no visible key yet: every p is 0) */
+      float alpha = exp2f(m[r] - base[r]);        /* (0 for the first visible keys) */
+      l[r] *= alpha;
+      for (int nd = 0; nd < D / 8; nd++) {
+        acc[nd][2 * r] *= alpha;
+        acc[nd][2 * r + 1] *= alpha;
+      }
+      m[r] = mx[r];
+    }
+    for (int n = 0; n < BK / 8; n++)
+      for (int i = 0; i < 4; i++) {
+        s[n][i] = exp2f(s[n][i] - base[i / 2]);
+        sum[i / 2] += s[n][i];
+      }
+    l[0] += sum[0];
+    l[1] += sum[1];
+    for (int kc = 0; kc < BK / 16; kc++) {
+      uint32_t pa[4];
+      scores_as_a<H>(pa, s, kc);
+      for (int nd = 0; nd < D / 8; nd++) {
+        uint32_t bf[2];
+        load_b(bf, vt, BK + PAD, 8 * nd, 16 * kc, g, t);
+        lt_mma16816<H>(acc[nd], pa, bf);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    float sum = row_sum(l[r]);
+    int64_t row = r0 + g + 8 * r;
+    if (row >= T)
+      continue;
+    /* no visible key: zeros and -inf; a NaN score made the sum NaN: NaN, as attention_rows.h */
+    float inv = sum > 0.f || sum != sum ? 1.f / sum : 0.f;
+    uint16_t *orow = o + (bh * T + row) * D;
+    for (int nd = 0; nd < D / 8; nd++)
+      *(uint32_t *)(orow + 8 * nd + 2 * t) = lt_pack2<H>(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
+    if (t == 0)
+      lse[bh * T + row] = sum > 0.f ? m[r] * LN2 + logf(sum) : (sum != sum ? NAN : -INFINITY);
+  }
+}
+
+/* D[r] = sum over the row of dout * o, in f32: a warp a row */
+template <typename H>
+__global__ void attention_mma_rowdot_kernel(const uint16_t *dout, const uint16_t *o, float *Dr, int64_t rows,
+                                            int HS) {
+  int64_t r = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  if (r >= rows) /* (whole warps leave together) */
+    return;
+  float s = 0.f;
+  for (int d = lane; d < HS; d += 32)
+    s += lt_half_bits_to_float<H>(dout[r * HS + d]) * lt_half_bits_to_float<H>(o[r * HS + d]);
+  for (int w = 16; w > 0; w /= 2)
+    s += __shfl_xor_sync(0xffffffffu, s, w);
+  if (lane == 0)
+    Dr[r] = s;
+}
+
+/* dq = scale * sum over visible keys j of p_ij (dO_i . V_j - D_i) K_j; grid (B * NH, query blocks) */
+template <typename H, int D>
+__global__ void __launch_bounds__(THREADS)
+    attention_mma_dq_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *dout,
+                            const float *lse, const float *Dr, uint16_t *dq, int64_t NH, int64_t NKV, int64_t T,
+                            int64_t S, float scale, int causal) {
+  __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vs[BK * (D + PAD)], kt[D * (BK + PAD)];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.x, b = bh / NH, kvh = bh % NH / (NH / NKV);
+  const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
+  const uint16_t *kb = k + (b * NKV + kvh) * S * D, *vb = v + (b * NKV + kvh) * S * D;
+  const float sl2 = scale * LOG2E;
+  uint32_t qa[D / 16][4], da[D / 16][4];
+  for (int kk = 0; kk < D / 16; kk++) {
+    load_a(qa[kk], q + bh * T * D, D, r0, T, 16 * kk, g, t);
+    load_a(da[kk], dout + bh * T * D, D, r0, T, 16 * kk, g, t);
+  }
+  float lse2[2], Drow[2]; /* rows g and g + 8: the log-sum-exp in base 2, D */
+  for (int r = 0; r < 2; r++) {
+    int64_t row = r0 + g + 8 * r;
+    lse2[r] = row < T ? lse[bh * T + row] * LOG2E : -INFINITY;
+    Drow[r] = row < T ? Dr[bh * T + row] : 0.f;
+  }
+  float acc[D / 8][4] = {};
+  const int64_t kend = keys_end(q0, T, S, causal);
+  for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();
+    load_tile<D>(ks, kt, kb, k0, S, BK);
+    load_tile<D>(vs, NULL, vb, k0, S, BK);
+    __syncthreads();
+    float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
+    for (int kk = 0; kk < D / 16; kk++)
+      for (int n = 0; n < BK / 8; n++) {
+        uint32_t bf[2];
+        load_b(bf, ks, D + PAD, 8 * n, 16 * kk, g, t);
+        lt_mma16816<H>(s[n], qa[kk], bf);
+        load_b(bf, vs, D + PAD, 8 * n, 16 * kk, g, t);
+        lt_mma16816<H>(dp[n], da[kk], bf);
+      }
+    const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
+    for (int n = 0; n < BK / 8; n++)
+      for (int i = 0; i < 4; i++) {
+        int64_t row = r0 + g + 8 * (i / 2), key = k0 + 8 * n + 2 * t + i % 2;
+        float p = (all_seen || visible(row, key, T, S, causal)) && lse2[i / 2] != -INFINITY
+                      ? exp2f(s[n][i] * sl2 - lse2[i / 2])
+                      : 0.f;
+        s[n][i] = p * (dp[n][i] - Drow[i / 2]); /* dS */
+      }
+    for (int kc = 0; kc < BK / 16; kc++) {
+      uint32_t sa[4];
+      scores_as_a<H>(sa, s, kc);
+      for (int nd = 0; nd < D / 8; nd++) {
+        uint32_t bf[2];
+        load_b(bf, kt, BK + PAD, 8 * nd, 16 * kc, g, t);
+        lt_mma16816<H>(acc[nd], sa, bf);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    int64_t row = r0 + g + 8 * r;
+    if (row >= T)
+      continue;
+    uint16_t *out = dq + (bh * T + row) * D;
+    for (int nd = 0; nd < D / 8; nd++)
+      *(uint32_t *)(out + 8 * nd + 2 * t) = lt_pack2<H>(acc[nd][2 * r] * scale, acc[nd][2 * r + 1] * scale);
+  }
+}
+
+/* For key rows j of a K/V head, summed over the query heads that share it and their visible queries i:
+   dv_j = sum p_ij dO_i, dk_j = scale * sum p_ij (dO_i . V_j - D_i) Q_i. A warp takes 16 keys; the
+   query tiles are BQK rows (Q and dO, each also transposed, in shared memory). grid (B * NKV, key blocks) */
+template <typename H, int D>
+__global__ void __launch_bounds__(THREADS)
+    attention_mma_dkv_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *dout,
+                             const float *lse, const float *Dr, uint16_t *dk, uint16_t *dv, int64_t NH, int64_t NKV,
+                             int64_t T, int64_t S, float scale, int causal) {
+  const int BQK = 64;
+  __shared__ __align__(16) uint16_t qs[BQK * (D + PAD)], qt[D * (BQK + PAD)], dos[BQK * (D + PAD)],
+      dot[D * (BQK + PAD)];
+  __shared__ float lse2s[BQK], Ds[BQK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t bg = blockIdx.x, b = bg / NKV, kvh = bg % NKV, rep = NH / NKV;
+  const int64_t k0 = (int64_t)blockIdx.y * BQ, j0 = k0 + 16 * warp; /* (BQ keys a block, 16 a warp) */
+  const float sl2 = scale * LOG2E;
+  uint32_t ka[D / 16][4], va[D / 16][4];
+  for (int kk = 0; kk < D / 16; kk++) {
+    load_a(ka[kk], k + bg * S * D, D, j0, S, 16 * kk, g, t);
+    load_a(va[kk], v + bg * S * D, D, j0, S, 16 * kk, g, t);
+  }
+  float dka[D / 8][4] = {}, dva[D / 8][4] = {};
+  /* the first query that sees key k0 (none before it sees any key of the block) */
+  int64_t qfirst = causal ? k0 - (S - T) : 0;
+  qfirst = qfirst < 0 ? 0 : qfirst / BQK * BQK;
+  for (int64_t h = kvh * rep; h < (kvh + 1) * rep; h++) {
+    const int64_t bh = b * NH + h;
+    for (int64_t i0 = qfirst; i0 < T; i0 += BQK) {
+      __syncthreads();
+      load_tile<D>(qs, qt, q + bh * T * D, i0, T, BQK);
+      load_tile<D>(dos, dot, dout + bh * T * D, i0, T, BQK);
+      for (int r = threadIdx.x; r < BQK; r += THREADS) {
+        lse2s[r] = i0 + r < T ? lse[bh * T + i0 + r] * LOG2E : -INFINITY;
+        Ds[r] = i0 + r < T ? Dr[bh * T + i0 + r] : 0.f;
+      }
+      __syncthreads();
+      float p[BQK / 8][4] = {}, dp[BQK / 8][4] = {}; /* transposed: rows are keys, columns queries */
+      for (int kk = 0; kk < D / 16; kk++)
+        for (int n = 0; n < BQK / 8; n++) {
+          uint32_t bf[2];
+          load_b(bf, qs, D + PAD, 8 * n, 16 * kk, g, t);
+          lt_mma16816<H>(p[n], ka[kk], bf);
+          load_b(bf, dos, D + PAD, 8 * n, 16 * kk, g, t);
+          lt_mma16816<H>(dp[n], va[kk], bf);
+        }
+      /* (every query of the tile sees the warp's 16 keys when the first does and all are in range) */
+      const bool all_seen = i0 + BQK <= T && j0 + 16 <= S && (!causal || j0 + 15 <= i0 + S - T);
+      for (int n = 0; n < BQK / 8; n++)
+        for (int i = 0; i < 4; i++) {
+          int col = 8 * n + 2 * t + i % 2;
+          int64_t key = j0 + g + 8 * (i / 2), query = i0 + col;
+          p[n][i] = (all_seen || visible(query, key, T, S, causal)) && lse2s[col] != -INFINITY
+                        ? exp2f(p[n][i] * sl2 - lse2s[col])
+                        : 0.f;
+          dp[n][i] = p[n][i] * (dp[n][i] - Ds[col]); /* dS, transposed */
+        }
+      for (int kc = 0; kc < BQK / 16; kc++) {
+        uint32_t pa[4], sa[4];
+        scores_as_a<H>(pa, p, kc);
+        scores_as_a<H>(sa, dp, kc);
+        for (int nd = 0; nd < D / 8; nd++) {
+          uint32_t bf[2];
+          load_b(bf, dot, BQK + PAD, 8 * nd, 16 * kc, g, t);
+          lt_mma16816<H>(dva[nd], pa, bf);
+          load_b(bf, qt, BQK + PAD, 8 * nd, 16 * kc, g, t);
+          lt_mma16816<H>(dka[nd], sa, bf);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    int64_t key = j0 + g + 8 * r;
+    if (key >= S)
+      continue;
+    uint16_t *dkr = dk + (bg * S + key) * D, *dvr = dv + (bg * S + key) * D;
+    for (int nd = 0; nd < D / 8; nd++) {
+      *(uint32_t *)(dkr + 8 * nd + 2 * t) = lt_pack2<H>(dka[nd][2 * r] * scale, dka[nd][2 * r + 1] * scale);
+      *(uint32_t *)(dvr + 8 * nd + 2 * t) = lt_pack2<H>(dva[nd][2 * r], dva[nd][2 * r + 1]);
+    }
+  }
+}
+
+unsigned blocks_of(int64_t n) { return (unsigned)((n + BQ - 1) / BQ); }
+
+template <typename H, int D>
+lt_status fwd_run(const void *q, const void *k, const void *v, void *o, void *lse, int64_t B, int64_t NH,
+                  int64_t NKV, int64_t T, int64_t S, float scale, int causal, cudaStream_t cs) {
+  dim3 grid((unsigned)(B * NH), blocks_of(T));
+  attention_mma_fwd_kernel<H, D><<<grid, THREADS, 0, cs>>>((const uint16_t *)q, (const uint16_t *)k,
+                                                           (const uint16_t *)v, (uint16_t *)o, (float *)lse, NH,
+                                                           NKV, T, S, scale, causal);
+  return lt_cuda_check_launch("attention_mma_fwd_kernel");
+}
+
+template <typename H, int D>
+lt_status bwd_run(const void *q, const void *k, const void *v, const void *o, const void *dout, const void *lse,
+                  void *Dr, void *dq, void *dk, void *dv, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
+                  float scale, int causal, cudaStream_t cs) {
+  int64_t rows = B * NH * T;
+  if (rows > 0) {
+    attention_mma_rowdot_kernel<H><<<(unsigned)((rows + WARPS - 1) / WARPS), THREADS, 0, cs>>>(
+        (const uint16_t *)dout, (const uint16_t *)o, (float *)Dr, rows, D);
+    lt_status st = lt_cuda_check_launch("attention_mma_rowdot_kernel");
+    if (st != LT_OK)
+      return st;
+    dim3 grid((unsigned)(B * NH), blocks_of(T));
+    attention_mma_dq_kernel<H, D><<<grid, THREADS, 0, cs>>>(
+        (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (const uint16_t *)dout, (const float *)lse,
+        (const float *)Dr, (uint16_t *)dq, NH, NKV, T, S, scale, causal);
+    st = lt_cuda_check_launch("attention_mma_dq_kernel");
+    if (st != LT_OK)
+      return st;
+  }
+  if (B * NKV * S > 0) {
+    dim3 grid((unsigned)(B * NKV), blocks_of(S));
+    attention_mma_dkv_kernel<H, D><<<grid, THREADS, 0, cs>>>(
+        (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (const uint16_t *)dout, (const float *)lse,
+        (const float *)Dr, (uint16_t *)dk, (uint16_t *)dv, NH, NKV, T, S, scale, causal);
+    return lt_cuda_check_launch("attention_mma_dkv_kernel");
+  }
+  return LT_OK;
+}
+
+} // namespace
+
+extern "C" int lt_cuda_attention_mma_takes(lt_dtype dt, int64_t HS) {
+  return (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16) && (HS == 32 || HS == 64);
+}
+
+#define LT_MMA_DISPATCH(dt, HS, CALL)                                                                          \
+  do {                                                                                                       \
+    if (!lt_cuda_attention_mma_takes(dt, HS))                                                                \
+      return lt_fail(LT_ERR_UNSUPPORTED, "attention on tensor cores: %s head size %lld (takes bf16/f16, 32 or 64)", \
+                     lt_dtype_name(dt), (long long)(HS));                                                    \
+    if (dt == LT_DTYPE_BF16)                                                                                 \
+      return HS == 32 ? CALL(__nv_bfloat16, 32) : CALL(__nv_bfloat16, 64);                                   \
+    return HS == 32 ? CALL(__half, 32) : CALL(__half, 64);                                                   \
+  } while (0)
+
+extern "C" lt_status lt_cuda_attention_mma_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o,
+                                               void *lse, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
+                                               int64_t HS, double scale, int causal, lt_cuda_stream s) {
+  if (B * NH * T == 0)
+    return LT_OK;
+#define CALL(H, D) fwd_run<H, D>(q, k, v, o, lse, B, NH, NKV, T, S, (float)scale, causal, (cudaStream_t)s)
+  LT_MMA_DISPATCH(dt, HS, CALL);
+#undef CALL
+}
+
+extern "C" lt_status lt_cuda_attention_mma_bwd(lt_dtype dt, const void *q, const void *k, const void *v,
+                                               const void *o, const void *dout, const void *lse, void *D, void *dq,
+                                               void *dk, void *dv, int64_t B, int64_t NH, int64_t NKV, int64_t T,
+                                               int64_t S, int64_t HS, double scale, int causal, lt_cuda_stream s) {
+#define CALL(H, HD)                                                                                           \
+  bwd_run<H, HD>(q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, (float)scale, causal, (cudaStream_t)s)
+  LT_MMA_DISPATCH(dt, HS, CALL);
+#undef CALL
+}
