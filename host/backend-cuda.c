@@ -545,17 +545,21 @@ static lt_status k_rms_norm_bwd(lt_dtype dt, const void *dy, const void *x, cons
 static lt_status k_attention_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
                                  int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale,
                                  int causal) {
-  if (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16)
-    return lt_cuda_attention_mma_fwd(dt, q, k, v, o, lse, B, NH, NKV, T, S, HS, scale, causal, STREAM);
   return lt_cuda_attention_fwd(dt, q, k, v, o, lse, B, NH, NKV, T, S, HS, scale, causal, STREAM);
 }
 static lt_status k_attention_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
                                  const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
                                  int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal) {
-  if (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16)
-    return lt_cuda_attention_mma_bwd(dt, q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, HS, scale, causal,
-                                     STREAM);
   return lt_cuda_attention_bwd(dt, q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, HS, scale, causal, STREAM);
+}
+static lt_status k_attention_half_fwd(const lt_sdpa_desc *d) { return lt_cuda_attention_mma_fwd(d, STREAM); }
+static lt_status k_attention_half_bwd(const lt_sdpa_desc *d) {
+  lt_cuda_ctx *c = current_ctx();
+  void *D = NULL; /* rowsum(dout * o), f32 (B, NH, T) */
+  size_t bytes = (size_t)(d->B * d->NH * d->T) * sizeof(float);
+  if (bytes)
+    LT_TRY(scratch(c, bytes, &D));
+  return lt_cuda_attention_mma_bwd(d, (float *)D, c->compute);
 }
 static lt_status k_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm, double scale,
                                int64_t causal) {
@@ -657,6 +661,8 @@ const lt_backend_i lt_backend_cuda = {
     .attention_fwd = k_attention_fwd,
     .attention_bwd = k_attention_bwd,
     .attention_half = lt_cuda_attention_mma_takes,
+    .attention_half_fwd = k_attention_half_fwd,
+    .attention_half_bwd = k_attention_half_bwd,
     .sdpa_prepare = lt_cudnn_sdpa_prepare,
     .sdpa_fwd = lt_cudnn_sdpa_fwd,
     .sdpa_bwd = lt_cudnn_sdpa_bwd,

@@ -313,10 +313,11 @@ lt_status lt_scaled_softmax(const lt_tensor *x, double scale, int causal, lt_ten
    q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
    query attention), one float dtype; HS at most 256 (else an
    LT_ERR_UNSUPPORTED error: the caller composes it from matmuls). On CUDA,
-   bf16/f16 with HS 32 or 64 run on tensor cores (kernels/cuda/
-   attention_mma.cu, after FlashAttention-2: probabilities rounded to the
-   input dtype before the products, sums in f32); other inputs in f32 (f64
-   for f64) a row at a time. Deterministic: no atomics. */
+   bf16/f16 with HS 32, 64 or 128 run on tensor cores, reading q, k and v where
+   they are (kernels/cuda/attention_mma.cu, after FlashAttention-2:
+   probabilities rounded to the input dtype before the products, sums in
+   f32; the output then has the layout of lt_attention_library's); other
+   inputs in f32 (f64 for f64) a row at a time. Deterministic: no atomics. */
 lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                        lt_tensor **out);
 /* Scaled-dot-product attention by the device's vendor library (cuDNN's

@@ -451,19 +451,6 @@ static lt_status give_qkv_grads(lt_node *n, lt_status st, lt_tensor *dq, lt_tens
   return st;
 }
 
-/* *t, or a copy of it where its data is not 16-byte aligned (the vector
-   loads of 16-bit attention rows need it; a fresh tensor always is). */
-static lt_status aligned_rows(lt_tensor **t) {
-  if ((uintptr_t)lt_tensor_ptr(*t) % 16 == 0)
-    return LT_OK;
-  lt_tensor *c = NULL;
-  lt_status st;
-  LT_NO_GRAD(st = lt_tensor_clone(*t, &c));
-  lt_tensor_release(*t);
-  *t = c;
-  return st;
-}
-
 /* i[0..5] = B, NH, NKV, T, S, HS; i[6] causal; f[0] scale. Saved: q, k, v,
    o (compute dtype, contiguous) and lse. */
 static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
@@ -477,9 +464,7 @@ static lt_status attention_backward(lt_node *n, lt_tensor *const *go, lt_tensor 
   lt_tensor *dout = NULL, *D = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
   lt_status st = as_compute(go[0], cd, &dout);
   if (st == LT_OK)
-    st = aligned_rows(&dout);
-  if (st == LT_OK)
-    st = lt_tensor_empty_like(lse, lse->dtype, &D);
+    st = lt_tensor_empty_like(lse, cd, &D);
   if (st == LT_OK)
     st = lt_tensor_empty_like(q, cd, &dq);
   if (st == LT_OK)
@@ -522,6 +507,9 @@ static lt_status attention_args(const char *op, const lt_tensor *q, const lt_ten
   return check_scale(op, scale, compute_dtype(q->dtype));
 }
 
+static lt_status strided_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale,
+                                   int causal, int lutra, lt_tensor **res);
+
 lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                        lt_tensor **res) {
   const char *op = "scaled_dot_product_attention";
@@ -532,11 +520,11 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
   if (HS > LT_ATTN_MAX_HS)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: head size %lld is over the fused kernel's %d", op, (long long)HS,
                    LT_ATTN_MAX_HS);
+  if (be->attention_half_fwd && be->attention_half(q->dtype, HS) && lt_tensor_numel(q) > 0 && lt_tensor_numel(k) > 0)
+    return strided_attention(q, k, v, scale, causal, 1, res); /* (16-bit operands where they are: tensor cores) */
   if (!be->attention_fwd || !be->attention_bwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
-  /* the rows as they are where the backend takes them (16-bit on tensor cores), else in the compute dtype */
-  int half = be->attention_half && be->attention_half(q->dtype, HS);
-  lt_dtype cd = half ? q->dtype : compute_dtype(q->dtype);
+  lt_dtype cd = compute_dtype(q->dtype);
   lt_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *lse = NULL, *r = NULL;
   int64_t rows = B * NH * T;
   lt_status st = as_compute(q, cd, &qc);
@@ -544,16 +532,10 @@ lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *
     st = as_compute(k, cd, &kc);
   if (st == LT_OK)
     st = as_compute(v, cd, &vc);
-  if (st == LT_OK && half)
-    st = aligned_rows(&qc);
-  if (st == LT_OK && half)
-    st = aligned_rows(&kc);
-  if (st == LT_OK && half)
-    st = aligned_rows(&vc);
   if (st == LT_OK)
     st = lt_tensor_empty_like(qc, cd, &o);
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &rows, compute_dtype(q->dtype), q->storage->device, &lse);
+    st = lt_tensor_empty(1, &rows, cd, q->storage->device, &lse);
   if (st == LT_OK)
     st = be->attention_fwd(cd, lt_tensor_ptr(qc), lt_tensor_ptr(kc), lt_tensor_ptr(vc), lt_tensor_ptr(o),
                            lt_tensor_ptr(lse), B, NH, NKV, T, S, HS, scale, causal != 0);
@@ -693,18 +675,14 @@ static lt_status sdpa_backward_by_kernel(const lt_sdpa_desc *d, const lt_tensor 
   if (!be->attention_bwd || d->HS > LT_ATTN_MAX_HS)
     return lt_fail(LT_ERR_UNSUPPORTED, "scaled_dot_product_attention: the library refused its backward and lutra's "
                    "kernel takes head sizes up to %d, not %lld", LT_ATTN_MAX_HS, (long long)d->HS);
-  int half = be->attention_half && be->attention_half(q->dtype, d->HS);
-  lt_dtype cd = half ? q->dtype : compute_dtype(q->dtype);
+  lt_dtype cd = compute_dtype(q->dtype);
   const lt_tensor *ins[5] = {q, k, v, o, dout};
   lt_tensor *c[5] = {NULL}, *D = NULL, *g[3] = {NULL};
   lt_status st = LT_OK;
-  for (int j = 0; j < 5 && st == LT_OK; j++) {
+  for (int j = 0; j < 5 && st == LT_OK; j++)
     st = as_compute(ins[j], cd, &c[j]);
-    if (st == LT_OK && half)
-      st = aligned_rows(&c[j]);
-  }
-  if (st == LT_OK) /* (the library's statistics are f32, as lutra's kernels take them for 16-bit rows) */
-    st = lt_tensor_empty_like(stats, half ? stats->dtype : cd, &D);
+  if (st == LT_OK)
+    st = lt_tensor_empty_like(stats, cd, &D);
   for (int j = 0; j < 3 && st == LT_OK; j++)
     st = lt_tensor_empty_like(c[j], cd, &g[j]);
   if (st == LT_OK)
@@ -719,7 +697,8 @@ static lt_status sdpa_backward_by_kernel(const lt_sdpa_desc *d, const lt_tensor 
   return st;
 }
 
-/* Saved: q, k, v (as the library read them), o, stats; i[0] causal, f[0] scale. */
+/* Saved: q, k, v (as the kernels read them), o, stats; i[0] causal, i[1] 1 for lutra's
+   attention_half kernels, 0 for the library's; f[0] scale. */
 static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
   lt_tensor *q, *k, *v, *o, *stats;
   LT_TRY(lt_ag_saved(n, 0, &q));
@@ -755,9 +734,12 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
   if (st == LT_OK) {
     d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats), d.dout = lt_tensor_ptr(dout);
     d.dq = lt_tensor_ptr(dq), d.dk = lt_tensor_ptr(dk), d.dv = lt_tensor_ptr(dv);
-    st = q->storage->backend->sdpa_bwd(&d);
-    if (st == LT_ERR_UNSUPPORTED) /* the library would not run its backward after all: lutra's kernel */
-      st = sdpa_backward_by_kernel(&d, q, k, v, o, dout, stats, dq, dk, dv);
+    const lt_backend_i *be = q->storage->backend;
+    int half = be->attention_half_bwd && be->attention_half(d.dtype, d.HS);
+    st = n->i[1] ? be->attention_half_bwd(&d) : be->sdpa_bwd(&d);
+    if (st == LT_ERR_UNSUPPORTED && !n->i[1]) { /* the library would not run its backward after all: lutra's kernels */
+      st = half ? be->attention_half_bwd(&d) : sdpa_backward_by_kernel(&d, q, k, v, o, dout, stats, dq, dk, dv);
+    }
   }
   st = give_qkv_grads(n, st, dq, dk, dv, gi);
   RELEASE_ALL(g, dout);
@@ -765,23 +747,36 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
 }
 
 static const lt_node_ops sdpa_ops = {"LibraryAttentionBackward", sdpa_backward, NULL};
+static const lt_node_ops half_attention_ops = {"AttentionBackward", sdpa_backward, NULL};
 
 lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                                lt_tensor **res) {
+  return strided_attention(q, k, v, scale, causal, 0, res);
+}
+
+/* Attention on operands where they are (lt_sdpa_desc): the vendor library's
+   (lutra = 0: lt_attention_library) or lutra's attention_half kernels
+   (lutra = 1: lt_attention's 16-bit path, which the caller checked the
+   backend takes). o comes in the heads-interleaved layout, whose transpose
+   back to (B, T, NH, HS) needs no copy. */
+static lt_status strided_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale,
+                                   int causal, int lutra, lt_tensor **res) {
   const char *op = "scaled_dot_product_attention";
   const lt_tensor *ins[3] = {q, k, v};
   const lt_backend_i *be;
   LT_TRY(attention_args(op, q, k, v, scale, &be));
-  if (!be->sdpa_fwd)
+  int64_t T = q->sizes[2], S = k->sizes[2], HS = q->sizes[3];
+  if (lutra)
+    ; /* (lt_attention checked that the backend takes the dtype and head size, and no dim is empty) */
+  else if (!be->sdpa_fwd)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: no attention library on the %s backend", op, be->name);
-  if (q->dtype != LT_DTYPE_BF16 && q->dtype != LT_DTYPE_F16)
+  else if (q->dtype != LT_DTYPE_BF16 && q->dtype != LT_DTYPE_F16)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library takes bf16 or f16, not %s", op,
                    lt_dtype_name(q->dtype));
-  int64_t T = q->sizes[2], S = k->sizes[2], HS = q->sizes[3];
-  if (causal && T != S)
+  else if (causal && T != S)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library's causal mask needs as many queries as keys (%lld, %lld)",
                    op, (long long)T, (long long)S);
-  if (HS % 8 || lt_tensor_numel(q) == 0 || lt_tensor_numel(k) == 0)
+  else if (HS % 8 || lt_tensor_numel(q) == 0 || lt_tensor_numel(k) == 0)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: the attention library needs a head size that is a multiple of 8 and no empty dim",
                    op);
   lt_tensor *qc = NULL, *kc = NULL, *vc = NULL, *o = NULL, *stats = NULL;
@@ -794,7 +789,8 @@ lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_
   lt_sdpa_desc d;
   if (st == LT_OK) {
     sdpa_desc_fill(&d, qc, kc, vc, scale, causal);
-    st = be->sdpa_prepare(&d, need_grad);
+    if (!lutra)
+      st = be->sdpa_prepare(&d, need_grad);
   }
   lt_device dev = q->storage->device;
   if (st == LT_OK)
@@ -805,13 +801,14 @@ lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_
   }
   if (st == LT_OK) {
     d.o = lt_tensor_ptr(o), d.stats = lt_tensor_ptr(stats);
-    st = be->sdpa_fwd(&d);
+    st = lutra ? be->attention_half_fwd(&d) : be->sdpa_fwd(&d);
   }
   if (st == LT_OK && need_grad) {
     lt_node *n;
-    st = lt_ag_node_new(&sdpa_ops, 3, ins, &n);
+    st = lt_ag_node_new(lutra ? &half_attention_ops : &sdpa_ops, 3, ins, &n);
     if (st == LT_OK) {
       n->i[0] = causal != 0;
+      n->i[1] = lutra;
       n->f[0] = scale;
       lt_tensor *save[5] = {qc, kc, vc, o, stats};
       for (int j = 0; j < 5 && st == LT_OK; j++)

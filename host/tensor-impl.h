@@ -249,15 +249,19 @@ typedef struct lt_backend_i {
                            int logsm, double scale);
   /* fused attention (kernels/attention_rows.h) on contiguous f32/f64 rows:
      q, o (B, NH, T, HS), k, v (B, NKV, S, HS), lse (B, NH, T); backward
-     takes D (B, NH, T) scratch and writes dq, dk, dv. Where
-     attention_half(dt, HS) says so, also on bf16/f16 rows as they are
-     (16-byte aligned), with lse and D in f32 (CUDA: tensor cores) */
-  int (*attention_half)(lt_dtype dt, int64_t HS);
+     takes D (B, NH, T) scratch and writes dq, dk, dv */
   lt_status (*attention_fwd)(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse, int64_t B,
                              int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
   lt_status (*attention_bwd)(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
                              const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
                              int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal);
+  /* lutra's fused attention on 16-bit operands where they are (lt_sdpa_desc,
+     as the library's below; NULL where the backend has none): whether it
+     takes dtype dt and head size HS, the forward (writes o and stats) and
+     the backward (CUDA: tensor cores, kernels/cuda/attention_mma.cu) */
+  int (*attention_half)(lt_dtype dt, int64_t HS);
+  lt_status (*attention_half_fwd)(const lt_sdpa_desc *d);
+  lt_status (*attention_half_bwd)(const lt_sdpa_desc *d);
   /* library attention (lt_sdpa_desc; NULL where the backend has none).
      prepare checks that the library takes the shape (building what the
      calls need, the backward's too when backward is set): LT_ERR_UNSUPPORTED

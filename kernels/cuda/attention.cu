@@ -7,7 +7,7 @@
  * stored; each sum runs in a fixed order, so results are deterministic.
  * Threads read K and V rows through the caches, no tiling in shared
  * memory: the path for f32, f64 and the head sizes that the tensor-core
- * kernels (attention_mma.cu: bf16/f16, head sizes 32 and 64) and cuDNN do
+ * kernels (attention_mma.cu: bf16/f16, head sizes 32, 64 and 128) and cuDNN do
  * not take.
  */
 #include "common.cuh"

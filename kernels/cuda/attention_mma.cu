@@ -1,8 +1,9 @@
 /*
  * attention_mma.cu: fused scaled-dot-product attention on tensor cores for
- * bf16/f16 rows of head size 32 or 64, forward and backward, after
+ * bf16/f16 rows of head size 32, 64 or 128, forward and backward, after
  * FlashAttention-2 (Dao 2023): a block of 4 warps takes 64 query rows (16 a
- * warp) and walks the visible keys in tiles of 64 with the online softmax;
+ * warp) and walks the visible keys in tiles of 64 (32 for head size 128)
+ * with the online softmax;
  * the products run as mma.m16n8k16 (mma.cuh) with f32 accumulators, and a
  * score tile's accumulators become the next product's A fragments in
  * registers (the probabilities rounded to the input type, as FlashAttention
@@ -16,9 +17,10 @@
  * masked inside a loaded tile enters the products with weight 0, so an Inf
  * or NaN in its V (or K) row makes the row NaN (the row algorithms skip
  * it), and a +inf score gives NaN; in f16 the rounded dS can overflow under
- * large loss scales (as FlashAttention-2's). Layouts: q, o, dout, dq
- * (B, NH, T, HS) and k, v, dk, dv (B, NKV, S, HS) contiguous and 16-byte
- * aligned, lse and D f32 (B, NH, T).
+ * large loss scales (as FlashAttention-2's). Operands as lt_sdpa_desc
+ * describes them (any strides in elements, the last 1, the others multiples
+ * of 8, 16-byte aligned: the heads of a GPT-2 block cut from its qkv tensor
+ * are read where they are), lse and D f32 (B, NH, T) contiguous.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -27,9 +29,29 @@ namespace {
 
 const int WARPS = 4, THREADS = 32 * WARPS;
 const int BQ = 16 * WARPS; /* query rows of a forward or dq block */
-const int BK = 64;         /* keys of a tile */
+/* keys of a tile (forward, dq) and queries of a tile (dk/dv): fewer for wide heads, so the tiles fit
+   in 48 KiB of shared memory and the accumulators in registers */
+template <int D> struct tile {
+  static const int ROWS = D <= 64 ? 64 : 32;
+};
 const int PAD = 8;         /* 16-bit elements after each shared row (bank spread; rows stay 16-byte aligned) */
 const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+/* a call's operands (16-bit, as bits) and their (batch, head, row) strides in elements */
+struct attn_args {
+  const uint16_t *q, *k, *v, *o, *dout;
+  uint16_t *out, *dq, *dk, *dv; /* (out: the forward's o) */
+  float *lse, *D;
+  int64_t NH, NKV, T, S;
+  int64_t sq[3], sk[3], sv[3], so[3], sdo[3], sdq[3], sdk[3], sdv[3];
+  float scale;
+  int causal;
+};
+
+/* the first element of head h of batch b of an operand with strides st */
+template <typename P> __device__ __forceinline__ P head(P p, const int64_t *st, int64_t b, int64_t h) {
+  return p + b * st[0] + h * st[1];
+}
 
 /* the 32-bit word at a 16-bit row's even column c */
 __device__ __forceinline__ uint32_t word(const uint16_t *row, int c) { return *(const uint32_t *)(row + c); }
@@ -51,18 +73,18 @@ __device__ __forceinline__ void load_b(uint32_t b[2], const uint16_t *s, int ld,
   b[1] = word(row, 8);
 }
 
-/* Rows r0.. of a (rows, D) global matrix into the shared tile s (rows x (D + PAD)) and, when st, its
+/* Rows r0.. of a (rows, D) global matrix (rows ld elements apart) into the shared tile s (rows x (D + PAD)) and, when st, its
    transpose into st (D x (rows + PAD)); rows at or past n as zeros. 16-byte loads; neighbouring threads
    take neighbouring rows, so the transposed 16-bit stores of a warp fall in distinct banks (and the
    16-byte stores, rows D + PAD apart, too). */
 template <int D>
-__device__ __forceinline__ void load_tile(uint16_t *s, uint16_t *st, const uint16_t *m, int64_t r0, int64_t n,
-                                          int rows) {
+__device__ __forceinline__ void load_tile(uint16_t *s, uint16_t *st, const uint16_t *m, int64_t ld, int64_t r0,
+                                          int64_t n, int rows) {
   for (int e = threadIdx.x; e < rows * D / 8; e += THREADS) {
     int r = e % rows, c = e / rows * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r0 + r < n)
-      v = *(const uint4 *)(m + (r0 + r) * D + c);
+      v = *(const uint4 *)(m + (r0 + r) * ld + c);
     if (s)
       *(uint4 *)(s + r * (D + PAD) + c) = v;
     if (st) {
@@ -112,24 +134,26 @@ __device__ __forceinline__ float row_max(float x) {
 /* grid (B * NH, query blocks) */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
-    attention_mma_fwd_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
-                             int64_t NH, int64_t NKV, int64_t T, int64_t S, float scale, int causal) {
+    attention_mma_fwd_kernel(const attn_args a) {
+  const int BK = tile<D>::ROWS;
   __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vt[D * (BK + PAD)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.x, b = bh / NH, kvh = bh % NH / (NH / NKV);
+  const int64_t NH = a.NH, T = a.T, S = a.S;
+  const int causal = a.causal;
+  const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / a.NKV);
   const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
-  const uint16_t *qb = q + bh * T * D, *kb = k + (b * NKV + kvh) * S * D, *vb = v + (b * NKV + kvh) * S * D;
-  const float sl2 = scale * LOG2E; /* scores in base 2 */
+  const uint16_t *qb = head(a.q, a.sq, b, h), *kb = head(a.k, a.sk, b, kvh), *vb = head(a.v, a.sv, b, kvh);
+  const float sl2 = a.scale * LOG2E; /* scores in base 2 */
   uint32_t qa[D / 16][4];
   for (int kk = 0; kk < D / 16; kk++)
-    load_a(qa[kk], qb, D, r0, T, 16 * kk, g, t);
+    load_a(qa[kk], qb, a.sq[2], r0, T, 16 * kk, g, t);
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows g and g + 8: running max (base 2), partial sum */
   const int64_t kend = keys_end(q0, T, S, causal);
   for (int64_t k0 = 0; k0 < kend; k0 += BK) {
     __syncthreads(); /* (the previous tile is read) */
-    load_tile<D>(ks, NULL, kb, k0, S, BK);
-    load_tile<D>(NULL, vt, vb, k0, S, BK);
+    load_tile<D>(ks, NULL, kb, a.sk[2], k0, S, BK);
+    load_tile<D>(NULL, vt, vb, a.sv[2], k0, S, BK);
     __syncthreads();
     float s[BK / 8][4] = {};
     for (int kk = 0; kk < D / 16; kk++)
@@ -182,47 +206,51 @@ __global__ void __launch_bounds__(THREADS)
       continue;
     /* no visible key: zeros and -inf; a NaN score made the sum NaN: NaN, as attention_rows.h */
     float inv = sum > 0.f || sum != sum ? 1.f / sum : 0.f;
-    uint16_t *orow = o + (bh * T + row) * D;
+    uint16_t *orow = head(a.out, a.so, b, h) + row * a.so[2];
     for (int nd = 0; nd < D / 8; nd++)
       *(uint32_t *)(orow + 8 * nd + 2 * t) = lt_pack2<H>(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
     if (t == 0)
-      lse[bh * T + row] = sum > 0.f ? m[r] * LN2 + logf(sum) : (sum != sum ? NAN : -INFINITY);
+      a.lse[bh * T + row] = sum > 0.f ? m[r] * LN2 + logf(sum) : (sum != sum ? NAN : -INFINITY);
   }
 }
 
-/* D[r] = sum over the row of dout * o, in f32: a warp a row */
+/* D[r] = sum over query row r (of B * NH * T) of dout * o, in f32: a warp a row */
 template <typename H>
-__global__ void attention_mma_rowdot_kernel(const uint16_t *dout, const uint16_t *o, float *Dr, int64_t rows,
-                                            int HS) {
+__global__ void attention_mma_rowdot_kernel(const attn_args a, int64_t rows, int HS) {
   int64_t r = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32;
   int lane = threadIdx.x % 32;
   if (r >= rows) /* (whole warps leave together) */
     return;
+  int64_t i = r % a.T, b = r / a.T / a.NH, h = r / a.T % a.NH;
+  const uint16_t *dor = head(a.dout, a.sdo, b, h) + i * a.sdo[2], *orow = head(a.o, a.so, b, h) + i * a.so[2];
   float s = 0.f;
   for (int d = lane; d < HS; d += 32)
-    s += lt_half_bits_to_float<H>(dout[r * HS + d]) * lt_half_bits_to_float<H>(o[r * HS + d]);
+    s += lt_half_bits_to_float<H>(dor[d]) * lt_half_bits_to_float<H>(orow[d]);
   for (int w = 16; w > 0; w /= 2)
     s += __shfl_xor_sync(0xffffffffu, s, w);
   if (lane == 0)
-    Dr[r] = s;
+    a.D[r] = s;
 }
 
 /* dq = scale * sum over visible keys j of p_ij (dO_i . V_j - D_i) K_j; grid (B * NH, query blocks) */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
-    attention_mma_dq_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *dout,
-                            const float *lse, const float *Dr, uint16_t *dq, int64_t NH, int64_t NKV, int64_t T,
-                            int64_t S, float scale, int causal) {
+    attention_mma_dq_kernel(const attn_args a) {
+  const int BK = tile<D>::ROWS;
   __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vs[BK * (D + PAD)], kt[D * (BK + PAD)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.x, b = bh / NH, kvh = bh % NH / (NH / NKV);
+  const int64_t NH = a.NH, T = a.T, S = a.S;
+  const int causal = a.causal;
+  const float scale = a.scale;
+  const float *lse = a.lse, *Dr = a.D;
+  const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / a.NKV);
   const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
-  const uint16_t *kb = k + (b * NKV + kvh) * S * D, *vb = v + (b * NKV + kvh) * S * D;
+  const uint16_t *kb = head(a.k, a.sk, b, kvh), *vb = head(a.v, a.sv, b, kvh);
   const float sl2 = scale * LOG2E;
   uint32_t qa[D / 16][4], da[D / 16][4];
   for (int kk = 0; kk < D / 16; kk++) {
-    load_a(qa[kk], q + bh * T * D, D, r0, T, 16 * kk, g, t);
-    load_a(da[kk], dout + bh * T * D, D, r0, T, 16 * kk, g, t);
+    load_a(qa[kk], head(a.q, a.sq, b, h), a.sq[2], r0, T, 16 * kk, g, t);
+    load_a(da[kk], head(a.dout, a.sdo, b, h), a.sdo[2], r0, T, 16 * kk, g, t);
   }
   float lse2[2], Drow[2]; /* rows g and g + 8: the log-sum-exp in base 2, D */
   for (int r = 0; r < 2; r++) {
@@ -234,8 +262,8 @@ __global__ void __launch_bounds__(THREADS)
   const int64_t kend = keys_end(q0, T, S, causal);
   for (int64_t k0 = 0; k0 < kend; k0 += BK) {
     __syncthreads();
-    load_tile<D>(ks, kt, kb, k0, S, BK);
-    load_tile<D>(vs, NULL, vb, k0, S, BK);
+    load_tile<D>(ks, kt, kb, a.sk[2], k0, S, BK);
+    load_tile<D>(vs, NULL, vb, a.sv[2], k0, S, BK);
     __syncthreads();
     float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
     for (int kk = 0; kk < D / 16; kk++)
@@ -269,7 +297,7 @@ __global__ void __launch_bounds__(THREADS)
     int64_t row = r0 + g + 8 * r;
     if (row >= T)
       continue;
-    uint16_t *out = dq + (bh * T + row) * D;
+    uint16_t *out = head(a.dq, a.sdq, b, h) + row * a.sdq[2];
     for (int nd = 0; nd < D / 8; nd++)
       *(uint32_t *)(out + 8 * nd + 2 * t) = lt_pack2<H>(acc[nd][2 * r] * scale, acc[nd][2 * r + 1] * scale);
   }
@@ -280,21 +308,23 @@ __global__ void __launch_bounds__(THREADS)
    query tiles are BQK rows (Q and dO, each also transposed, in shared memory). grid (B * NKV, key blocks) */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
-    attention_mma_dkv_kernel(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *dout,
-                             const float *lse, const float *Dr, uint16_t *dk, uint16_t *dv, int64_t NH, int64_t NKV,
-                             int64_t T, int64_t S, float scale, int causal) {
-  const int BQK = 64;
+    attention_mma_dkv_kernel(const attn_args a) {
+  const int BQK = tile<D>::ROWS;
   __shared__ __align__(16) uint16_t qs[BQK * (D + PAD)], qt[D * (BQK + PAD)], dos[BQK * (D + PAD)],
       dot[D * (BQK + PAD)];
   __shared__ float lse2s[BQK], Ds[BQK];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t NH = a.NH, NKV = a.NKV, T = a.T, S = a.S;
+  const int causal = a.causal;
+  const float scale = a.scale;
+  const float *lse = a.lse, *Dr = a.D;
   const int64_t bg = blockIdx.x, b = bg / NKV, kvh = bg % NKV, rep = NH / NKV;
   const int64_t k0 = (int64_t)blockIdx.y * BQ, j0 = k0 + 16 * warp; /* (BQ keys a block, 16 a warp) */
   const float sl2 = scale * LOG2E;
   uint32_t ka[D / 16][4], va[D / 16][4];
   for (int kk = 0; kk < D / 16; kk++) {
-    load_a(ka[kk], k + bg * S * D, D, j0, S, 16 * kk, g, t);
-    load_a(va[kk], v + bg * S * D, D, j0, S, 16 * kk, g, t);
+    load_a(ka[kk], head(a.k, a.sk, b, kvh), a.sk[2], j0, S, 16 * kk, g, t);
+    load_a(va[kk], head(a.v, a.sv, b, kvh), a.sv[2], j0, S, 16 * kk, g, t);
   }
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};
   /* the first query that sees key k0 (none before it sees any key of the block) */
@@ -304,8 +334,8 @@ __global__ void __launch_bounds__(THREADS)
     const int64_t bh = b * NH + h;
     for (int64_t i0 = qfirst; i0 < T; i0 += BQK) {
       __syncthreads();
-      load_tile<D>(qs, qt, q + bh * T * D, i0, T, BQK);
-      load_tile<D>(dos, dot, dout + bh * T * D, i0, T, BQK);
+      load_tile<D>(qs, qt, head(a.q, a.sq, b, h), a.sq[2], i0, T, BQK);
+      load_tile<D>(dos, dot, head(a.dout, a.sdo, b, h), a.sdo[2], i0, T, BQK);
       for (int r = threadIdx.x; r < BQK; r += THREADS) {
         lse2s[r] = i0 + r < T ? lse[bh * T + i0 + r] * LOG2E : -INFINITY;
         Ds[r] = i0 + r < T ? Dr[bh * T + i0 + r] : 0.f;
@@ -349,7 +379,7 @@ __global__ void __launch_bounds__(THREADS)
     int64_t key = j0 + g + 8 * r;
     if (key >= S)
       continue;
-    uint16_t *dkr = dk + (bg * S + key) * D, *dvr = dv + (bg * S + key) * D;
+    uint16_t *dkr = head(a.dk, a.sdk, b, kvh) + key * a.sdk[2], *dvr = head(a.dv, a.sdv, b, kvh) + key * a.sdv[2];
     for (int nd = 0; nd < D / 8; nd++) {
       *(uint32_t *)(dkr + 8 * nd + 2 * t) = lt_pack2<H>(dka[nd][2 * r] * scale, dka[nd][2 * r + 1] * scale);
       *(uint32_t *)(dvr + 8 * nd + 2 * t) = lt_pack2<H>(dva[nd][2 * r], dva[nd][2 * r + 1]);
@@ -359,40 +389,46 @@ __global__ void __launch_bounds__(THREADS)
 
 unsigned blocks_of(int64_t n) { return (unsigned)((n + BQ - 1) / BQ); }
 
-template <typename H, int D>
-lt_status fwd_run(const void *q, const void *k, const void *v, void *o, void *lse, int64_t B, int64_t NH,
-                  int64_t NKV, int64_t T, int64_t S, float scale, int causal, cudaStream_t cs) {
-  dim3 grid((unsigned)(B * NH), blocks_of(T));
-  attention_mma_fwd_kernel<H, D><<<grid, THREADS, 0, cs>>>((const uint16_t *)q, (const uint16_t *)k,
-                                                           (const uint16_t *)v, (uint16_t *)o, (float *)lse, NH,
-                                                           NKV, T, S, scale, causal);
+/* d's operands (o and lse written by the forward, read by the backward) as the kernels take them */
+attn_args args_of(const lt_sdpa_desc *d, float *D) {
+  attn_args a;
+  a.q = (const uint16_t *)d->q, a.k = (const uint16_t *)d->k, a.v = (const uint16_t *)d->v;
+  a.o = (const uint16_t *)d->o, a.dout = (const uint16_t *)d->dout;
+  a.out = (uint16_t *)d->o, a.dq = (uint16_t *)d->dq, a.dk = (uint16_t *)d->dk, a.dv = (uint16_t *)d->dv;
+  a.lse = (float *)d->stats, a.D = D;
+  a.NH = d->NH, a.NKV = d->NKV, a.T = d->T, a.S = d->S;
+  for (int j = 0; j < 3; j++) {
+    a.sq[j] = d->sq[j], a.sk[j] = d->sk[j], a.sv[j] = d->sv[j], a.so[j] = d->so[j];
+    a.sdo[j] = d->sdo[j], a.sdq[j] = d->sdq[j], a.sdk[j] = d->sdk[j], a.sdv[j] = d->sdv[j];
+  }
+  a.scale = (float)d->scale;
+  a.causal = d->causal;
+  return a;
+}
+
+template <typename H, int D> lt_status fwd_run(const lt_sdpa_desc *d, cudaStream_t cs) {
+  dim3 grid((unsigned)(d->B * d->NH), blocks_of(d->T));
+  attention_mma_fwd_kernel<H, D><<<grid, THREADS, 0, cs>>>(args_of(d, NULL));
   return lt_cuda_check_launch("attention_mma_fwd_kernel");
 }
 
-template <typename H, int D>
-lt_status bwd_run(const void *q, const void *k, const void *v, const void *o, const void *dout, const void *lse,
-                  void *Dr, void *dq, void *dk, void *dv, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
-                  float scale, int causal, cudaStream_t cs) {
-  int64_t rows = B * NH * T;
+template <typename H, int D> lt_status bwd_run(const lt_sdpa_desc *d, float *Dbuf, cudaStream_t cs) {
+  attn_args a = args_of(d, Dbuf);
+  int64_t rows = d->B * d->NH * d->T;
   if (rows > 0) {
-    attention_mma_rowdot_kernel<H><<<(unsigned)((rows + WARPS - 1) / WARPS), THREADS, 0, cs>>>(
-        (const uint16_t *)dout, (const uint16_t *)o, (float *)Dr, rows, D);
+    attention_mma_rowdot_kernel<H><<<(unsigned)((rows + WARPS - 1) / WARPS), THREADS, 0, cs>>>(a, rows, D);
     lt_status st = lt_cuda_check_launch("attention_mma_rowdot_kernel");
     if (st != LT_OK)
       return st;
-    dim3 grid((unsigned)(B * NH), blocks_of(T));
-    attention_mma_dq_kernel<H, D><<<grid, THREADS, 0, cs>>>(
-        (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (const uint16_t *)dout, (const float *)lse,
-        (const float *)Dr, (uint16_t *)dq, NH, NKV, T, S, scale, causal);
+    dim3 grid((unsigned)(d->B * d->NH), blocks_of(d->T));
+    attention_mma_dq_kernel<H, D><<<grid, THREADS, 0, cs>>>(a);
     st = lt_cuda_check_launch("attention_mma_dq_kernel");
     if (st != LT_OK)
       return st;
   }
-  if (B * NKV * S > 0) {
-    dim3 grid((unsigned)(B * NKV), blocks_of(S));
-    attention_mma_dkv_kernel<H, D><<<grid, THREADS, 0, cs>>>(
-        (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (const uint16_t *)dout, (const float *)lse,
-        (const float *)Dr, (uint16_t *)dk, (uint16_t *)dv, NH, NKV, T, S, scale, causal);
+  if (d->B * d->NKV * d->S > 0) {
+    dim3 grid((unsigned)(d->B * d->NKV), blocks_of(d->S));
+    attention_mma_dkv_kernel<H, D><<<grid, THREADS, 0, cs>>>(a);
     return lt_cuda_check_launch("attention_mma_dkv_kernel");
   }
   return LT_OK;
@@ -401,35 +437,30 @@ lt_status bwd_run(const void *q, const void *k, const void *v, const void *o, co
 } // namespace
 
 extern "C" int lt_cuda_attention_mma_takes(lt_dtype dt, int64_t HS) {
-  return (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16) && (HS == 32 || HS == 64);
+  return (dt == LT_DTYPE_BF16 || dt == LT_DTYPE_F16) && (HS == 32 || HS == 64 || HS == 128);
 }
 
-#define LT_MMA_DISPATCH(dt, HS, CALL)                                                                          \
+#define LT_MMA_DISPATCH(d, CALL)                                                                               \
   do {                                                                                                       \
-    if (!lt_cuda_attention_mma_takes(dt, HS))                                                                \
-      return lt_fail(LT_ERR_UNSUPPORTED, "attention on tensor cores: %s head size %lld (takes bf16/f16, 32 or 64)", \
-                     lt_dtype_name(dt), (long long)(HS));                                                    \
-    if (dt == LT_DTYPE_BF16)                                                                                 \
-      return HS == 32 ? CALL(__nv_bfloat16, 32) : CALL(__nv_bfloat16, 64);                                   \
-    return HS == 32 ? CALL(__half, 32) : CALL(__half, 64);                                                   \
+    if (!lt_cuda_attention_mma_takes((d)->dtype, (d)->HS))                                                   \
+      return lt_fail(LT_ERR_UNSUPPORTED, "attention on tensor cores: %s head size %lld (takes bf16/f16, 32, 64 or 128)", \
+                     lt_dtype_name((d)->dtype), (long long)(d)->HS);                                         \
+    if ((d)->dtype == LT_DTYPE_BF16)                                                                         \
+      return (d)->HS == 32 ? CALL(__nv_bfloat16, 32)                                                         \
+                           : (d)->HS == 64 ? CALL(__nv_bfloat16, 64) : CALL(__nv_bfloat16, 128);             \
+    return (d)->HS == 32 ? CALL(__half, 32) : (d)->HS == 64 ? CALL(__half, 64) : CALL(__half, 128);          \
   } while (0)
 
-extern "C" lt_status lt_cuda_attention_mma_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o,
-                                               void *lse, int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S,
-                                               int64_t HS, double scale, int causal, lt_cuda_stream s) {
-  if (B * NH * T == 0)
+extern "C" lt_status lt_cuda_attention_mma_fwd(const lt_sdpa_desc *d, lt_cuda_stream s) {
+  if (d->B * d->NH * d->T == 0)
     return LT_OK;
-#define CALL(H, D) fwd_run<H, D>(q, k, v, o, lse, B, NH, NKV, T, S, (float)scale, causal, (cudaStream_t)s)
-  LT_MMA_DISPATCH(dt, HS, CALL);
+#define CALL(H, HD) fwd_run<H, HD>(d, (cudaStream_t)s)
+  LT_MMA_DISPATCH(d, CALL);
 #undef CALL
 }
 
-extern "C" lt_status lt_cuda_attention_mma_bwd(lt_dtype dt, const void *q, const void *k, const void *v,
-                                               const void *o, const void *dout, const void *lse, void *D, void *dq,
-                                               void *dk, void *dv, int64_t B, int64_t NH, int64_t NKV, int64_t T,
-                                               int64_t S, int64_t HS, double scale, int causal, lt_cuda_stream s) {
-#define CALL(H, HD)                                                                                           \
-  bwd_run<H, HD>(q, k, v, o, dout, lse, D, dq, dk, dv, B, NH, NKV, T, S, (float)scale, causal, (cudaStream_t)s)
-  LT_MMA_DISPATCH(dt, HS, CALL);
+extern "C" lt_status lt_cuda_attention_mma_bwd(const lt_sdpa_desc *d, float *D, lt_cuda_stream s) {
+#define CALL(H, HD) bwd_run<H, HD>(d, D, (cudaStream_t)s)
+  LT_MMA_DISPATCH(d, CALL);
 #undef CALL
 }

@@ -65,17 +65,13 @@ lt_status lt_cuda_attention_bwd(lt_dtype dt, const void *q, const void *k, const
                                 const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv, int64_t B,
                                 int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS, double scale, int causal,
                                 lt_cuda_stream s);
-/* attention_mma.cu: fused attention on tensor cores for bf16/f16 rows of head
-   size 32 or 64 (lt_cuda_attention_mma_takes), lse and D in f32; otherwise as
-   lt_cuda_attention_fwd/bwd (16-byte aligned contiguous rows) */
+/* attention_mma.cu: fused attention on tensor cores for bf16/f16 of head
+   size 32, 64 or 128 (lt_cuda_attention_mma_takes), operands as d describes them
+   (strides multiples of 8 elements, 16-byte aligned), stats the f32
+   log-sum-exp; the backward takes D, B * NH * T f32 of scratch */
 int lt_cuda_attention_mma_takes(lt_dtype dt, int64_t HS);
-lt_status lt_cuda_attention_mma_fwd(lt_dtype dt, const void *q, const void *k, const void *v, void *o, void *lse,
-                                    int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,
-                                    double scale, int causal, lt_cuda_stream s);
-lt_status lt_cuda_attention_mma_bwd(lt_dtype dt, const void *q, const void *k, const void *v, const void *o,
-                                    const void *dout, const void *lse, void *D, void *dq, void *dk, void *dv,
-                                    int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t S, int64_t HS,
-                                    double scale, int causal, lt_cuda_stream s);
+lt_status lt_cuda_attention_mma_fwd(const lt_sdpa_desc *d, lt_cuda_stream s);
+lt_status lt_cuda_attention_mma_bwd(const lt_sdpa_desc *d, float *D, lt_cuda_stream s);
 lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
                               double scale, int64_t causal, lt_cuda_stream s);
 lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm,

@@ -550,15 +550,27 @@ grad_check("fused causal attention (2, 12, 256, 64)", { { shape = { 2, 12, 256, 
   { shape = { 2, 12, 256, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
 end, { gtol = 1e-4 })
--- fused attention on tensor cores (kernels/cuda/attention_mma.cu: bf16/f16, head sizes 32 and 64) against
+-- fused attention on tensor cores (kernels/cuda/attention_mma.cu: bf16/f16, head sizes 32, 64 and 128) against
 -- the cpu's fused rows on the same 16-bit values (outputs and gradients rounded to bf16/f16 on both)
 grad_check("fused causal attention on tensor cores, bf16 (2, 4, 192, 64)", { { shape = { 2, 4, 192, 64 }, dtype = "bf16" },
   { shape = { 2, 4, 192, 64 }, dtype = "bf16" }, { shape = { 2, 4, 192, 64 }, dtype = "bf16" } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true, library = false })
 end)
+grad_check("fused causal attention on tensor cores, bf16, heads read where they are in one qkv tensor (2, 64, 3 x 4 x 64)",
+  { { shape = { 2, 64, 3 * 256 }, dtype = "bf16" } }, function(qkv)
+  local function heads(x) return x:view(2, 64, 4, 64):transpose(2, 3) end
+  local q, k, v = qkv:chunk(3, 3)
+  local y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), { causal = true, fused = true, library = false })
+  return y:transpose(2, 3):reshape(2, 64, 256)
+end)
 grad_check("fused attention on tensor cores, f16, grouped-query, 96 queries after 64 cached keys (1, 4 / 2 heads, 32)",
   { { shape = { 1, 4, 96, 32 }, dtype = "f16" }, { shape = { 1, 2, 160, 32 }, dtype = "f16" },
     { shape = { 1, 2, 160, 32 }, dtype = "f16" } }, function(q, k, v)
+  return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true, library = false })
+end)
+grad_check("fused causal attention on tensor cores, bf16, head size 128, grouped-query (1, 4 / 2 heads, 100, 128)",
+  { { shape = { 1, 4, 100, 128 }, dtype = "bf16" }, { shape = { 1, 2, 100, 128 }, dtype = "bf16" },
+    { shape = { 1, 2, 100, 128 }, dtype = "bf16" } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true, library = false })
 end)
 grad_check("fused attention on tensor cores, bf16, no mask, 100 queries over 130 keys (1, 2, 64)",

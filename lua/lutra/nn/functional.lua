@@ -277,7 +277,7 @@ end
 -- for the library path (bf16/f16; on the CPU an f64 reference) and raises
 -- its refusal, library = false never takes it. fused = true (head sizes up to
 -- 256) runs the fused kernel: one pass, nothing of size (T, S) stored,
--- forward and backward (on a GPU, bf16/f16 with head size 32 or 64 on
+-- forward and backward (on a GPU, bf16/f16 with head size 32, 64 or 128 on
 -- tensor cores, FlashAttention-2's tiling; otherwise a row per thread in
 -- f32); otherwise (the default on the CPU, where OpenBLAS
 -- products are 3-5x faster, and on a GPU unless F.fused_attention) it runs
