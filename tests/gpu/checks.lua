@@ -775,9 +775,12 @@ check(STEPS .. " SGD steps of a tiny GPT-2: cuda losses match the cpu's", functi
   assert(lg[STEPS] < lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[STEPS]))
 end)
 
-check(STEPS .. " AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogues, bf16 rows, padded head) track the cpu's f32 losses", function()
+--- STEPS AdamW steps of a tiny GPT-2 in bf16 on the device against f32 on the cpu; heads: the model's
+-- head count (2 gives head size 32, which lutra's tensor-core attention takes)
+local function tiny_gpt2_steps(heads)
   local function run(device, dtype)
-    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42), vocab_size = 500, pad_vocab = 64 })
+    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(42), vocab_size = 500, pad_vocab = 64,
+      n_head = heads })
     model:to(device, dtype)
     local opt = lt.optim.AdamW(model, { lr = 3e-3, weight_decay = 0 })
     local gen = lt.Generator(3)
@@ -799,7 +802,18 @@ check(STEPS .. " AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, e
     :format(worst, lc[STEPS], lg[STEPS]))
   local fall = STEPS >= 50 and 0.8 or 0.9
   assert(lg[STEPS] < fall * lg[1], ("the loss did not fall: %.4f -> %.4f"):format(lg[1], lg[STEPS]))
-end, true)
+end
+
+check(STEPS .. " AdamW steps of a tiny GPT-2 in bf16 on cuda (cuDNN attention, epilogues, bf16 rows, padded head) track the cpu's f32 losses",
+  function() tiny_gpt2_steps(4) end, true)
+check(STEPS .. " AdamW steps of a tiny GPT-2 in bf16 on cuda with lutra's tensor-core attention (2 heads of 32) track the cpu's f32 losses",
+  function()
+    local library, fused = F.library_attention, F.fused_attention
+    F.library_attention, F.fused_attention = false, true
+    local ok, err = pcall(tiny_gpt2_steps, 2)
+    F.library_attention, F.fused_attention = library, fused
+    assert(ok, err)
+  end, true)
 
 check("collectives on CUDA tensors go through NCCL (one rank): all_reduce, broadcast, all_gather, reduce_scatter", function()
   lt.dist.init()
