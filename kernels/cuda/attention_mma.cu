@@ -103,6 +103,35 @@ template <typename H> __device__ __forceinline__ void scores_as_a(uint32_t a[4],
   a[3] = lt_pack2<H>(x[2 * ks + 1][2], x[2 * ks + 1][3]);
 }
 
+/* x (16 x N scores, C fragments) += A (16 x D: a[kk] the A fragment of columns 16 kk..) times the
+   transpose of the shared tile s (N rows of D, ld apart) */
+template <typename H, int D, int N>
+__device__ __forceinline__ void rows_times_tile_t(float (*x)[4], const uint32_t (*a)[4], const uint16_t *s, int ld,
+                                                  int g, int t) {
+  for (int kk = 0; kk < D / 16; kk++)
+    for (int n = 0; n < N / 8; n++) {
+      uint32_t bf[2];
+      load_b(bf, s, ld, 8 * n, 16 * kk, g, t);
+      lt_mma16816<H>(x[n], a[kk], bf);
+    }
+}
+
+/* acc (16 x D, C fragments) += x (16 x N scores as C fragments, rounded to H) times the (N x D) matrix
+   whose transpose is the shared tile st (D rows of N, ld apart) */
+template <typename H, int D, int N>
+__device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (*x)[4], const uint16_t *st, int ld,
+                                                  int g, int t) {
+  for (int kc = 0; kc < N / 16; kc++) {
+    uint32_t a[4];
+    scores_as_a<H>(a, x, kc);
+    for (int nd = 0; nd < D / 8; nd++) {
+      uint32_t bf[2];
+      load_b(bf, st, ld, 8 * nd, 16 * kc, g, t);
+      lt_mma16816<H>(acc[nd], a, bf);
+    }
+  }
+}
+
 /* may query i of T see key j of S */
 __device__ __forceinline__ bool visible(int64_t i, int64_t j, int64_t T, int64_t S, int causal) {
   return i < T && j < S && (!causal || j <= i + S - T);
@@ -156,12 +185,7 @@ __global__ void __launch_bounds__(THREADS)
     load_tile<D>(NULL, vt, vb, a.sv[2], k0, S, BK);
     __syncthreads();
     float s[BK / 8][4] = {};
-    for (int kk = 0; kk < D / 16; kk++)
-      for (int n = 0; n < BK / 8; n++) {
-        uint32_t bf[2];
-        load_b(bf, ks, D + PAD, 8 * n, 16 * kk, g, t);
-        lt_mma16816<H>(s[n], qa[kk], bf);
-      }
+    rows_times_tile_t<H, D, BK>(s, qa, ks, D + PAD, g, t);
     float mx[2] = {m[0], m[1]};
     const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
     for (int n = 0; n < BK / 8; n++)
@@ -189,15 +213,7 @@ __global__ void __launch_bounds__(THREADS)
       }
     l[0] += sum[0];
     l[1] += sum[1];
-    for (int kc = 0; kc < BK / 16; kc++) {
-      uint32_t pa[4];
-      scores_as_a<H>(pa, s, kc);
-      for (int nd = 0; nd < D / 8; nd++) {
-        uint32_t bf[2];
-        load_b(bf, vt, BK + PAD, 8 * nd, 16 * kc, g, t);
-        lt_mma16816<H>(acc[nd], pa, bf);
-      }
-    }
+    scores_times_tile<H, D, BK>(acc, s, vt, BK + PAD, g, t);
   }
   for (int r = 0; r < 2; r++) {
     float sum = row_sum(l[r]);
@@ -266,14 +282,8 @@ __global__ void __launch_bounds__(THREADS)
     load_tile<D>(vs, NULL, vb, a.sv[2], k0, S, BK);
     __syncthreads();
     float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
-    for (int kk = 0; kk < D / 16; kk++)
-      for (int n = 0; n < BK / 8; n++) {
-        uint32_t bf[2];
-        load_b(bf, ks, D + PAD, 8 * n, 16 * kk, g, t);
-        lt_mma16816<H>(s[n], qa[kk], bf);
-        load_b(bf, vs, D + PAD, 8 * n, 16 * kk, g, t);
-        lt_mma16816<H>(dp[n], da[kk], bf);
-      }
+    rows_times_tile_t<H, D, BK>(s, qa, ks, D + PAD, g, t);
+    rows_times_tile_t<H, D, BK>(dp, da, vs, D + PAD, g, t);
     const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
     for (int n = 0; n < BK / 8; n++)
       for (int i = 0; i < 4; i++) {
@@ -283,15 +293,7 @@ __global__ void __launch_bounds__(THREADS)
                       : 0.f;
         s[n][i] = p * (dp[n][i] - Drow[i / 2]); /* dS */
       }
-    for (int kc = 0; kc < BK / 16; kc++) {
-      uint32_t sa[4];
-      scores_as_a<H>(sa, s, kc);
-      for (int nd = 0; nd < D / 8; nd++) {
-        uint32_t bf[2];
-        load_b(bf, kt, BK + PAD, 8 * nd, 16 * kc, g, t);
-        lt_mma16816<H>(acc[nd], sa, bf);
-      }
-    }
+    scores_times_tile<H, D, BK>(acc, s, kt, BK + PAD, g, t);
   }
   for (int r = 0; r < 2; r++) {
     int64_t row = r0 + g + 8 * r;
@@ -342,14 +344,8 @@ __global__ void __launch_bounds__(THREADS)
       }
       __syncthreads();
       float p[BQK / 8][4] = {}, dp[BQK / 8][4] = {}; /* transposed: rows are keys, columns queries */
-      for (int kk = 0; kk < D / 16; kk++)
-        for (int n = 0; n < BQK / 8; n++) {
-          uint32_t bf[2];
-          load_b(bf, qs, D + PAD, 8 * n, 16 * kk, g, t);
-          lt_mma16816<H>(p[n], ka[kk], bf);
-          load_b(bf, dos, D + PAD, 8 * n, 16 * kk, g, t);
-          lt_mma16816<H>(dp[n], va[kk], bf);
-        }
+      rows_times_tile_t<H, D, BQK>(p, ka, qs, D + PAD, g, t);
+      rows_times_tile_t<H, D, BQK>(dp, va, dos, D + PAD, g, t);
       /* (every query of the tile sees the warp's 16 keys when the first does and all are in range) */
       const bool all_seen = i0 + BQK <= T && j0 + 16 <= S && (!causal || j0 + 15 <= i0 + S - T);
       for (int n = 0; n < BQK / 8; n++)
@@ -361,18 +357,8 @@ __global__ void __launch_bounds__(THREADS)
                         : 0.f;
           dp[n][i] = p[n][i] * (dp[n][i] - Ds[col]); /* dS, transposed */
         }
-      for (int kc = 0; kc < BQK / 16; kc++) {
-        uint32_t pa[4], sa[4];
-        scores_as_a<H>(pa, p, kc);
-        scores_as_a<H>(sa, dp, kc);
-        for (int nd = 0; nd < D / 8; nd++) {
-          uint32_t bf[2];
-          load_b(bf, dot, BQK + PAD, 8 * nd, 16 * kc, g, t);
-          lt_mma16816<H>(dva[nd], pa, bf);
-          load_b(bf, qt, BQK + PAD, 8 * nd, 16 * kc, g, t);
-          lt_mma16816<H>(dka[nd], sa, bf);
-        }
-      }
+      scores_times_tile<H, D, BQK>(dva, p, dot, BQK + PAD, g, t);
+      scores_times_tile<H, D, BQK>(dka, dp, qt, BQK + PAD, g, t);
     }
   }
   for (int r = 0; r < 2; r++) {
