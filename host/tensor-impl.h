@@ -150,13 +150,15 @@ typedef struct lt_sgd_hparams {
 } lt_sgd_hparams;
 
 /* Backend vtable: one static const table per backend; optional entries are NULL. */
-/* Attention by a vendor library (cuDNN's fused flash attention on CUDA):
-   16-bit q (B, NH, T, HS), k and v (B, NKV, S, HS), o and dout (B, NH, T,
-   HS), any strides in elements whose last is 1; stats f32 (B, NH, T)
-   contiguous, the log-sum-exp of each query's scaled, masked scores. The
-   forward reads q, k, v and writes o and stats; the backward reads q, k,
-   v, o, dout and stats and writes dq, dk, dv (strides as q's, k's, v's
-   fields say). causal: query t sees keys up to t (T == S only). */
+/* Attention on operands where they are: by a vendor library (cuDNN's fused
+   flash attention on CUDA) or lutra's attention_half kernels: 16-bit q (B,
+   NH, T, HS), k and v (B, NKV, S, HS), o and dout (B, NH, T, HS), any
+   strides in elements whose last is 1 (the others multiples of 8, 16-byte
+   aligned); stats f32 (B, NH, T) contiguous, the log-sum-exp of each
+   query's scaled, masked scores. The forward reads q, k, v and writes o
+   and stats; the backward reads q, k, v, o, dout and stats and writes dq,
+   dk, dv (strides as q's, k's, v's fields say). causal: query t sees keys
+   up to t + S - T (the library: T == S only). */
 typedef struct lt_sdpa_desc {
   lt_device device;
   lt_dtype dtype;
