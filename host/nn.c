@@ -597,7 +597,8 @@ static int library_layout(const lt_tensor *t) {
   return 1;
 }
 
-/* t itself (retained) when a library can read it, else a contiguous copy. */
+/* t itself (retained) when a library can read it, else a copy (a fresh
+   contiguous tensor: aligned, also where t was contiguous at an odd offset). */
 static lt_status library_operand(const lt_tensor *t, lt_tensor **out) {
   if (library_layout(t)) {
     lt_tensor_retain((lt_tensor *)t);
@@ -605,7 +606,7 @@ static lt_status library_operand(const lt_tensor *t, lt_tensor **out) {
     return LT_OK;
   }
   lt_status st;
-  LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)t, out));
+  LT_NO_GRAD(st = lt_tensor_clone(t, out));
   return st;
 }
 

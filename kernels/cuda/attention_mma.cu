@@ -13,10 +13,10 @@
  * heads of a K/V head) of its key rows, so each sum runs in a fixed order:
  * deterministic, no atomics. Masking, the empty row (zeros, lse = -inf) and
  * NaN follow kernels/attention_rows.h, which the CPU runs and these are
- * checked against, with two differences the composed path shares: a key
- * masked inside a loaded tile enters the products with weight 0, so an Inf
- * or NaN in its V (or K) row makes the row NaN (the row algorithms skip
- * it), and a +inf score gives NaN; in f16 the rounded dS can overflow under
+ * checked against, with two differences the composed path shares: a
+ * masked pair inside a loaded tile enters the products with weight 0, so an
+ * Inf or NaN in its q, k or v row spreads NaN to the rows that share the
+ * tile (the row algorithms skip masked pairs), and a +inf score gives NaN; in f16 the rounded dS can overflow under
  * large loss scales (as FlashAttention-2's). Operands as lt_sdpa_desc
  * describes them (any strides in elements, the last 1, the others multiples
  * of 8, 16-byte aligned: the heads of a GPT-2 block cut from its qkv tensor
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(THREADS)
         float p = (all_seen || visible(row, key, T, S, causal)) && lse2[i / 2] != -INFINITY
                       ? exp2f(s[n][i] * sl2 - lse2[i / 2])
                       : 0.f;
-        s[n][i] = p * (dp[n][i] - Drow[i / 2]); /* dS */
+        s[n][i] = p != 0.f ? p * (dp[n][i] - Drow[i / 2]) : 0.f; /* dS (0 where masked, also for a NaN D) */
       }
     scores_times_tile<H, D, BK>(acc, s, kt, BK + PAD, g, t);
   }
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(THREADS)
           p[n][i] = (all_seen || visible(query, key, T, S, causal)) && lse2s[col] != -INFINITY
                         ? exp2f(p[n][i] * sl2 - lse2s[col])
                         : 0.f;
-          dp[n][i] = p[n][i] * (dp[n][i] - Ds[col]); /* dS, transposed */
+          dp[n][i] = p[n][i] != 0.f ? p[n][i] * (dp[n][i] - Ds[col]) : 0.f; /* dS, transposed (0 where masked) */
         }
       scores_times_tile<H, D, BQK>(dva, p, dot, BQK + PAD, g, t);
       scores_times_tile<H, D, BQK>(dka, dp, qt, BQK + PAD, g, t);
