@@ -421,15 +421,16 @@ bool release_shuffles(unsigned n, const char *name, bool *failed) {
     }
     if (!ready)
       continue;
+    size_t bytes = fibers[base + (unsigned)__builtin_ctz(mask)].exchange_bytes; /* (0: a shuffle) */
     for (unsigned lane = 0; lane < 32; lane++)
-      if ((mask >> lane & 1) && fibers[base + lane].exchange_bytes != fibers[base + (unsigned)__builtin_ctz(mask)].exchange_bytes) {
+      if ((mask >> lane & 1) && fibers[base + lane].exchange_bytes != bytes) {
         fault("%s: block (%u,%u,%u): lanes of warp %u meet at different warp operations (a shuffle and a matrix "
               "product, or products of different sizes)", name, lt_emu_block_idx.x, lt_emu_block_idx.y,
               lt_emu_block_idx.z, base / 32);
         *failed = true;
         return false;
       }
-    if (size_t bytes = fibers[base + (unsigned)__builtin_ctz(mask)].exchange_bytes) {
+    if (bytes) {
       for (unsigned lane = 0; lane < 32; lane++)
         if (mask >> lane & 1) {
           fiber *f = &fibers[base + lane];
