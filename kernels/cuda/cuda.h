@@ -42,6 +42,9 @@ lt_status lt_cuda_index_value(const char *index, lt_dtype dt, int64_t stride, un
 size_t lt_cuda_index_add_scratch(int64_t nindex, int64_t dst_dim, int64_t outer);
 lt_status lt_cuda_gather(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,
                          lt_cuda_stream s);
+/* scatter_add: the iteration's dims where the target's stride is 0 (the
+   scattered dim) are added by one thread in order; the other dims run in
+   parallel: results repeat bit for bit and match the CPU's sequential pass */
 lt_status lt_cuda_scatter_add(const lt_iter *it, int64_t dim_stride, int64_t dim_size, unsigned long long *bad,
                               lt_cuda_stream s);
 

@@ -184,21 +184,33 @@ template <typename E> __global__ void gather_kernel(lt_iter it, int64_t dim_stri
   }
 }
 
-__global__ void scatter_add_kernel(lt_iter it, int64_t dim_stride, const unsigned long long *bad) {
-  if (*bad != NONE || threadIdx.x != 0 || blockIdx.x != 0)
+/* One thread per line: a line is a choice of every iteration dim along
+   which the target moves (outer); the thread adds the line's elements along
+   the dims where it does not (inner: the scattered dim, where duplicate
+   indices meet) in iteration order. Lines never share a target element, so
+   the sums are those of one sequential pass, on any number of threads. */
+__global__ void scatter_add_kernel(lt_iter outer, lt_iter inner, int64_t dim_stride,
+                                   const unsigned long long *bad) {
+  if (*bad != NONE)
     return;
-  int tdt = it.dtypes[2], sdt = it.dtypes[0];
+  int tdt = inner.dtypes[2], sdt = inner.dtypes[0];
   bool integer = !(tdt == LT_DTYPE_F32 || tdt == LT_DTYPE_F64 || tdt == LT_DTYPE_BF16 || tdt == LT_DTYPE_F16);
-  for (int64_t e = 0; e < it.numel; e++) {
-    int64_t o[LT_ITER_MAX_OPS];
-    lt_offsets(it, e, o);
-    int64_t v = index_at(it.data[1], it.dtypes[1], o[1]);
-    int64_t to = o[2] + v * dim_stride;
-    if (integer) {
-      uint64_t a = (uint64_t)lt_load<int64_t>(it.data[2], tdt, to), b = (uint64_t)lt_load<int64_t>(it.data[0], sdt, o[0]);
-      lt_store<int64_t>(it.data[2], tdt, to, (int64_t)(a + b));
-    } else {
-      lt_store<double>(it.data[2], tdt, to, lt_load<double>(it.data[2], tdt, to) + lt_load<double>(it.data[0], sdt, o[0]));
+  LT_GRID_STRIDE(line, outer.numel) {
+    int64_t base[LT_ITER_MAX_OPS];
+    lt_offsets(outer, line, base);
+    for (int64_t e = 0; e < inner.numel; e++) {
+      int64_t o[LT_ITER_MAX_OPS];
+      lt_offsets(inner, e, o);
+      int64_t v = index_at(inner.data[1], inner.dtypes[1], base[1] + o[1]);
+      int64_t to = base[2] + o[2] + v * dim_stride, from = base[0] + o[0];
+      if (integer) {
+        uint64_t a = (uint64_t)lt_load<int64_t>(inner.data[2], tdt, to),
+                 b = (uint64_t)lt_load<int64_t>(inner.data[0], sdt, from);
+        lt_store<int64_t>(inner.data[2], tdt, to, (int64_t)(a + b));
+      } else {
+        lt_store<double>(inner.data[2], tdt, to,
+                         lt_load<double>(inner.data[2], tdt, to) + lt_load<double>(inner.data[0], sdt, from));
+      }
     }
   }
 }
@@ -307,6 +319,18 @@ extern "C" lt_status lt_cuda_scatter_add(const lt_iter *it, int64_t dim_stride, 
     return LT_OK;
   check_iter_kernel<<<blocks(it->numel), THREADS, 0, cs>>>(*it, dim_size, bad);
   CHECKED("scatter_add check");
-  scatter_add_kernel<<<1, 1, 0, cs>>>(*it, dim_stride, bad);
+  /* the target's stride is 0 along the scattered dim (and only there) */
+  lt_iter outer = *it, inner = *it;
+  outer.ndim = inner.ndim = 0;
+  outer.numel = inner.numel = 1;
+  for (int d = 0; d < it->ndim; d++) {
+    lt_iter *part = it->strides[2][d] == 0 ? &inner : &outer;
+    part->shape[part->ndim] = it->shape[d];
+    for (int k = 0; k < it->nops; k++)
+      part->strides[k][part->ndim] = it->strides[k][d];
+    part->ndim++;
+    part->numel *= it->shape[d];
+  }
+  scatter_add_kernel<<<blocks(outer.numel), THREADS, 0, cs>>>(outer, inner, dim_stride, bad);
   return lt_cuda_check_launch("scatter_add_kernel");
 }
