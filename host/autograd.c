@@ -475,6 +475,11 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
     if (!same)
       return lt_fail(LT_ERR_SHAPE, "backward: the gradient has shape %s, the tensor %s",
                      lt_tensor_shape_str(grad, b1), lt_tensor_shape_str(root, b2));
+    if (grad->storage->device != root->storage->device) { /* as torch: an error, not a copy */
+      char d1[16], d2[16];
+      return lt_fail(LT_ERR_DEVICE, "backward: the gradient is on %s, the tensor on %s; move it with :to()",
+                     lt_device_name(grad->storage->device, d1), lt_device_name(root->storage->device, d2));
+    }
     LT_TRY(lt_tensor_to(grad, root->dtype, root->storage->device, &g0));
   } else {
     if (lt_tensor_numel(root) != 1)

@@ -630,7 +630,8 @@ typedef struct lt_backward_hooks {
 /* Runs backward from root with gradient grad (NULL: 1 for a one-element
    root), accumulating into the .grad of leaves. Frees the graph's saved
    tensors unless retain_graph. Errors: root does not require grad; a
-   non-scalar root without grad; a second backward through a freed graph; a
+   non-scalar root without grad; grad of another shape, or on another device
+   (its dtype is converted, as torch); a second backward through a freed graph; a
    saved tensor modified in place; a hook's error. */
 lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_graph,
                                const lt_backward_hooks *hooks);

@@ -63,7 +63,9 @@ function T.retain_grad(t)
 end
 
 --- t:backward([grad][, {retain_graph = true}]): gradients of t into the
--- .grad of leaves. grad may be omitted for a one-element t.
+-- .grad of leaves. grad: t's shape, on t's device (its dtype is converted to
+-- t's, as torch); it may be omitted for a one-element t. Errors name a shape
+-- or device that differs.
 function T.backward(t, grad, opts)
   if type(grad) == "table" and opts == nil and not tensor.is_tensor(grad) then grad, opts = nil, grad end
   if grad ~= nil and not tensor.is_tensor(grad) then error("backward: grad must be a tensor", 2) end

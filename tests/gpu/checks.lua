@@ -168,6 +168,11 @@ check("mixing devices in one op names both", function()
   local a, b = lt.ones(3), lt.ones({ 3 }, { device = CUDA })
   H.assert_error(function() return a + b end, "cpu", "cuda:0", "different devices")
   H.assert_error(function() return lt.matmul(a:view(1, 3), b:view(3, 1)) end, "different devices")
+  -- backward's gradient on the other device: an error naming both (torch's rule), not a silent copy
+  local w = lt.ones({ 3 }, { device = CUDA }):requires_grad_()
+  H.assert_error(function() (w * 2):backward(lt.ones(3)) end, "backward", "gradient is on cpu", "cuda:0")
+  ;(w * 2):backward(lt.ones({ 3 }, { device = CUDA, dtype = "f64" })) -- another dtype is converted
+  assert(w.grad.device == "cuda:0" and w.grad:sum():item() == 6, "backward with an f64 gradient")
 end, true)
 
 check("a device that does not exist is named with what was found", function()
