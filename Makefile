@@ -144,9 +144,12 @@ $(BUILD)/kernels/%.o: kernels/%.c
 
 CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/tensor-impl.h host/lutra.h
 ifeq ($(EMU_OBJ),)
+# (ptxas's registers and shared memory per kernel kept in NAME.o.ptxas for
+# tests/gpu/launch_limits.py; the compiler's other messages still shown)
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas; st=$$?; \
+	  grep -vE '^ptxas info|^ +[0-9]+ bytes stack frame' $@.ptxas >&2; exit $$st
 else
 # (the emulator: launches rewritten as calls, compiled by the host C++ compiler)
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py

@@ -17,7 +17,8 @@
  * discipline is checked (a thread that waits at a barrier the others never
  * reach, or a full-warp shuffle with a lane that has exited, fails the
  * launch with a message), and launch configurations are checked as the
- * driver does (grid and block limits, zero-sized grids). A launch is
+ * driver does (grid and block limits, zero-sized grids; parameters within
+ * 4 KiB, at compile time). A launch is
  * queued on its stream and runs when the host waits for it (emu_queue.h).
  */
 #ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
@@ -102,6 +103,9 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
    order (emu_queue.h). */
 template <typename... P, typename... A>
 static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void (*kernel)(P...), A &&...args) {
+  /* the CUDA limit on a kernel's parameters (4 KiB before CUDA 12.1 and
+     Volta; lutra keeps under it) */
+  static_assert((sizeof(typename std::decay<P>::type) + ... + 0) <= 4096, "kernel parameters over 4 KiB");
   if (!lt_emu_config_ok(c, name))
     return;
   /* the kernel's body as a std::function made now, on the heap: one made

@@ -8,6 +8,9 @@ becomes
 
     lt_emu_launch(lt_emu_cfg(grid, block, smem, stream), "kernel<T, H>", kernel<T, H>, a, b)
 
+(inside a function-like macro whose parameter names the kernel, the name is
+the parameter stringified, `#kernel`, so a trace names the kernel given),
+
 each `__shared__ T a[N];` becomes `static T a__emu[LT_EMU_SETS][N]; auto &a =
 a__emu[lt_emu_set]; lt_emu_shared(&a, sizeof a);`
 (the block's first thread to get there fills it with garbage, as a GPU's
@@ -52,6 +55,19 @@ def matching_paren(src, open_index):
     raise SystemExit("rewrite_launches: unbalanced parentheses after a launch")
 
 
+def macro_params(src, at):
+    """The parameters of the function-like #define whose body holds src[at]
+    (its lines continued with backslashes), else an empty list."""
+    line = src.rfind("\n", 0, at) + 1
+    while True:
+        m = re.match(r"\s*#\s*define\s+\w+\(([^)]*)\)", src[line:])
+        if m:
+            return [x.strip() for x in m.group(1).split(",")]
+        if line == 0 or not src[:line - 1].rstrip(" \t").endswith("\\"):
+            return []
+        line = src.rfind("\n", 0, line - 1) + 1
+
+
 def rewrite(src):
     out = []
     pos = 0
@@ -74,9 +90,11 @@ def rewrite(src):
         gap = src[close + 3:p]  # (kept: its line breaks keep the line numbers)
         q = matching_paren(src, p)
         args = src[p + 1:q]
-        name = " ".join(callee.split())
+        name = '"%s"' % " ".join(callee.split())
+        if callee in macro_params(src, start):
+            name = "#" + callee  # the kernel the macro was given, by name
         out.append(src[pos:start])
-        out.append('lt_emu_launch(lt_emu_cfg(%s), "%s", %s%s%s%s)' %
+        out.append('lt_emu_launch(lt_emu_cfg(%s), %s, %s%s%s%s)' %
                    (cfg, name, callee, gap, ", " if args.strip() else "", args))
         pos = q + 1
 
