@@ -14,7 +14,7 @@
 -- rows, as llm.c does; 0 turns it off); logits keep 50257 columns.
 --
 --   ./lutra bench/gpt2_gpu.lua [--steps=10] [--batches=4,8,16|auto] [--dtypes=bf16,f32] [--model=gpt2] [--pad_vocab=128]
---       [--attention=auto|fused|composed] [--rate_size=8192]
+--       [--attention=auto|fused|composed] [--rate_size=8192] [--profile=0]
 --
 -- make test runs it on the CUDA emulator at a tiny size (gpt2-tiny, T=32,
 -- --rate_size=64), so the script itself is checked before a GPU runs it.
@@ -24,15 +24,18 @@
 -- attention for bf16/f16 (F.library_attention), else the composed path;
 -- fused runs lutra's fused kernel (lt_attention); composed runs matmul,
 -- scaled_softmax, matmul.
+-- --profile=N: after the timed steps, one more step under lt.cuda.profile_start,
+-- printed as a table of its N largest pieces of work (kernels, cuBLASLt
+-- products by shape, cuDNN attention, copies) with calls, ms and % of the step.
 local lt = require "lutra"
 
 local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128,
-  attention = "auto", rate_size = 8192 }
+  attention = "auto", rate_size = 8192, profile = 0 }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
   if not k or opts[k] == nil then
     error("usage: lutra bench/gpt2_gpu.lua [--steps=N] [--batches=4,8] [--dtypes=bf16,f32] [--model=gpt2] [--T=1024] "
-      .. "[--pad_vocab=128] [--attention=auto|fused|composed] [--rate_size=8192]")
+      .. "[--pad_vocab=128] [--attention=auto|fused|composed] [--rate_size=8192] [--profile=N]")
   end
   opts[k] = tonumber(v) or v
 end
@@ -112,11 +115,21 @@ local function bench(dtype, B)
     end
     if step % 4 == 0 then collectgarbage() end
   end
+  local profile
+  if opts.profile > 0 then -- one more step, each piece of its work timed by CUDA events
+    lt.cuda.synchronize()
+    lt.cuda.profile_start()
+    local loss = model:loss(x, y, { count = false })
+    loss:backward()
+    opt:step()
+    opt:zero_grad()
+    profile = lt.cuda.profile_table(lt.cuda.profile_stop(), opts.profile)
+  end
   local dt = median(times)
   local tps = B * T / dt
   local mem = lt.cuda.memory_stats()
   return { ms = dt * 1e3, host_ms = median(host) * 1e3, tps = tps, mfu = tps * flops_per_token / PEAK, mfu_meas = tps * flops_per_token / rate,
-    peak = mem.peak / 2 ^ 30, loss = last_loss }
+    peak = mem.peak / 2 ^ 30, loss = last_loss, profile = profile }
 end
 
 print(("attention: %s"):format(opts.attention))
@@ -133,6 +146,7 @@ for _, dtype in ipairs(list(opts.dtypes)) do
       largest = B
       print(("%-6s %4d %6d %10.1f %12.0f %7.1f%% %11.1f%% %10.2f %8.4f %8.1f"):format(dtype, B, opts.T, r.ms, r.tps,
         100 * r.mfu, 100 * r.mfu_meas, r.peak, r.loss, r.host_ms))
+      if r.profile then print(r.profile) end
     else
       print(("%-6s %4d %6d  failed: %s"):format(dtype, B, opts.T, tostring(r):gsub("\n.*", "")))
       if auto then break end

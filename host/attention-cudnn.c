@@ -736,7 +736,16 @@ static lt_status execute(lt_cuda_ctx *cc, device_state *ds, plan *p, pack *vp) {
                    cc->index, b.why);
   }
   cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? LT_OK : lt_cuda_error("cuDNN attention", cc->index, e);
+  if (e != cudaSuccess)
+    return lt_cuda_error("cuDNN attention", cc->index, e);
+  if (lt_cuda_profiling()) { /* lt.cuda.profile_start: named by pass and shape */
+    char what[64];
+    snprintf(what, sizeof what, "cuDNN attention %s %lldx%lldx%lldx%lld%s", p->key.backward ? "bwd" : "fwd",
+             (long long)p->key.B, (long long)p->key.NH, (long long)p->key.T, (long long)p->key.HS,
+             p->key.causal ? " causal" : "");
+    lt_cuda_profile_mark(what);
+  }
+  return LT_OK;
 }
 
 lt_status lt_cudnn_sdpa_fwd(const lt_sdpa_desc *d) {

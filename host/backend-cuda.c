@@ -226,8 +226,10 @@ static lt_status cuda_copy_to_host(lt_device device, void *dst, const void *src,
   lt_cuda_ctx *c;
   LT_TRY(lt_cuda_ctx_get(device, &c));
   cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, c->compute);
-  if (e == cudaSuccess)
+  if (e == cudaSuccess) {
+    lt_cuda_profile_mark("copy to the host");
     e = cudaStreamSynchronize(c->compute);
+  }
   if (e != cudaSuccess)
     return lt_cuda_error("copy to the host", c->index, e);
   return checks_poll(c, 1);
@@ -265,6 +267,8 @@ static lt_status staged_copy(lt_cuda_ctx *c, void *dst, const void *src, size_t 
   if (e == cudaSuccess) {
     memcpy(slot, src, nbytes);
     e = cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, c->compute);
+    if (e == cudaSuccess)
+      lt_cuda_profile_mark("copy from the host (pinned)");
   }
   if (e == cudaSuccess)
     e = cudaEventRecord(c->stage_done[k], c->compute);
@@ -288,8 +292,10 @@ static lt_status cuda_copy_from_host(lt_device device, void *dst, const void *sr
       return st;
   }
   cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, c->compute);
-  if (e == cudaSuccess) /* the caller frees its buffer next */
+  if (e == cudaSuccess) { /* the caller frees its buffer next */
+    lt_cuda_profile_mark("copy from the host");
     e = cudaStreamSynchronize(c->compute);
+  }
   return e == cudaSuccess ? LT_OK : lt_cuda_error("copy from the host", c->index, e);
 }
 

@@ -105,6 +105,29 @@ void lt_cuda_reset_peak(int device_index);
 void lt_cuda_empty_cache(int device_index);
 /* Waits for device N's queued work; errors of kernels that failed since. */
 lt_status lt_cuda_synchronize(int device_index);
+/* Where device N's time goes (host/profile-cuda.c): after profile_start,
+   each piece of work lutra queues on the device's compute stream (kernel,
+   cuBLASLt product, cuDNN attention, copy) is followed by a timing event
+   named for it; profile_stop waits for the device and returns, per name,
+   the calls and milliseconds from the event before each piece to its own
+   (largest first; *rows freed with lt_cuda_profile_free), the span from
+   start to the last piece, and how many pieces went unrecorded beyond
+   65536. A piece's time is its run time while the device has work queued
+   ahead; a wait for the host counts to the next piece. Errors: start while
+   a profile runs, stop without one, no CUDA or no such device, a failed
+   event (its CUDA error). */
+typedef struct lt_cuda_profile_row {
+  char name[64];
+  int64_t calls;
+  double ms;
+} lt_cuda_profile_row;
+lt_status lt_cuda_profile_start(int device_index);
+lt_status lt_cuda_profile_stop(lt_cuda_profile_row **rows, int *nrows, double *total_ms, int64_t *dropped);
+void lt_cuda_profile_free(lt_cuda_profile_row *rows);
+/* Whether a profile runs; names the piece of work just queued (kernels/cuda,
+   host/matmul-cuda.c, host/attention-cudnn.c: cheap when not profiling). */
+int lt_cuda_profiling(void);
+void lt_cuda_profile_mark(const char *what);
 /* Whether f32 matrix products on CUDA may use TF32 (default off). */
 void lt_cuda_set_allow_tf32(int on);
 /* On: cuDNN's attention backward writes dQ without atomics (cudnn-frontend's

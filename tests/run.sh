@@ -108,7 +108,8 @@ if ! gpu_checks "GPU checks" ./lutra; then
     out=$(build-emu/tests/emu/selftest 2>&1)
     echo "$out" | grep -v 'passed, [0-9]* failed$' | sed 's/^/   /'
     count_line "CUDA emulator selftest" "$(echo "$out" | grep -E '^emu selftest: [0-9]+ passed, [0-9]+ failed$')"
-    gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
+    traces=$(mktemp -d)
+    LUTRA_EMU_TRACE=$traces/checks gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
     for where in heuristic matmul; do
       suite="linear, cuBLASLt refusing epilogues at the $where (CUDA emulator)"
@@ -131,9 +132,17 @@ if ! gpu_checks "GPU checks" ./lutra; then
       echo "== main job (CUDA emulator): skipped: no Python docs in $tutorial (make deps)"
     fi
     # the GPU benchmark's script, at a tiny size (its numbers mean nothing here)
-    build-emu/lutra bench/gpt2_gpu.lua --steps=1 --batches=1 --dtypes=bf16 --model=gpt2-tiny --T=32 --rate_size=64 \
-      >"$log" 2>&1
-    count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 *[0-9]'
+    LUTRA_EMU_TRACE=$traces/bench build-emu/lutra bench/gpt2_gpu.lua --steps=1 --batches=1 --dtypes=bf16 \
+      --model=gpt2-tiny --T=32 --rate_size=64 --profile=5 >"$log" 2>&1
+    count_run "GPU benchmark script and its profile (CUDA emulator)" $? '^total (start to the last piece)'
+    # what the emulator cannot refuse: blocks needing more registers or shared
+    # memory than sm_90 gives one (ptxas's figures from the nvcc build)
+    if ls build/kernels/cuda/*.o.ptxas >/dev/null 2>&1; then
+      python3 tests/gpu/launch_limits.py build/kernels/cuda/*.o.ptxas -- "$traces"/* >"$log" 2>&1
+      count_run "kernel launches within sm_90's registers and shared memory per block" $? \
+        '^launch limits: [1-9][0-9]* kernels fit, 0 do not$'
+    fi
+    rm -rf "$traces"
   else
     echo "== GPU checks (CUDA emulator): skipped: build-emu/lutra was not built (make emu; needs CUDA's headers)"
   fi

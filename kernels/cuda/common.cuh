@@ -22,6 +22,8 @@ static inline lt_status lt_cuda_check_launch_at(const char *file, int line, cons
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]", what, cudaGetErrorString(e), file, line);
+  if (lt_cuda_profiling()) /* lt.cuda.profile_start: the launch named for the profile */
+    lt_cuda_profile_mark(what);
   return LT_OK;
 }
 #define lt_cuda_check_launch(what) lt_cuda_check_launch_at(__FILE__, __LINE__, (what))

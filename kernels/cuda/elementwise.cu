@@ -329,7 +329,10 @@ extern "C" lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s) {
   if (contiguous && dd == sd) {
     cudaError_t e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(it->numel * elem_size(dd)),
                                     cudaMemcpyDeviceToDevice, (cudaStream_t)s);
-    return e == cudaSuccess ? LT_OK : lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess)
+      return lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s", cudaGetErrorString(e));
+    lt_cuda_profile_mark("copy on the device");
+    return LT_OK;
   }
   if (contiguous && is_f32_or_half(dd) && is_f32_or_half(sd)) {
     if (dd == LT_DTYPE_F32)

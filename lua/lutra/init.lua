@@ -109,6 +109,59 @@ function lt.cuda.synchronize(device)
   if C.lt_cuda_synchronize(cuda_index(device)) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end
 end
 
+--- lt.cuda.profile_start([device]): from now on each piece of work lutra
+-- queues on the device's compute stream (a kernel, a cuBLASLt product,
+-- cuDNN's attention, a copy) is timed with CUDA events (host/profile-cuda.c).
+-- Errors: a profile already running, no such device.
+function lt.cuda.profile_start(device)
+  if C.lt_cuda_profile_start(cuda_index(device)) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end
+end
+
+--- lt.cuda.profile_stop() -> {rows=, total_ms=, dropped=}: waits for the
+-- device; rows has one {name=, calls=, ms=} per name, largest ms first (ms:
+-- from the event before each piece to its own, summed: a piece's run time
+-- while the device has work queued ahead; a wait for the host counts to the
+-- next piece); total_ms is the span from profile_start to the last piece;
+-- dropped counts pieces untimed beyond 65536. Errors: no profile running, a
+-- kernel that failed while profiling.
+function lt.cuda.profile_stop()
+  local rows, n, total, dropped = ffi.new("lt_cuda_profile_row*[1]"), ffi.new("int[1]"), ffi.new("double[1]"),
+    ffi.new("int64_t[1]")
+  if C.lt_cuda_profile_stop(rows, n, total, dropped) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end
+  local out = {}
+  for i = 0, n[0] - 1 do
+    local r = rows[0][i]
+    out[#out + 1] = { name = ffi.string(r.name), calls = tonumber(r.calls), ms = r.ms }
+  end
+  C.lt_cuda_profile_free(rows[0])
+  return { rows = out, total_ms = total[0], dropped = tonumber(dropped[0]) }
+end
+
+--- lt.cuda.profile_table(profile[, limit]) -> text: profile_stop's result as a
+-- table (name, calls, ms, us per call, % of the span), its first limit rows
+-- (default all) and a line for the rest.
+function lt.cuda.profile_table(profile, limit)
+  local rows, total_ms = profile.rows, profile.total_ms
+  limit = limit or #rows
+  local lines = { ("%-52s %7s %10s %10s %6s"):format("work", "calls", "ms", "us/call", "%") }
+  local rest, rest_calls = 0, 0
+  for i, r in ipairs(rows) do
+    if i <= limit then
+      lines[#lines + 1] = ("%-52s %7d %10.3f %10.1f %6.1f"):format(r.name, r.calls, r.ms, 1e3 * r.ms / r.calls,
+        total_ms > 0 and 100 * r.ms / total_ms or 0)
+    else
+      rest, rest_calls = rest + r.ms, rest_calls + r.calls
+    end
+  end
+  if #rows > limit then
+    lines[#lines + 1] = ("%-52s %7d %10.3f %10s %6.1f"):format(("(%d more)"):format(#rows - limit), rest_calls, rest,
+      "", total_ms > 0 and 100 * rest / total_ms or 0)
+  end
+  lines[#lines + 1] = ("%-52s %7s %10.3f"):format("total (start to the last piece)", "", total_ms)
+  if profile.dropped > 0 then lines[#lines + 1] = ("(%d pieces untimed: past 65536)"):format(profile.dropped) end
+  return table.concat(lines, "\n")
+end
+
 --- lt.cuda.allow_tf32(on): lets f32 matrix products on CUDA round their inputs
 -- to TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default.
 function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end

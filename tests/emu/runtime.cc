@@ -717,6 +717,9 @@ struct emu_event {
   emu_stream *stream;
   unsigned long long serial;
   int queries; /* "not ready" answers since the record */
+  /* a timing event's record queues a piece that stamps the host's clock in
+     milliseconds when it runs (-1 before): cudaEventElapsedTime reads it */
+  std::shared_ptr<double> stamp;
 };
 
 /* a GPU queues about a thousand launches before the host waits at one
@@ -990,6 +993,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     return s.c_str();
   }
   case cudaErrorNotReady: return "device not ready";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   default: return "unknown error (emulator)";
   }
 }
@@ -1003,6 +1007,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
   case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   case cudaErrorNotReady: return "cudaErrorNotReady";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
   default: return "cudaErrorUnknown";
   }
 }
@@ -1190,11 +1195,22 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e)
     return cudaErrorInvalidValue;
   emu_event *v = (emu_event *)e;
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (!(v->flags & cudaEventDisableTiming)) {
+    auto stamp = std::make_shared<double>(-1.0);
+    v->stamp = stamp;
+    push(stream_of(s), [stamp] {
+      struct timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      *stamp = t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+    }, NULL, 0);
+  }
   v->stream = stream_of(s);
   v->serial = v->stream->queued_through;
   v->queries = 0;
@@ -1227,6 +1243,20 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
     return cudaErrorNotReady;
   host_waits(v->stream, v->serial, "event query (the emulator runs the event's work; a GPU answers at once)");
   return take_async_error();
+}
+
+/* as the runtime: both events recorded with timing, and done */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end)
+    return cudaErrorInvalidValue;
+  emu_event *a = (emu_event *)start, *b = (emu_event *)end;
+  std::lock_guard<std::recursive_mutex> guard(queue_lock);
+  if (!a->stamp || !b->stamp)
+    return cudaErrorInvalidResourceHandle;
+  if (*a->stamp < 0 || *b->stamp < 0)
+    return cudaErrorNotReady;
+  *ms = (float)(*b->stamp - *a->stamp);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {

@@ -175,6 +175,37 @@ check("mixing devices in one op names both", function()
   assert(w.grad.device == "cuda:0" and w.grad:sum():item() == 6, "backward with an f64 gradient")
 end, true)
 
+check("the CUDA-event profile names each piece of work and times it", function()
+  local x = lt.randn({ 256, 256 }, { device = CUDA })
+  lt.cuda.synchronize()
+  lt.cuda.profile_start()
+  H.assert_error(function() lt.cuda.profile_start() end, "profiled already")
+  local y = x
+  for _ = 1, 3 do y = lt.matmul(y, x):tanh() end
+  local s = y:sum():item() -- a copy to the host inside the profile
+  local prof = lt.cuda.profile_stop()
+  local rows, total = prof.rows, prof.total_ms
+  assert(s == s, "the profiled work computed")
+  local by = {}
+  for _, r in ipairs(rows) do by[r.name] = r end
+  local mm = by["cuBLASLt f32 256x256x256"]
+  assert(mm and mm.calls == 3, "three products named by shape: " .. lt.cuda.profile_table(prof))
+  assert(by["copy to the host"] and by["copy to the host"].calls == 1, "the read named")
+  local sum, calls = 0, 0
+  for i, r in ipairs(rows) do
+    assert(r.ms >= 0 and r.calls > 0, r.name)
+    assert(i == 1 or rows[i - 1].ms >= r.ms, "largest first")
+    sum, calls = sum + r.ms, calls + r.calls
+  end
+  assert(calls >= 3 + 3 + 1 + 1, "products, tanhs, the sum and the read: " .. calls)
+  assert(math.abs(sum - total) <= 1e-3 * math.max(total, 1), ("pieces sum to the span: %g vs %g"):format(sum, total))
+  assert(prof.dropped == 0)
+  local text = lt.cuda.profile_table(prof, 2)
+  assert(text:find("cuBLASLt f32 256x256x256", 1, true) or text:find("more", 1, true), text)
+  assert(text:find("total", 1, true), text)
+  H.assert_error(function() lt.cuda.profile_stop() end, "no profile is running")
+end, true)
+
 check("a device that does not exist is named with what was found", function()
   H.assert_error(function() return lt.zeros({ 2 }, { device = "cuda:" .. ndev }) end, "cuda:" .. ndev, "no such device")
 end, true)

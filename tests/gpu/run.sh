@@ -101,6 +101,10 @@ fi
 step "benchmark: the ops of a GPT-2 step, one by one"
 fits 60 && timeout 60 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16 2>&1 | tee "$OUT/bench-ops.txt"
 
+step "profile: where a GPT-2 step's time goes (lutra's CUDA-event profile, B=16)"
+fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=2 --batches=16 --dtypes=bf16 --profile=40 \
+  --rate_size=4096 2>&1 | tee "$OUT/gpt2-profile.txt"
+
 step "profile: the GPU kernels of 3 GPT-2 steps (nsys, when the machine has it)"
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ -z "$NSYS" ]; then

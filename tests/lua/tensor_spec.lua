@@ -235,6 +235,9 @@ describe("bad input", function()
       H.assert_error(function() return lt.zeros({ 2 }, { device = "cuda:0" }) end, "cuda:0")
     end
     H.assert_error(function() return lt.zeros({ 2 }, { device = "cuda:15" }) end, "cuda:15")
+    -- the CUDA profile: on a missing device, and stopped without a start
+    H.assert_error(function() lt.cuda.profile_start("cuda:15") end, "cuda:15")
+    H.assert_error(function() lt.cuda.profile_stop() end, "profile_stop", "no profile is running")
     H.assert_error(function() return lt.zeros(2):to("nonsense") end, "neither a dtype", "nonsense")
   end)
   it("rejects mismatched operands naming op, shapes and dtypes", function()
