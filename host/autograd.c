@@ -91,10 +91,10 @@ lt_status lt_tensor_set_grad(lt_tensor *t, lt_tensor *grad) {
     for (int d = 0; same && d < t->ndim; d++)
       same = grad->sizes[d] == t->sizes[d];
     if (!same) {
-      char b1[200], b2[200];
-      return lt_fail(LT_ERR_SHAPE, "set_grad: the gradient (%s %s) must match the tensor (%s %s)",
-                     lt_dtype_name(grad->dtype), lt_tensor_shape_str(grad, b1), lt_dtype_name(t->dtype),
-                     lt_tensor_shape_str(t, b2));
+      char b1[200], b2[200], d1[16], d2[16];
+      return lt_fail(LT_ERR_SHAPE, "set_grad: the gradient (%s %s on %s) must match the tensor (%s %s on %s)",
+                     lt_dtype_name(grad->dtype), lt_tensor_shape_str(grad, b1), lt_device_name(grad->storage->device, d1),
+                     lt_dtype_name(t->dtype), lt_tensor_shape_str(t, b2), lt_device_name(t->storage->device, d2));
     }
   }
   if (!grad && !t->autograd)
@@ -204,6 +204,7 @@ static void shape_of(lt_shape_info *s, const lt_tensor *t) {
   s->ndim = t->ndim;
   memcpy(s->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
   s->dtype = t->dtype;
+  s->device = t->storage->device;
 }
 
 /* The leaf's AccumulateGrad node (one per leaf while it lives), new reference. */
@@ -585,6 +586,10 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
           st = lt_fail(LT_ERR_INTERNAL, "backward: %s gave input %d a gradient of shape %s for a "
                        "tensor of shape %s", x->ops->name, k + 1, lt_tensor_shape_str(gin[k], b1),
                        lt_shape_str(want->ndim, want->sizes, b2));
+        else if (gin[k]->storage->device != want->device) /* as torch: an error, not a copy */
+          st = lt_fail(LT_ERR_DEVICE, "backward: %s gave input %d a gradient on %s for a tensor on %s",
+                       x->ops->name, k + 1, lt_device_name(gin[k]->storage->device, b1),
+                       lt_device_name(want->device, b2));
         else
           st = add_to_buffer(e.node, e.slot, gin[k]);
       }
@@ -640,9 +645,9 @@ lt_status lt_ag_sum_to(lt_tensor *g, const lt_shape_info *s, lt_tensor **out) {
     lt_tensor_release(summed);
     LT_TRY(st);
   }
-  if (r->dtype != s->dtype) {
+  if (r->dtype != s->dtype || r->storage->device != s->device) { /* (ToBackward: back where the input is) */
     lt_tensor *c;
-    lt_status st = lt_tensor_to(r, s->dtype, r->storage->device, &c);
+    lt_status st = lt_tensor_to(r, s->dtype, s->device, &c);
     lt_tensor_release(r);
     LT_TRY(st);
     r = c;

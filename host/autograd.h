@@ -38,6 +38,7 @@ typedef struct lt_shape_info {
   int ndim;
   int64_t sizes[LT_MAX_DIMS];
   lt_dtype dtype;
+  lt_device device;
 } lt_shape_info;
 
 struct lt_node {
@@ -126,7 +127,7 @@ const lt_backward_hooks *lt_ag_current_hooks(void);
 
 /* ---- helpers for backward functions ----------------------------------- */
 
-/* Sums g over the broadcast dims so it has the shape in *s (and its dtype). */
+/* Sums g over the broadcast dims so it has the shape in *s (and its dtype and device). */
 lt_status lt_ag_sum_to(lt_tensor *g, const lt_shape_info *s, lt_tensor **out);
 
 #endif

@@ -394,16 +394,15 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d) {
     }
     if (s != CUBLAS_STATUS_SUCCESS)
       return blas_fail(c, "matmul", s);
-  }
-  if (lt_cuda_profiling()) { /* lt.cuda.profile_start: the products named by shape */
-    static const char *const epilogues[] = {"", " +bias", " gelu", " +bias gelu", " bgrad"};
-    char what[64];
-    snprintf(what, sizeof what, "cuBLASLt %s %lldx%lldx%lld%s", lt_dtype_name(d->dtype), (long long)d->m,
-             (long long)d->n, (long long)d->k, epilogues[d->epilogue]);
-    if (outer * batch > 1)
-      snprintf(what + strlen(what), sizeof what - strlen(what), " x%lld", (long long)(outer * batch));
-    for (int64_t o = 0; o < outer; o++)
+    if (lt_cuda_profiling()) { /* lt.cuda.profile_start: each call named by its shape */
+      static const char *const epilogues[] = {"", " +bias", " gelu", " +bias gelu", " bgrad"};
+      char what[64];
+      snprintf(what, sizeof what, "cuBLASLt %s %lldx%lldx%lld%s", lt_dtype_name(d->dtype), (long long)d->m,
+               (long long)d->n, (long long)d->k, epilogues[d->epilogue]);
+      if (batch > 1) /* (one strided-batched call) */
+        snprintf(what + strlen(what), sizeof what - strlen(what), " batch %lld", (long long)batch);
       lt_cuda_profile_mark(what);
+    }
   }
   return LT_OK;
 }

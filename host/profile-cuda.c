@@ -7,9 +7,12 @@
  * event before each piece to the piece's own event (cudaEventElapsedTime).
  * That time is the piece's run time while the device has work queued ahead
  * of it (the host issues faster than the device runs); when the device
- * waits for the host, the wait counts to the next piece; work lutra does not
- * name (a library's own fills) counts to the next named piece. Times from
- * events, as torch.profiler's CUDA times without CUPTI.
+ * waits for the host, the wait counts to the next piece. A name is the one
+ * the launch's check gives (a few cover two kernels: "layer_norm backward";
+ * every contiguous elementwise op is "fast_kernel"); work left unnamed (the
+ * index checks' small fills and copies, the gradient norm's read, a
+ * library's own fills) counts to the next named piece. Times from events,
+ * as torch.profiler's CUDA times without CUPTI.
  */
 #include "lutra.h"
 #include "status.h"
@@ -23,7 +26,7 @@
 
 #include <pthread.h>
 
-enum { MAX_MARKS = 1 << 16 };
+enum { MAX_MARKS = (1 << 16) + 1 }; /* the start, then 65536 pieces */
 
 static pthread_mutex_t plock = PTHREAD_MUTEX_INITIALIZER;
 static int active;          /* read without the lock by lt_cuda_profiling */
@@ -31,6 +34,7 @@ static int pdevice;         /* the device being profiled */
 static cudaStream_t pstream; /* its compute stream */
 static cudaEvent_t events[MAX_MARKS];
 static int nmade;            /* events created so far (kept for the next profile) */
+static int made_on;          /* the device they belong to */
 static char labels[MAX_MARKS][sizeof(((lt_cuda_profile_row *)0)->name)];
 static int nmarks;
 static int64_t dropped;
@@ -71,22 +75,34 @@ void lt_cuda_profile_mark(const char *what) {
 
 lt_status lt_cuda_profile_start(int device_index) {
   lt_cuda_ctx *c;
-  LT_TRY(lt_cuda_ctx_get(LT_DEVICE_CUDA + device_index, &c));
+  lt_status got = lt_cuda_ctx_get(LT_DEVICE_CUDA + device_index, &c);
+  if (got != LT_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", lt_last_error());
+    return lt_fail(got, "cuda.profile_start: %s", why);
+  }
   pthread_mutex_lock(&plock);
   lt_status st = LT_OK;
   if (active) {
     st = lt_fail(LT_ERR_ARG, "cuda.profile_start: cuda:%d is being profiled already (call profile_stop first)",
                  pdevice);
   } else {
+    if (nmade > 0 && made_on != device_index) { /* an event is recorded on its own device only */
+      for (int i = 0; i < nmade; i++)
+        cudaEventDestroy(events[i]);
+      nmade = 0;
+    }
+    made_on = device_index;
     pdevice = device_index;
     pstream = c->compute;
     nmarks = 0;
     dropped = 0;
     failed = cudaSuccess;
     record("(start)");
-    if (failed != cudaSuccess)
+    if (failed != cudaSuccess) {
       st = lt_cuda_error("cuda.profile_start: a timing event", device_index, failed);
-    else
+      failed = cudaSuccess; /* (reported here: stop says no profile runs) */
+    } else
       __atomic_store_n(&active, 1, __ATOMIC_RELAXED);
   }
   pthread_mutex_unlock(&plock);
@@ -144,7 +160,8 @@ lt_status lt_cuda_profile_stop(lt_cuda_profile_row **rows, int *nrows, double *t
     free(out);
     return st;
   }
-  qsort(out, (size_t)nout, sizeof *out, by_time);
+  if (nout > 0)
+    qsort(out, (size_t)nout, sizeof *out, by_time);
   *rows = out;
   *nrows = nout;
   *total_ms = all;

@@ -81,7 +81,10 @@ lt.cuda = {
 
 local function cuda_index(device)
   if device == nil then return 0 end
-  if type(device) == "number" then return device end
+  if type(device) == "number" then
+    if device < 0 or device % 1 ~= 0 then error(("a cuda device index is a whole number >= 0, got %s"):format(device), 3) end
+    return device
+  end
   local code = tensor.device_code(device, 3)
   if code < 256 then error(("expected a cuda device, got '%s'"):format(device), 3) end
   return code - 256
@@ -141,8 +144,14 @@ end
 -- table (name, calls, ms, us per call, % of the span), its first limit rows
 -- (default all) and a line for the rest.
 function lt.cuda.profile_table(profile, limit)
+  if type(profile) ~= "table" or type(profile.rows) ~= "table" then
+    error("profile_table: expects what lt.cuda.profile_stop() returned", 2)
+  end
+  if limit ~= nil and (type(limit) ~= "number" or limit < 0 or limit % 1 ~= 0) then
+    error(("profile_table: limit is a whole number >= 0, got %s"):format(tostring(limit)), 2)
+  end
   local rows, total_ms = profile.rows, profile.total_ms
-  limit = limit or #rows
+  limit = math.min(limit or #rows, #rows)
   local lines = { ("%-52s %7s %10s %10s %6s"):format("work", "calls", "ms", "us/call", "%") }
   local rest, rest_calls = 0, 0
   for i, r in ipairs(rows) do

@@ -61,7 +61,7 @@ local function dtype_code(name, level)
   if type(name) ~= "string" then
     error(("dtype must be a string such as 'f32', got %s"):format(type(name)), (level or 1) + 1)
   end
-  if C.lt_dtype_parse(name, dtype_out) ~= 0 then fail((level or 1)) end
+  if C.lt_dtype_parse(name, dtype_out) ~= 0 then fail((level or 1) + 1) end
   dtype_codes[name] = tonumber(dtype_out[0])
   return dtype_codes[name]
 end
@@ -86,7 +86,7 @@ local function device_code(name, level)
   if type(name) ~= "string" then
     error(("device must be a string such as 'cpu' or 'cuda:0', got %s"):format(type(name)), (level or 1) + 1)
   end
-  if C.lt_device_parse(name, device_out) ~= 0 then fail(level or 1) end
+  if C.lt_device_parse(name, device_out) ~= 0 then fail((level or 1) + 1) end
   device_codes[name] = tonumber(device_out[0])
   return device_codes[name]
 end

@@ -57,13 +57,16 @@ def matching_paren(src, open_index):
 
 def macro_params(src, at):
     """The parameters of the function-like #define whose body holds src[at]
-    (its lines continued with backslashes), else an empty list."""
+    (its lines continued with backslashes; comments and CRLF endings
+    allowed), else an empty list."""
     line = src.rfind("\n", 0, at) + 1
     while True:
-        m = re.match(r"\s*#\s*define\s+\w+\(([^)]*)\)", src[line:])
-        if m:
-            return [x.strip() for x in m.group(1).split(",")]
-        if line == 0 or not src[:line - 1].rstrip(" \t").endswith("\\"):
+        if re.match(r"[ \t]*#[ \t]*define\b", src[line:]):
+            head = re.sub(r"\\\r?\n", " ", src[line:at])  # the continued lines as one
+            head = re.sub(r"/\*.*?\*/", " ", head)
+            m = re.match(r"[ \t]*#[ \t]*define[ \t]+\w+\(([^)]*)\)", head)
+            return [x.strip() for x in m.group(1).split(",")] if m else []
+        if line == 0 or not src[:line - 1].rstrip(" \t\r").endswith("\\"):
             return []
         line = src.rfind("\n", 0, line - 1) + 1
 
@@ -91,8 +94,9 @@ def rewrite(src):
         q = matching_paren(src, p)
         args = src[p + 1:q]
         name = '"%s"' % " ".join(callee.split())
-        if callee in macro_params(src, start):
-            name = "#" + callee  # the kernel the macro was given, by name
+        base = callee.split("<")[0].strip()
+        if base in macro_params(src, start):
+            name = "#" + base  # the kernel the macro was given, by name
         out.append(src[pos:start])
         out.append('lt_emu_launch(lt_emu_cfg(%s), %s, %s%s%s%s)' %
                    (cfg, name, callee, gap, ", " if args.strip() else "", args))

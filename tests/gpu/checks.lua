@@ -173,6 +173,15 @@ check("mixing devices in one op names both", function()
   H.assert_error(function() (w * 2):backward(lt.ones(3)) end, "backward", "gradient is on cpu", "cuda:0")
   ;(w * 2):backward(lt.ones({ 3 }, { device = CUDA, dtype = "f64" })) -- another dtype is converted
   assert(w.grad.device == "cuda:0" and w.grad:sum():item() == 6, "backward with an f64 gradient")
+  -- a custom function's backward giving a gradient on the wrong device, and .grad set across devices
+  local bad = lt.autograd.Function { forward = function(_, a) return a * 2 end,
+    backward = function(_, g) return g:to("cpu") end }
+  H.assert_error(function() bad(w):sum():backward() end, "gave input 1 a gradient on cpu for a tensor on cuda:0")
+  H.assert_error(function() w.grad = lt.ones(3) end, "set_grad", "on cpu", "on cuda:0")
+  -- moving between devices inside the graph still carries gradients back to where the leaf is
+  local c = lt.ones({ 3 }):requires_grad_()
+  ;(c:to(CUDA) * 3):sum():backward()
+  assert(c.grad.device == "cpu" and c.grad:sum():item() == 9, "gradient through to()")
 end, true)
 
 check("the CUDA-event profile names each piece of work and times it", function()

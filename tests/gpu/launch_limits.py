@@ -67,8 +67,11 @@ def traced_launches(paths):
         with open(path) as f:
             for line in f:
                 p = line.split()
-                if len(p) < 6 or p[1] != "kernel":
+                if len(p) < 2 or p[1] != "kernel":
                     continue
+                if len(p) < 6 or not p[-1].isdigit():
+                    raise SystemExit("launch_limits.py: %s: a kernel line without GRID BLOCK SMEM: %s"
+                                     % (path, line.strip()))
                 threads = 1
                 for x in p[-2].split(","):
                     threads *= int(x)
@@ -87,8 +90,15 @@ def block_registers(regs, threads):
 def main(argv):
     if "--" not in argv or argv.index("--") == 0 or len(argv) < argv.index("--") + 2:
         raise SystemExit("usage: launch_limits.py PTXAS_LOG... -- TRACE...")
-    figures = ptxas_figures(argv[:argv.index("--")])
-    launches = traced_launches(argv[argv.index("--") + 1:])
+    try:
+        figures = ptxas_figures(argv[:argv.index("--")])
+        launches = traced_launches(argv[argv.index("--") + 1:])
+    except OSError as e:
+        raise SystemExit("launch_limits.py: %s: %s" % (e.filename, e.strerror))
+    if not figures:
+        raise SystemExit("launch_limits.py: no kernel in the ptxas logs (built with -Xptxas -v?)")
+    if not launches:
+        raise SystemExit("launch_limits.py: no `kernel NAME GRID BLOCK SMEM` line in the traces")
     fit = bad = 0
     for name in sorted(launches):
         threads, dyn = launches[name]
