@@ -117,8 +117,8 @@ elif fits 90; then
 fi
 
 step "benchmark: GPT-2 124M with lutra's own attention (fused kernel, then composed), and in f32"
-fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=fused
-fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=composed
+fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=fused --profile=12
+fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=composed --profile=12
 fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=f32
 
 step "the main job on the GPU, short (needs data/pydocs carried or made)"
