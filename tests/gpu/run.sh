@@ -3,8 +3,10 @@
 # Debian packages carried in .deps (LuaJIT, OpenBLAS, libedit, cJSON,
 # pkgconf, busted, PCRE2; see ../shared/device/README.md) into a sysroot
 # when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
-# the GPT-2 benchmark (and PyTorch's, when the machine has a CUDA torch),
-# the ops benchmark, an nsys kernel summary, the other attention paths, a
+# the GPT-2 benchmark, a per-kernel profile of one of its steps
+# (lt.cuda.profile_start), PyTorch's benchmark (when the machine has a CUDA
+# torch), the ops benchmark, an nsys kernel summary, the other attention
+# paths (profiled too), a
 # short run of the main job (and every test suite with LUTRA_GPU_FULL=1),
 # and writes the whole log to $OUT/gpu-run.log. Each step has a time limit
 # and runs only while a budget of 450 s allows: the whole stays under 8 minutes.
@@ -69,6 +71,10 @@ fi
 step "benchmark: GPT-2 124M on the GPU (lutra: cuDNN attention, fused AdamW)"
 fits 100 && timeout 100 ./lutra bench/gpt2_gpu.lua --steps=6 --batches=auto --dtypes=bf16 | tee "$OUT/bench-lutra.txt"
 
+step "profile: where a GPT-2 step's time goes (lutra's CUDA-event profile, B=16)"
+fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=2 --batches=16 --dtypes=bf16 --profile=40 \
+  --rate_size=4096 2>&1 | tee "$OUT/gpt2-profile.txt"
+
 step "benchmark: the same model in PyTorch (torch.compile, fused attention and AdamW)"
 if [ "${LUTRA_BENCH_TORCH:-1}" = 0 ]; then
   echo "skipped (LUTRA_BENCH_TORCH=0)"
@@ -100,10 +106,6 @@ fi
 
 step "benchmark: the ops of a GPT-2 step, one by one"
 fits 60 && timeout 60 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16 2>&1 | tee "$OUT/bench-ops.txt"
-
-step "profile: where a GPT-2 step's time goes (lutra's CUDA-event profile, B=16)"
-fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=2 --batches=16 --dtypes=bf16 --profile=40 \
-  --rate_size=4096 2>&1 | tee "$OUT/gpt2-profile.txt"
 
 step "profile: the GPU kernels of 3 GPT-2 steps (nsys, when the machine has it)"
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
