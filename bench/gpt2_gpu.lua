@@ -26,7 +26,9 @@
 -- scaled_softmax, matmul.
 -- --profile=N: after the timed steps, one more step under lt.cuda.profile_start,
 -- printed as a table of its N largest pieces of work (kernels, cuBLASLt
--- products by shape, cuDNN attention, copies) with calls, ms and % of the step.
+-- products by shape, cuDNN attention, copies; each named by its phase:
+-- forward, backward, optimizer) with calls, ms and % of the step, and the
+-- time of each phase.
 local lt = require "lutra"
 
 local opts = { steps = 10, batches = "8,16", dtypes = "bf16", model = "gpt2", T = 1024, pad_vocab = 128,
@@ -119,8 +121,11 @@ local function bench(dtype, B)
   if opts.profile > 0 then -- one more step, each piece of its work timed by CUDA events
     lt.cuda.synchronize()
     lt.cuda.profile_start()
+    lt.cuda.profile_phase("forward")
     local loss = model:loss(x, y, { count = false })
+    lt.cuda.profile_phase("backward")
     loss:backward()
+    lt.cuda.profile_phase("optimizer")
     opt:step()
     opt:zero_grad()
     profile = lt.cuda.profile_table(lt.cuda.profile_stop(), opts.profile)

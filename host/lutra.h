@@ -124,6 +124,10 @@ typedef struct lt_cuda_profile_row {
 lt_status lt_cuda_profile_start(int device_index);
 lt_status lt_cuda_profile_stop(lt_cuda_profile_row **rows, int *nrows, double *total_ms, int64_t *dropped);
 void lt_cuda_profile_free(lt_cuda_profile_row *rows);
+/* Names the phase of the work that follows ("forward", at most 23 bytes):
+   its pieces are named "phase: name" until the next call (NULL or "" ends
+   it; profile_start clears it). */
+void lt_cuda_profile_phase(const char *name);
 /* Whether a profile runs; names the piece of work just queued (kernels/cuda,
    host/matmul-cuda.c, host/attention-cudnn.c: cheap when not profiling). */
 int lt_cuda_profiling(void);

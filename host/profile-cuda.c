@@ -39,6 +39,7 @@ static char labels[MAX_MARKS][sizeof(((lt_cuda_profile_row *)0)->name)];
 static int nmarks;
 static int64_t dropped;
 static cudaError_t failed; /* a failed record: reported by stop */
+static char phase[24];     /* lt_cuda_profile_phase: the prefix of the names that follow */
 
 int lt_cuda_profiling(void) { return __atomic_load_n(&active, __ATOMIC_RELAXED); }
 
@@ -58,7 +59,10 @@ static void record(const char *what) {
     __atomic_store_n(&active, 0, __ATOMIC_RELAXED);
     return;
   }
-  snprintf(labels[nmarks], sizeof labels[nmarks], "%s", what);
+  if (phase[0])
+    snprintf(labels[nmarks], sizeof labels[nmarks], "%s: %s", phase, what);
+  else
+    snprintf(labels[nmarks], sizeof labels[nmarks], "%s", what);
   nmarks++;
 }
 
@@ -98,6 +102,7 @@ lt_status lt_cuda_profile_start(int device_index) {
     nmarks = 0;
     dropped = 0;
     failed = cudaSuccess;
+    phase[0] = 0;
     record("(start)");
     if (failed != cudaSuccess) {
       st = lt_cuda_error("cuda.profile_start: a timing event", device_index, failed);
@@ -107,6 +112,12 @@ lt_status lt_cuda_profile_start(int device_index) {
   }
   pthread_mutex_unlock(&plock);
   return st;
+}
+
+void lt_cuda_profile_phase(const char *name) {
+  pthread_mutex_lock(&plock);
+  snprintf(phase, sizeof phase, "%s", name ? name : "");
+  pthread_mutex_unlock(&plock);
 }
 
 static int by_time(const void *a, const void *b) {
@@ -172,6 +183,7 @@ lt_status lt_cuda_profile_stop(lt_cuda_profile_row **rows, int *nrows, double *t
 
 int lt_cuda_profiling(void) { return 0; }
 void lt_cuda_profile_mark(const char *what) { (void)what; }
+void lt_cuda_profile_phase(const char *name) { (void)name; }
 lt_status lt_cuda_profile_start(int device_index) {
   return lt_fail(LT_ERR_DEVICE, "cuda.profile_start: cuda:%d: this build has no CUDA", device_index);
 }

@@ -140,9 +140,18 @@ function lt.cuda.profile_stop()
   return { rows = out, total_ms = total[0], dropped = tonumber(dropped[0]) }
 end
 
+--- lt.cuda.profile_phase(name): names the phase of the work that follows
+-- ("forward", "backward", "optimizer"; at most 23 bytes): its rows are
+-- "name: piece", and profile_table totals each phase. nil ends the phase;
+-- profile_start begins with none.
+function lt.cuda.profile_phase(name)
+  if name ~= nil and type(name) ~= "string" then error("profile_phase: expects a string or nil", 2) end
+  C.lt_cuda_profile_phase(name)
+end
+
 --- lt.cuda.profile_table(profile[, limit]) -> text: profile_stop's result as a
 -- table (name, calls, ms, us per call, % of the span), its first limit rows
--- (default all) and a line for the rest.
+-- (default all), a line for the rest, and a line per phase (profile_phase).
 function lt.cuda.profile_table(profile, limit)
   if type(profile) ~= "table" or type(profile.rows) ~= "table" then
     error("profile_table: expects what lt.cuda.profile_stop() returned", 2)
@@ -165,6 +174,18 @@ function lt.cuda.profile_table(profile, limit)
   if #rows > limit then
     lines[#lines + 1] = ("%-52s %7d %10.3f %10s %6.1f"):format(("(%d more)"):format(#rows - limit), rest_calls, rest,
       "", total_ms > 0 and 100 * rest / total_ms or 0)
+  end
+  local phases, order = {}, {}
+  for _, r in ipairs(rows) do
+    local ph = r.name:match("^([^:]+): ")
+    if ph then
+      if not phases[ph] then phases[ph], order[#order + 1] = { ms = 0, calls = 0 }, ph end
+      phases[ph].ms, phases[ph].calls = phases[ph].ms + r.ms, phases[ph].calls + r.calls
+    end
+  end
+  for _, ph in ipairs(order) do
+    lines[#lines + 1] = ("%-52s %7d %10.3f %10s %6.1f"):format("phase " .. ph, phases[ph].calls, phases[ph].ms, "",
+      total_ms > 0 and 100 * phases[ph].ms / total_ms or 0)
   end
   lines[#lines + 1] = ("%-52s %7s %10.3f"):format("total (start to the last piece)", "", total_ms)
   if profile.dropped > 0 then lines[#lines + 1] = ("(%d pieces untimed: past 65536)"):format(profile.dropped) end

@@ -191,6 +191,7 @@ check("the CUDA-event profile names each piece of work and times it", function()
   H.assert_error(function() lt.cuda.profile_start() end, "profiled already")
   local y = x
   for _ = 1, 3 do y = lt.matmul(y, x):tanh() end
+  lt.cuda.profile_phase("reading")
   local s = y:sum():item() -- a copy to the host inside the profile
   local prof = lt.cuda.profile_stop()
   local rows, total = prof.rows, prof.total_ms
@@ -199,7 +200,7 @@ check("the CUDA-event profile names each piece of work and times it", function()
   for _, r in ipairs(rows) do by[r.name] = r end
   local mm = by["cuBLASLt f32 256x256x256"]
   assert(mm and mm.calls == 3, "three products named by shape: " .. lt.cuda.profile_table(prof))
-  assert(by["copy to the host"] and by["copy to the host"].calls == 1, "the read named")
+  assert(by["reading: copy to the host"] and by["reading: copy to the host"].calls == 1, "the read named, in its phase")
   local sum, calls = 0, 0
   for i, r in ipairs(rows) do
     assert(r.ms >= 0 and r.calls > 0, r.name)
@@ -211,7 +212,12 @@ check("the CUDA-event profile names each piece of work and times it", function()
   assert(prof.dropped == 0)
   local text = lt.cuda.profile_table(prof, 2)
   assert(text:find("cuBLASLt f32 256x256x256", 1, true) or text:find("more", 1, true), text)
-  assert(text:find("total", 1, true), text)
+  assert(text:find("total", 1, true) and text:find("phase reading", 1, true), text)
+  lt.cuda.profile_start() -- a new profile starts without a phase
+  local z = x + 1
+  local again = lt.cuda.profile_stop()
+  assert(#again.rows >= 1 and z:numel() == x:numel(), "the add timed")
+  for _, r in ipairs(again.rows) do assert(not r.name:find("reading", 1, true), r.name) end
   H.assert_error(function() lt.cuda.profile_stop() end, "no profile is running")
 end, true)
 
