@@ -161,19 +161,20 @@ function lt.cuda.profile_table(profile, limit)
   end
   local rows, total_ms = profile.rows, profile.total_ms
   limit = math.min(limit or #rows, #rows)
+  local function pct(ms) return total_ms > 0 and 100 * ms / total_ms or 0 end
   local lines = { ("%-52s %7s %10s %10s %6s"):format("work", "calls", "ms", "us/call", "%") }
   local rest, rest_calls = 0, 0
   for i, r in ipairs(rows) do
     if i <= limit then
       lines[#lines + 1] = ("%-52s %7d %10.3f %10.1f %6.1f"):format(r.name, r.calls, r.ms, 1e3 * r.ms / r.calls,
-        total_ms > 0 and 100 * r.ms / total_ms or 0)
+        pct(r.ms))
     else
       rest, rest_calls = rest + r.ms, rest_calls + r.calls
     end
   end
   if #rows > limit then
     lines[#lines + 1] = ("%-52s %7d %10.3f %10s %6.1f"):format(("(%d more)"):format(#rows - limit), rest_calls, rest,
-      "", total_ms > 0 and 100 * rest / total_ms or 0)
+      "", pct(rest))
   end
   local phases, order = {}, {}
   for _, r in ipairs(rows) do
@@ -185,7 +186,7 @@ function lt.cuda.profile_table(profile, limit)
   end
   for _, ph in ipairs(order) do
     lines[#lines + 1] = ("%-52s %7d %10.3f %10s %6.1f"):format("phase " .. ph, phases[ph].calls, phases[ph].ms, "",
-      total_ms > 0 and 100 * phases[ph].ms / total_ms or 0)
+      pct(phases[ph].ms))
   end
   lines[#lines + 1] = ("%-52s %7s %10.3f"):format("total (start to the last piece)", "", total_ms)
   if profile.dropped > 0 then lines[#lines + 1] = ("(%d pieces untimed: past 65536)"):format(profile.dropped) end
