@@ -10,7 +10,8 @@
  * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
  * variables (one block runs at a time, so a function's static storage is
  * the block's shared memory; garbage at the start of each block); __syncthreads; __shfl_xor_sync; atomicMin;
- * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through kernels/cuda/mma.cuh);
+ * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through kernels/cuda/mma.cuh), the
+ * warp's matrix load ldmatrix and the asynchronous copy cp.async with its groups;
  * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
  * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
  * a barrier or a shuffle switches to the next thread, so the kernels' barrier
@@ -29,6 +30,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -120,9 +122,19 @@ static inline void lt_emu_launch(const lt_emu_config &c, const char *name, void 
 
 /* ---- what a thread sees --------------------------------------------------- */
 
+/* a cp.async copy waiting for its group's wait (lt_emu_cp_async16) */
+struct lt_emu_async_copy {
+  void *dst;
+  const void *src;
+  unsigned src_bytes, group;
+};
+enum { LT_EMU_ASYNC_MAX = 64 }; /* copies a thread may have pending (a GPU has no such limit) */
+
 struct lt_emu_thread {
   uint3 idx;
   unsigned linear, warp, lane;
+  unsigned async_n, async_committed; /* pending copies; groups committed in this block */
+  lt_emu_async_copy async[LT_EMU_ASYNC_MAX];
 };
 extern lt_emu_thread *lt_emu_self;
 extern uint3 lt_emu_block_idx;
@@ -210,6 +222,105 @@ template <typename H> static inline void lt_emu_mma16816(float c[4], const uint3
     }
     c[i] = s;
   }
+}
+
+/* Stops the calling thread with a fault that fails its launch, as a GPU's
+   would (a misaligned or out-of-place address): what says what was wrong,
+   and the launch's message names the kernel, block and thread. */
+[[noreturn]] void lt_emu_kernel_fault(const char *what);
+/* whether [p, p + bytes) lies inside one __shared__ variable */
+bool lt_emu_in_shared(const void *p, size_t bytes);
+
+/* PTX's ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 (PTX ISA,
+   "Warp-level matrix load instruction: ldmatrix"): lane l passes row, the
+   address of row l % 8 of 8x8 matrix l / 8 (8 16-bit values, 16-byte
+   aligned, in shared memory); register m of lane l receives matrix m's pair
+   at row l / 4, columns 2 (l % 4) and one more, or with trans (the matrix
+   read column-major) the pair at rows 2 (l % 4) and one more, column l / 4;
+   the first of a pair in the low 16 bits. Every lane checks every address
+   before any is read: a bad one fails the launch. */
+static inline void lt_emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
+  const void *rows[32];
+  lt_emu_warp_exchange(0xffffffffu, &row, rows, sizeof row);
+  for (unsigned l = 0; l < 32; l++) {
+    char what[160];
+    if ((uintptr_t)rows[l] % 16)
+      snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not 16-byte aligned", l, rows[l]);
+    else if (!lt_emu_in_shared(rows[l], 16))
+      snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not in shared memory", l, rows[l]);
+    else
+      continue;
+    lt_emu_kernel_fault(what);
+  }
+  unsigned lane = lt_emu_self->lane, g = lane / 4, t = lane % 4;
+  for (unsigned m = 0; m < 4; m++) {
+    uint16_t lo, hi;
+    if (!trans) {
+      const uint16_t *p = (const uint16_t *)rows[8 * m + g];
+      lo = p[2 * t], hi = p[2 * t + 1];
+    } else {
+      lo = ((const uint16_t *)rows[8 * m + 2 * t])[g];
+      hi = ((const uint16_t *)rows[8 * m + 2 * t + 1])[g];
+    }
+    r[m] = (uint32_t)lo | (uint32_t)hi << 16;
+  }
+}
+
+/* Whether the running block's cp.async copies land when issued (1) or at
+   the wait that covers them (0): every other pair of blocks (runtime.cc). */
+extern unsigned lt_emu_async_eager;
+
+/* PTX's cp.async.cg.shared.global [dst], [src], 16, src_bytes (PTX ISA,
+   "Data Movement and Conversion Instructions: cp.async"): the first
+   src_bytes (0 to 16) of global src, then zeros, to shared dst, both
+   16-byte aligned. The copy belongs to the group the next commit closes and
+   may land any time from its issue to the wait that covers that group: the
+   emulator copies at one end or the other (lt_emu_async_eager), so a read
+   before the wait sees the old bytes in some blocks, and a copy into a
+   buffer that other threads still read (no barrier between) lands on them
+   in others; either way a check fails. A bad address or more than
+   LT_EMU_ASYNC_MAX pending copies fails the launch. */
+static inline void lt_emu_cp_async16(void *dst, const void *src, unsigned src_bytes) {
+  lt_emu_thread *self = lt_emu_self;
+  char what[160];
+  if (src_bytes > 16 || (uintptr_t)dst % 16 || (src_bytes && (uintptr_t)src % 16))
+    snprintf(what, sizeof what, "cp.async: copy of %u bytes from %p to %p: addresses must be 16-byte aligned, at most 16 bytes",
+             src_bytes, src, dst);
+  else if (!lt_emu_in_shared(dst, 16))
+    snprintf(what, sizeof what, "cp.async: destination %p is not in shared memory", dst);
+  else if (src_bytes && lt_emu_in_shared(src, 1))
+    snprintf(what, sizeof what, "cp.async: source %p is in shared memory (global memory expected)", src);
+  else if (self->async_n == LT_EMU_ASYNC_MAX)
+    snprintf(what, sizeof what, "cp.async: more than %d copies pending in one thread (the emulator's limit)",
+             (int)LT_EMU_ASYNC_MAX);
+  else if (lt_emu_async_eager) {
+    memcpy(dst, src, src_bytes);
+    memset((char *)dst + src_bytes, 0, 16 - src_bytes);
+    return;
+  } else {
+    self->async[self->async_n++] = lt_emu_async_copy{dst, src, src_bytes, self->async_committed};
+    return;
+  }
+  lt_emu_kernel_fault(what);
+}
+
+/* cp.async.commit_group: the copies issued since the last commit form a group (maybe empty) */
+static inline void lt_emu_cp_async_commit() { lt_emu_self->async_committed++; }
+
+/* cp.async.wait_group n: the copies of every committed group but the n most recent land now (copies not
+   yet committed wait for a later wait) */
+static inline void lt_emu_cp_async_wait(unsigned n) {
+  lt_emu_thread *self = lt_emu_self;
+  unsigned kept = 0;
+  for (unsigned i = 0; i < self->async_n; i++) {
+    lt_emu_async_copy c = self->async[i];
+    if (c.group + n < self->async_committed) {
+      memcpy(c.dst, c.src, c.src_bytes);
+      memset((char *)c.dst + c.src_bytes, 0, 16 - c.src_bytes);
+    } else
+      self->async[kept++] = c;
+  }
+  self->async_n = kept;
 }
 
 /* atomics as the compiler's (one thread runs at a time, but the race

@@ -8,7 +8,8 @@
  * last to first every other launch); the threads of a block are fibers
  * (stacks made once, switched by a few instructions that swap the
  * callee-saved registers: x86-64 only, as lutra's CI), run in index order
- * in every other block and in reverse order in the others. A thread runs
+ * in every other block and in reverse order in the others; in every other
+ * pair of pairs of blocks one warp runs at a time (focus_warp). A thread runs
  * until it finishes, waits at __syncthreads, or shuffles; when no thread can
  * run, the scheduler releases a warp whose lanes all reached their shuffle,
  * else the block when every thread waits at the same barrier, else the
@@ -61,6 +62,7 @@
 
 lt_emu_thread *lt_emu_self;
 unsigned lt_emu_set;
+unsigned lt_emu_async_eager;
 uint3 lt_emu_block_idx;
 dim3 lt_emu_block_dim, lt_emu_grid_dim;
 
@@ -254,12 +256,38 @@ void *scheduler_fake_stack;
    (a race on a GPU) then sees both orders, and a check fails. */
 bool descending;
 
+/* In every other pair of pairs of blocks only one warp runs at a time, each
+   until its threads wait at a barrier or have exited (a schedule a GPU may
+   choose): a warp then gets ahead of the others by whole stretches of code,
+   so a warp that overwrites what another still reads (a missing barrier
+   between warps) is caught without the race detector. focus_warp is the
+   warp that runs, -1 when all do (the threads then move in step, a pass at
+   a time). */
+long focus_warp = -1;
+
 /* The next runnable thread after index i in this block's order, or -1. */
 long next_runnable(long i) {
-  long step = descending ? -1 : 1;
-  for (i += step; i >= 0 && i < (long)block_threads; i += step)
+  long step = descending ? -1 : 1, lo = 0, hi = (long)block_threads;
+  if (focus_warp >= 0) { /* (the warp's threads only) */
+    lo = focus_warp * 32;
+    hi = hi < lo + 32 ? hi : lo + 32;
+    i = i < lo - 1 ? lo - 1 : i > hi ? hi : i;
+  }
+  for (i += step; i >= lo && i < hi; i += step)
     if (fibers[i].state == RUNNABLE)
       return i;
+  return -1;
+}
+
+/* with one warp at a time, the next warp (in this block's order) with a runnable thread, or -1 */
+long next_focus(void) {
+  long warps = ((long)block_threads + 31) / 32;
+  for (long k = 1; k <= warps; k++) {
+    long w = descending ? (focus_warp - k + warps) % warps : (focus_warp + k) % warps;
+    for (long i = w * 32; i < (long)block_threads && i < (w + 1) * 32; i++)
+      if (fibers[i].state == RUNNABLE)
+        return w;
+  }
   return -1;
 }
 
@@ -385,7 +413,9 @@ void copy_unseen(void *dst, const void *src, size_t bytes) {
    named by a waiting lane's mask that has exited (or does not exist) is a fault. */
 bool release_shuffles(unsigned n, const char *name, bool *failed) {
   bool released = false;
-  for (unsigned base = 0; base < n; base += 32) {
+  /* (one warp at a time: only the warp that ran can have met) */
+  unsigned from = focus_warp >= 0 ? (unsigned)focus_warp * 32 : 0, to = focus_warp >= 0 ? from + 32 : n;
+  for (unsigned base = from; base < n && base < to; base += 32) {
     unsigned end = base + 32 < n ? base + 32 : n;
     unsigned mask = 0;
     bool any = false;
@@ -461,6 +491,9 @@ bool release_shuffles(unsigned n, const char *name, bool *failed) {
   return released;
 }
 
+/* the first fault a kernel's thread raised in the running block (lt_emu_kernel_fault) */
+std::string kernel_fault;
+
 /* Runs one block to the end; false (with the fault set) when it cannot finish. */
 bool run_block(unsigned n, const char *name) {
   for (unsigned i = 0; i < n; i++) {
@@ -475,26 +508,45 @@ bool run_block(unsigned n, const char *name) {
     f->state = RUNNABLE;
     f->barriers = 0;
     f->exchange_bytes = 0;
+    f->t.async_n = f->t.async_committed = 0;
     if (!f->booted && !boot(f)) {
       fault("%s: no memory for the emulator's thread stacks", name);
       return false;
     }
   }
   block_threads = n;
+  bool one_warp = block_serial / 4 % 2;
+  focus_warp = one_warp ? (descending ? (long)(n - 1) / 32 : 0) : -1;
   for (;;) {
     long first = next_runnable(descending ? (long)n : -1);
+    if (first < 0 && one_warp) { /* (the warp waits at a barrier or has exited: the next one runs) */
+      long w = next_focus();
+      if (w >= 0) {
+        focus_warp = w;
+        first = next_runnable(descending ? (long)n : -1);
+      }
+    }
     if (first >= 0)
       resume(&fibers[first]); /* returns when the pass is over */
+    if (!kernel_fault.empty()) {
+      fault("%s: block (%u,%u,%u): %s", name, lt_emu_block_idx.x, lt_emu_block_idx.y, lt_emu_block_idx.z,
+            kernel_fault.c_str());
+      kernel_fault.clear();
+      return false;
+    }
     bool failed = false;
     if (release_shuffles(n, name, &failed))
       continue;
     if (failed)
       return false;
-    unsigned done = 0, barrier = 0;
+    unsigned done = 0, barrier = 0, runnable = 0;
     for (unsigned i = 0; i < n; i++) {
       done += fibers[i].state == DONE;
       barrier += fibers[i].state == AT_BARRIER;
+      runnable += fibers[i].state == RUNNABLE;
     }
+    if (runnable) /* (warps other than the one that ran: one warp at a time) */
+      continue;
     if (done == n)
       return true;
     if (barrier + done == n && done == 0) {
@@ -567,6 +619,7 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
         block_serial++;
         lt_emu_set = (unsigned)(block_serial % SETS);
+        lt_emu_async_eager = (unsigned)(block_serial / 2 % 2); /* (pairs: both thread orders meet both) */
         fibers = fiber_sets[stream_slot][lt_emu_set];
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */
@@ -593,6 +646,7 @@ void lt_emu_syncthreads(const char *file, int line) {
 namespace {
 struct shared_var {
   void *p;
+  size_t bytes;
   unsigned long long filled_in;
 };
 std::vector<shared_var> shared_vars;
@@ -634,7 +688,27 @@ void lt_emu_shared(void *p, size_t bytes) {
       return;
     }
   memset(p, 0xff, bytes);
-  shared_vars.push_back(shared_var{p, block_serial});
+  shared_vars.push_back(shared_var{p, bytes, block_serial});
+}
+
+bool lt_emu_in_shared(const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p;
+  for (const shared_var &v : shared_vars)
+    if (a >= (uintptr_t)v.p && a + bytes <= (uintptr_t)v.p + v.bytes)
+      return true;
+  return false;
+}
+
+void lt_emu_kernel_fault(const char *what) {
+  fiber *f = current;
+  if (kernel_fault.empty()) {
+    char buf[320];
+    snprintf(buf, sizeof buf, "thread (%u,%u,%u): %s", f->t.idx.x, f->t.idx.y, f->t.idx.z, what);
+    kernel_fault = buf;
+  }
+  f->state = DONE; /* (never resumed: the launch fails, and its threads boot afresh) */
+  for (;;)
+    yield_to_scheduler(f);
 }
 
 uint64_t lt_emu_shuffle(unsigned mask, uint64_t bits, unsigned src_lane) {

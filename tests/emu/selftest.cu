@@ -3,7 +3,8 @@
  * that break the rules the emulator claims to check, each of which must
  * fail its launch with the emulator's message, and correct kernels that
  * must pass (a block sum through shuffles and shared memory, a grid-stride
- * loop, the tensor-core product against its documented fragment layout), and the host's mistakes with asynchrony (reading a result before
+ * loop, the tensor-core product, ldmatrix and cp.async against their documented layouts and
+ * ordering), and the host's mistakes with asynchrony (reading a result before
  * waiting, a stream that does not wait for another, a pinned buffer
  * changed under a queued copy), which must show. Built like kernels/cuda (launches rewritten by rewrite_launches.py,
  * cuda_emu.h included first) and linked with runtime.cc. Prints
@@ -92,6 +93,18 @@ __global__ void missing_barrier(int *out) {
   __syncthreads();
   if (threadIdx.x == 0)
     value = 0;
+}
+
+/* two warps: each reads the other warp's slot, meets its warp at a shuffle, then overwrites its own slot
+   with no barrier between: a race that warps moving in step never show */
+__global__ void warps_apart(int *out) {
+  __shared__ int slot[64];
+  unsigned i = threadIdx.x;
+  slot[i] = (int)i;
+  __syncthreads();
+  int other = __shfl_xor_sync(0xffffffffu, slot[i ^ 32], 0);
+  slot[i] = -1;
+  out[i] = other;
 }
 
 __global__ void block_sum(const float *x, float *out, int n) {
@@ -300,6 +313,127 @@ static void check_mma(void) {
   cudaFree(dc);
 }
 
+/* one warp: ldmatrix .x4 of the 32x8 matrix M in shared memory (lane l gives the address of row l, which
+   is row l % 8 of 8x8 matrix l / 8), without and with .trans; out gets each lane's four registers */
+__global__ void ldmatrix_words(const uint16_t *M, uint32_t *out) {
+  __shared__ __align__(16) uint16_t s[32 * 8];
+  unsigned l = threadIdx.x;
+  for (unsigned i = l; i < 256; i += 32)
+    s[i] = M[i];
+  __syncthreads();
+  uint32_t r[4];
+  lt_emu_ldmatrix_x4(r, s + 8 * l, false);
+  for (unsigned m = 0; m < 4; m++)
+    out[4 * l + m] = r[m];
+  lt_emu_ldmatrix_x4(r, s + 8 * l, true);
+  for (unsigned m = 0; m < 4; m++)
+    out[128 + 4 * l + m] = r[m];
+}
+
+/* ldmatrix with lane 5's row address 2 bytes off (misaligned), or every lane's in global memory */
+__global__ void ldmatrix_bad(uint16_t *global, int misaligned) {
+  __shared__ __align__(16) uint16_t s[32 * 8 + 8];
+  uint32_t r[4];
+  unsigned l = threadIdx.x;
+  lt_emu_ldmatrix_x4(r, misaligned ? s + 8 * l + (l == 5) : global + 8 * l, false);
+  global[l] = (uint16_t)r[0];
+}
+
+/* one thread: cp.async copies land at the wait that covers their group, not before, in the emulator's
+   lazy blocks (at their issue in its eager ones: out[7] says which); a partial copy ends in zeros; a
+   copy not yet committed waits for a later wait. out[0..6] as commented (lazy). */
+__global__ void async_copies(const uint32_t *src, uint32_t *out) {
+  __shared__ __align__(16) uint32_t s[3][4];
+  for (int j = 0; j < 3; j++)
+    for (int i = 0; i < 4; i++)
+      s[j][i] = 7;
+  lt_emu_cp_async16(s[0], src, 16); /* group 0 */
+  lt_emu_cp_async_commit();
+  lt_emu_cp_async16(s[1], src + 4, 8); /* group 1: 8 bytes, then zeros */
+  lt_emu_cp_async_commit();
+  lt_emu_cp_async16(s[2], src, 16); /* not committed */
+  out[0] = s[0][0];                 /* 7: no wait yet */
+  lt_emu_cp_async_wait(1);          /* group 0 lands */
+  out[1] = s[0][0];                 /* src[0] */
+  out[2] = s[1][0];                 /* 7 */
+  lt_emu_cp_async_wait(0);          /* group 1 lands */
+  out[3] = s[1][1];                 /* src[5] */
+  out[4] = s[1][2];                 /* 0 */
+  out[5] = s[2][0];                 /* 7: its group is not committed */
+  lt_emu_cp_async_commit();
+  lt_emu_cp_async_wait(0);
+  out[6] = s[2][3]; /* src[3] */
+  out[7] = lt_emu_async_eager;
+}
+
+/* cp.async into global memory */
+__global__ void async_to_global(uint32_t *global) { lt_emu_cp_async16(global + 4, global, 16); }
+
+static void check_ldmatrix_and_cp_async(void) {
+  uint16_t hm[256];
+  uint32_t hout[256];
+  for (int i = 0; i < 256; i++)
+    hm[i] = (uint16_t)(i * 37 + 11);
+  uint16_t *dm;
+  uint32_t *dout;
+  cudaMalloc((void **)&dm, sizeof hm);
+  cudaMalloc((void **)&dout, sizeof hout);
+  cudaMemcpyAsync(dm, hm, sizeof hm, cudaMemcpyHostToDevice, 0);
+  ldmatrix_words<<<1, 32>>>(dm, dout);
+  cudaMemcpyAsync(hout, dout, sizeof hout, cudaMemcpyDeviceToHost, 0);
+  cudaStreamSynchronize(0);
+  /* the PTX ISA's figure for one 8x8 matrix, in word form: lane l holds row l / 4, columns 2 (l % 4) and
+     2 (l % 4) + 1; .trans reads the matrix column-major, so that pair is rows 2 (l % 4) and 2 (l % 4) + 1
+     of column l / 4 as stored */
+  int wrong = 0, wrong_t = 0;
+  for (int l = 0; l < 32; l++)
+    for (int m = 0; m < 4; m++) {
+      int row = 8 * m + l / 4, col = 2 * (l % 4);
+      uint32_t want = hm[row * 8 + col] | (uint32_t)hm[row * 8 + col + 1] << 16;
+      int trow = 8 * m + 2 * (l % 4), tcol = l / 4;
+      uint32_t want_t = hm[trow * 8 + tcol] | (uint32_t)hm[(trow + 1) * 8 + tcol] << 16;
+      wrong += hout[4 * l + m] != want;
+      wrong_t += hout[128 + 4 * l + m] != want_t;
+    }
+  char buf[96];
+  snprintf(buf, sizeof buf, "%d of 128 words wrong", wrong);
+  expect(wrong == 0, "ldmatrix .x4 gives each lane the pairs of the PTX ISA's fragment layout", buf);
+  snprintf(buf, sizeof buf, "%d of 128 words wrong", wrong_t);
+  expect(wrong_t == 0, "ldmatrix .x4 .trans gives each lane the transposed pairs", buf);
+  ldmatrix_bad<<<1, 32>>>(dm, 1);
+  expect_fault("ldmatrix with a misaligned row address fails the launch", "lane 5's row address");
+  ldmatrix_bad<<<1, 32>>>(dm, 0);
+  expect_fault("ldmatrix from global memory fails the launch", "not in shared memory");
+
+  uint32_t hsrc[8] = {101, 102, 103, 104, 105, 106, 107, 108}, got[8];
+  uint32_t *dsrc;
+  cudaMalloc((void **)&dsrc, sizeof hsrc);
+  cudaMemcpyAsync(dsrc, hsrc, sizeof hsrc, cudaMemcpyHostToDevice, 0);
+  uint32_t lazy[7] = {7, 101, 7, 106, 0, 7, 104}, eager[7] = {101, 101, 105, 106, 0, 101, 104};
+  int seen[2] = {0, 0}, wrong_async = 0;
+  for (int launch = 0; launch < 4; launch++) { /* (blocks alternate in pairs) */
+    async_copies<<<1, 1>>>(dsrc, dout);
+    cudaMemcpyAsync(got, dout, sizeof got, cudaMemcpyDeviceToHost, 0);
+    cudaStreamSynchronize(0);
+    seen[got[7] & 1]++;
+    if (memcmp(got, got[7] ? eager : lazy, sizeof lazy)) {
+      wrong_async++;
+      snprintf(buf, sizeof buf, "%s block got %u %u %u %u %u %u %u", got[7] ? "eager" : "lazy", got[0], got[1],
+               got[2], got[3], got[4], got[5], got[6]);
+    }
+  }
+  if (!wrong_async)
+    snprintf(buf, sizeof buf, "%d lazy and %d eager blocks", seen[0], seen[1]);
+  expect(!wrong_async && seen[0] && seen[1],
+         "cp.async copies land at their issue or at the wait covering their group (blocks see both), "
+         "zero-filled past the source bytes", buf);
+  async_to_global<<<1, 1>>>(dsrc);
+  expect_fault("cp.async into global memory fails the launch", "not in shared memory");
+  cudaFree(dm);
+  cudaFree(dout);
+  cudaFree(dsrc);
+}
+
 int main(void) {
   int *d = NULL;
   float *f = NULL, *sums = NULL;
@@ -330,6 +464,7 @@ int main(void) {
   nothing<<<1, 32>>>();
   expect_ok("a correct launch after faults runs (the error was cleared)");
   check_mma();
+  check_ldmatrix_and_cp_async();
 
   bool race_seen = false;
   for (int launch = 0; launch < 2; launch++) { /* the second runs its threads in the other order */
@@ -341,6 +476,15 @@ int main(void) {
       race_seen = race_seen || d[i] != 7;
   }
   expect(race_seen, "a read of shared memory without a barrier sees a stale value in one thread order", NULL);
+  bool warps_race_seen = false;
+  for (int launch = 0; launch < 8; launch++) { /* (every other pair of pairs of blocks runs a warp at a time) */
+    warps_apart<<<1, 64>>>(d);
+    expect_ok("the kernel whose warps race launches");
+    for (int i = 0; i < 64; i++)
+      warps_race_seen = warps_race_seen || d[i] != (i ^ 32);
+  }
+  expect(warps_race_seen, "a warp that overwrites what another warp reads, with no barrier between, shows in "
+         "blocks that run a warp at a time", NULL);
 #if LT_EMU_TSAN
   expect(races > 0, "ThreadSanitizer reports the read of shared memory without a barrier", NULL);
   int reported = races;
