@@ -271,7 +271,7 @@ emu-asan:
 EMU_TSAN_CHECKS ?= "every ops.json" "every nn.json" "every optim.json" "gather and reductions" "bad indices" \
   "embedding with repeated" "small uploads" "collectives on CUDA" "cross_entropy without" "grouped-query" \
   "odd head size" "narrowed logits" "layer_norm of no rows" "DataParallel" "heads read where they are" \
-  "scatter_add_ with repeated"
+  "scatter_add_ with repeated" "head size 128, grouped-query"
 emu-tsan:
 	$(MAKE) -j$$(nproc) BUILD=build-emu-tsan EMU=1 EMU_TSAN=1 SANITIZE=-fsanitize=thread OPT=-O1 KERNEL_OPT=-O1 \
 	  LUTRA_OUT=build-emu-tsan/lutra build-emu-tsan/lutra build-emu-tsan/tests/emu/selftest

@@ -3,7 +3,10 @@
  * bf16/f16 rows of head size 32, 64 or 128, forward and backward, after
  * FlashAttention-2 (Dao 2023): a block of 4 warps takes 64 query rows (16 a
  * warp) and walks the visible keys in tiles of 64 (32 for head size 128)
- * with the online softmax;
+ * with the online softmax, each tile copied into shared memory by cp.async
+ * while the block computes on the one before (two buffers); the warps read
+ * their B fragments from the tiles with ldmatrix (.trans where the product
+ * needs a tile's transpose, so no transposed copy is stored);
  * the products run as mma.m16n8k16 (mma.cuh) with f32 accumulators, and a
  * score tile's accumulators become the next product's A fragments in
  * registers (the probabilities rounded to the input type, as FlashAttention
@@ -66,33 +69,41 @@ __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t *m, int64_t
   }
 }
 
-/* the B fragment whose column n is row n0 + g of a row-major shared tile s (k along the row) */
-__device__ __forceinline__ void load_b(uint32_t b[2], const uint16_t *s, int ld, int n0, int k0, int g, int t) {
-  const uint16_t *row = s + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = word(row, 0);
-  b[1] = word(row, 8);
+/* Starts copying rows r0..r0 + ROWS - 1 of a (rows, D) global matrix (rows ld elements apart) into the
+   shared tile s (ROWS x (D + PAD)), rows at or past n as zeros: 16-byte cp.async copies that land by the
+   wait for the group the caller's next commit closes. Neighbouring threads take neighbouring 16 bytes of a
+   row (global reads coalesced; for head sizes 64 and 128 the 8 copies of a quarter warp fill one shared
+   row: no bank conflict); a thread's copies are STEP rows apart, unrolled. */
+template <int D, int ROWS>
+__device__ __forceinline__ void load_tile_async(uint16_t *s, const uint16_t *m, int64_t ld, int64_t r0, int64_t n) {
+  const int PER_ROW = D / 8, STEP = THREADS / PER_ROW;
+  static_assert(THREADS % PER_ROW == 0 && ROWS % STEP == 0, "a tile is whole passes of the block");
+  const int r = threadIdx.x / PER_ROW, c = threadIdx.x % PER_ROW * 8;
+  const uint16_t *src = m + c;
+  uint16_t *dst = s + r * (D + PAD) + c;
+#pragma unroll
+  for (int j = 0; j < ROWS / STEP; j++) {
+    const int64_t row = r0 + r + j * STEP;
+    const bool in = row < n;
+    lt_cp_async16(dst + j * STEP * (D + PAD), in ? src + row * ld : m, in);
+  }
 }
 
-/* Rows r0.. of a (rows, D) global matrix (rows ld elements apart) into the shared tile s (rows x (D + PAD)) and, when st, its
-   transpose into st (D x (rows + PAD)); rows at or past n as zeros. 16-byte loads; neighbouring threads
-   take neighbouring rows, so the transposed 16-bit stores of a warp fall in distinct banks (and the
-   16-byte stores, rows D + PAD apart, too). */
-template <int D>
-__device__ __forceinline__ void load_tile(uint16_t *s, uint16_t *st, const uint16_t *m, int64_t ld, int64_t r0,
-                                          int64_t n, int rows) {
-  for (int e = threadIdx.x; e < rows * D / 8; e += THREADS) {
-    int r = e % rows, c = e / rows * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < n)
-      v = *(const uint4 *)(m + (r0 + r) * ld + c);
-    if (s)
-      *(uint4 *)(s + r * (D + PAD) + c) = v;
-    if (st) {
-      const uint16_t *h = (const uint16_t *)&v;
-      for (int j = 0; j < 8; j++)
-        st[(c + j) * (rows + PAD) + r] = h[j];
-    }
-  }
+/* b[0..1] and b[2..3]: the B fragments (k0..k0+15) of the 8-column blocks n0.. and n0 + 8.. of the matrix
+   whose column n is row n of the shared tile s (k along the row, rows ld apart): one ldmatrix of the four
+   8x8 pieces (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8). Rows (D + PAD) * 2 bytes apart fall in
+   distinct 16-byte bank groups. */
+__device__ __forceinline__ void load_b_rows(uint32_t b[4], const uint16_t *s, int ld, int n0, int k0, int lane) {
+  int piece = lane / 8;
+  lt_ldmatrix_x4<false>(b, s + (n0 + 8 * (piece / 2) + lane % 8) * ld + k0 + 8 * (piece % 2));
+}
+
+/* b[0..1] and b[2..3]: the B fragments (rows k0..k0+15) of the 8-column blocks n0.. and n0 + 8.. of the
+   matrix stored as the shared tile s (row k, ld apart): ldmatrix .trans of the pieces (k0, n0),
+   (k0 + 8, n0), (k0, n0 + 8), (k0 + 8, n0 + 8), so no transposed copy of the tile is needed. */
+__device__ __forceinline__ void load_b_cols(uint32_t b[4], const uint16_t *s, int ld, int k0, int n0, int lane) {
+  int piece = lane / 8;
+  lt_ldmatrix_x4<true>(b, s + (k0 + 8 * (piece % 2) + lane % 8) * ld + n0 + 8 * (piece / 2));
 }
 
 /* the A fragment of a 16-column slice (columns 16 ks..) of a warp's score tile held as C fragments x[n][i] */
@@ -107,27 +118,29 @@ template <typename H> __device__ __forceinline__ void scores_as_a(uint32_t a[4],
    transpose of the shared tile s (N rows of D, ld apart) */
 template <typename H, int D, int N>
 __device__ __forceinline__ void rows_times_tile_t(float (*x)[4], const uint32_t (*a)[4], const uint16_t *s, int ld,
-                                                  int g, int t) {
+                                                  int lane) {
   for (int kk = 0; kk < D / 16; kk++)
-    for (int n = 0; n < N / 8; n++) {
-      uint32_t bf[2];
-      load_b(bf, s, ld, 8 * n, 16 * kk, g, t);
+    for (int n = 0; n < N / 8; n += 2) {
+      uint32_t bf[4];
+      load_b_rows(bf, s, ld, 8 * n, 16 * kk, lane);
       lt_mma16816<H>(x[n], a[kk], bf);
+      lt_mma16816<H>(x[n + 1], a[kk], bf + 2);
     }
 }
 
-/* acc (16 x D, C fragments) += x (16 x N scores as C fragments, rounded to H) times the (N x D) matrix
-   whose transpose is the shared tile st (D rows of N, ld apart) */
+/* acc (16 x D, C fragments) += x (16 x N scores as C fragments, rounded to H) times the shared tile s
+   (N rows of D, ld apart) */
 template <typename H, int D, int N>
-__device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (*x)[4], const uint16_t *st, int ld,
-                                                  int g, int t) {
+__device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (*x)[4], const uint16_t *s, int ld,
+                                                  int lane) {
   for (int kc = 0; kc < N / 16; kc++) {
     uint32_t a[4];
     scores_as_a<H>(a, x, kc);
-    for (int nd = 0; nd < D / 8; nd++) {
-      uint32_t bf[2];
-      load_b(bf, st, ld, 8 * nd, 16 * kc, g, t);
+    for (int nd = 0; nd < D / 8; nd += 2) {
+      uint32_t bf[4];
+      load_b_cols(bf, s, ld, 16 * kc, 8 * nd, lane);
       lt_mma16816<H>(acc[nd], a, bf);
+      lt_mma16816<H>(acc[nd + 1], a, bf + 2);
     }
   }
 }
@@ -160,17 +173,18 @@ __device__ __forceinline__ float row_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-/* grid (B * NH, query blocks) */
+/* grid (B * NH, query blocks), the last query block first: under a causal mask the late rows see the
+   most keys, so the longest blocks start in the first wave and the last wave is short ones */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_mma_fwd_kernel(const attn_args a) {
   const int BK = tile<D>::ROWS;
-  __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vt[D * (BK + PAD)];
+  __shared__ __align__(16) uint16_t ks[2][BK * (D + PAD)], vs[2][BK * (D + PAD)]; /* (double buffered) */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t NH = a.NH, T = a.T, S = a.S;
   const int causal = a.causal;
   const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / a.NKV);
-  const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
+  const int64_t q0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BQ, r0 = q0 + 16 * warp; /* (late rows first) */
   const uint16_t *qb = head(a.q, a.sq, b, h), *kb = head(a.k, a.sk, b, kvh), *vb = head(a.v, a.sv, b, kvh);
   const float sl2 = a.scale * LOG2E; /* scores in base 2 */
   uint32_t qa[D / 16][4];
@@ -178,22 +192,36 @@ __global__ void __launch_bounds__(THREADS)
     load_a(qa[kk], qb, a.sq[2], r0, T, 16 * kk, g, t);
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows g and g + 8: running max (base 2), partial sum */
-  const int64_t kend = keys_end(q0, T, S, causal);
-  for (int64_t k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads(); /* (the previous tile is read) */
-    load_tile<D>(ks, NULL, kb, a.sk[2], k0, S, BK);
-    load_tile<D>(NULL, vt, vb, a.sv[2], k0, S, BK);
-    __syncthreads();
+  const int tiles = (int)((keys_end(q0, T, S, causal) + BK - 1) / BK);
+  if (tiles > 0) {
+    load_tile_async<D, BK>(ks[0], kb, a.sk[2], 0, S);
+    load_tile_async<D, BK>(vs[0], vb, a.sv[2], 0, S);
+  }
+  lt_cp_async_commit();
+  for (int kt = 0; kt < tiles; kt++) {
+    const int cur = kt % 2;
+    const int64_t k0 = (int64_t)kt * BK;
+    if (kt + 1 < tiles) { /* the next tile loads while this one is used */
+      load_tile_async<D, BK>(ks[1 - cur], kb, a.sk[2], k0 + BK, S);
+      load_tile_async<D, BK>(vs[1 - cur], vb, a.sv[2], k0 + BK, S);
+    }
+    lt_cp_async_commit();
+    lt_cp_async_wait<1>(); /* (this tile's copies have landed) */
+    __syncthreads();       /* (and every thread's) */
     float s[BK / 8][4] = {};
-    rows_times_tile_t<H, D, BK>(s, qa, ks, D + PAD, g, t);
+    rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
     float mx[2] = {m[0], m[1]};
-    const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
     for (int n = 0; n < BK / 8; n++)
-      for (int i = 0; i < 4; i++) {
-        int64_t row = r0 + g + 8 * (i / 2), key = k0 + 8 * n + 2 * t + i % 2;
-        s[n][i] = all_seen || visible(row, key, T, S, causal) ? s[n][i] * sl2 : -INFINITY;
+      for (int i = 0; i < 4; i++)
+        s[n][i] *= sl2;
+    if (!every_key_seen(r0, k0, BK, T, S, causal)) /* (the mask only on tiles that need it: one branch) */
+      for (int n = 0; n < BK / 8; n++)
+        for (int i = 0; i < 4; i++)
+          if (!visible(r0 + g + 8 * (i / 2), k0 + 8 * n + 2 * t + i % 2, T, S, causal))
+            s[n][i] = -INFINITY;
+    for (int n = 0; n < BK / 8; n++)
+      for (int i = 0; i < 4; i++)
         mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
-      }
     float base[2], sum[2] = {0.f, 0.f};
     for (int r = 0; r < 2; r++) {
       mx[r] = row_max(mx[r]);
@@ -213,7 +241,8 @@ __global__ void __launch_bounds__(THREADS)
       }
     l[0] += sum[0];
     l[1] += sum[1];
-    scores_times_tile<H, D, BK>(acc, s, vt, BK + PAD, g, t);
+    scores_times_tile<H, D, BK>(acc, s, vs[cur], D + PAD, lane);
+    __syncthreads(); /* (this buffer is read before the next pass loads into it) */
   }
   for (int r = 0; r < 2; r++) {
     float sum = row_sum(l[r]);
@@ -248,19 +277,20 @@ __global__ void attention_mma_rowdot_kernel(const attn_args a, int64_t rows, int
     a.D[r] = s;
 }
 
-/* dq = scale * sum over visible keys j of p_ij (dO_i . V_j - D_i) K_j; grid (B * NH, query blocks) */
+/* dq = scale * sum over visible keys j of p_ij (dO_i . V_j - D_i) K_j; grid (B * NH, query blocks), the
+   last first (as the forward) */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_mma_dq_kernel(const attn_args a) {
   const int BK = tile<D>::ROWS;
-  __shared__ __align__(16) uint16_t ks[BK * (D + PAD)], vs[BK * (D + PAD)], kt[D * (BK + PAD)];
+  __shared__ __align__(16) uint16_t ks[2][BK * (D + PAD)], vs[2][BK * (D + PAD)]; /* (double buffered) */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t NH = a.NH, T = a.T, S = a.S;
   const int causal = a.causal;
   const float scale = a.scale;
   const float *lse = a.lse, *Dr = a.D;
   const int64_t bh = blockIdx.x, b = bh / NH, h = bh % NH, kvh = h / (NH / a.NKV);
-  const int64_t q0 = (int64_t)blockIdx.y * BQ, r0 = q0 + 16 * warp;
+  const int64_t q0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * BQ, r0 = q0 + 16 * warp; /* (late rows first) */
   const uint16_t *kb = head(a.k, a.sk, b, kvh), *vb = head(a.v, a.sv, b, kvh);
   const float sl2 = scale * LOG2E;
   uint32_t qa[D / 16][4], da[D / 16][4];
@@ -275,25 +305,38 @@ __global__ void __launch_bounds__(THREADS)
     Drow[r] = row < T ? Dr[bh * T + row] : 0.f;
   }
   float acc[D / 8][4] = {};
-  const int64_t kend = keys_end(q0, T, S, causal);
-  for (int64_t k0 = 0; k0 < kend; k0 += BK) {
-    __syncthreads();
-    load_tile<D>(ks, kt, kb, a.sk[2], k0, S, BK);
-    load_tile<D>(vs, NULL, vb, a.sv[2], k0, S, BK);
+  const int tiles = (int)((keys_end(q0, T, S, causal) + BK - 1) / BK);
+  if (tiles > 0) {
+    load_tile_async<D, BK>(ks[0], kb, a.sk[2], 0, S);
+    load_tile_async<D, BK>(vs[0], vb, a.sv[2], 0, S);
+  }
+  lt_cp_async_commit();
+  for (int kt = 0; kt < tiles; kt++) {
+    const int cur = kt % 2;
+    const int64_t k0 = (int64_t)kt * BK;
+    if (kt + 1 < tiles) {
+      load_tile_async<D, BK>(ks[1 - cur], kb, a.sk[2], k0 + BK, S);
+      load_tile_async<D, BK>(vs[1 - cur], vb, a.sv[2], k0 + BK, S);
+    }
+    lt_cp_async_commit();
+    lt_cp_async_wait<1>();
     __syncthreads();
     float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
-    rows_times_tile_t<H, D, BK>(s, qa, ks, D + PAD, g, t);
-    rows_times_tile_t<H, D, BK>(dp, da, vs, D + PAD, g, t);
-    const bool all_seen = every_key_seen(r0, k0, BK, T, S, causal);
+    rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
+    rows_times_tile_t<H, D, BK>(dp, da, vs[cur], D + PAD, lane);
     for (int n = 0; n < BK / 8; n++)
-      for (int i = 0; i < 4; i++) {
-        int64_t row = r0 + g + 8 * (i / 2), key = k0 + 8 * n + 2 * t + i % 2;
-        float p = (all_seen || visible(row, key, T, S, causal)) && lse2[i / 2] != -INFINITY
-                      ? exp2f(s[n][i] * sl2 - lse2[i / 2])
-                      : 0.f;
-        s[n][i] = p != 0.f ? p * (dp[n][i] - Drow[i / 2]) : 0.f; /* dS (0 where masked, also for a NaN D) */
-      }
-    scores_times_tile<H, D, BK>(acc, s, kt, BK + PAD, g, t);
+      for (int i = 0; i < 4; i++)
+        s[n][i] = lse2[i / 2] != -INFINITY ? exp2f(s[n][i] * sl2 - lse2[i / 2]) : 0.f; /* p */
+    if (!every_key_seen(r0, k0, BK, T, S, causal))
+      for (int n = 0; n < BK / 8; n++)
+        for (int i = 0; i < 4; i++)
+          if (!visible(r0 + g + 8 * (i / 2), k0 + 8 * n + 2 * t + i % 2, T, S, causal))
+            s[n][i] = 0.f;
+    for (int n = 0; n < BK / 8; n++)
+      for (int i = 0; i < 4; i++) /* dS (0 where masked, also for a NaN D) */
+        s[n][i] = s[n][i] != 0.f ? s[n][i] * (dp[n][i] - Drow[i / 2]) : 0.f;
+    scores_times_tile<H, D, BK>(acc, s, ks[cur], D + PAD, lane);
+    __syncthreads();
   }
   for (int r = 0; r < 2; r++) {
     int64_t row = r0 + g + 8 * r;
@@ -305,21 +348,39 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
+/* Starts loading query tile i0.. of head h of batch b for the dk/dv kernel: its Q and dO rows into qs and
+   dos (cp.async, in the group the caller commits next), its log-sum-exps (base 2) and D into lse2s and Ds
+   (plain stores, seen after the next __syncthreads); rows at or past T as zeros, their lse -inf. */
+template <int D>
+__device__ __forceinline__ void load_query_tile(uint16_t *qs, uint16_t *dos, float *lse2s, float *Ds,
+                                                const attn_args &a, int64_t b, int64_t h, int64_t i0) {
+  const int BQK = tile<D>::ROWS;
+  const int64_t T = a.T, bh = b * a.NH + h;
+  load_tile_async<D, BQK>(qs, head(a.q, a.sq, b, h), a.sq[2], i0, T);
+  load_tile_async<D, BQK>(dos, head(a.dout, a.sdo, b, h), a.sdo[2], i0, T);
+  static_assert(BQK <= THREADS, "a thread a row");
+  const int r = threadIdx.x;
+  if (r < BQK) {
+    lse2s[r] = i0 + r < T ? a.lse[bh * T + i0 + r] * LOG2E : -INFINITY;
+    Ds[r] = i0 + r < T ? a.D[bh * T + i0 + r] : 0.f;
+  }
+}
+
 /* For key rows j of a K/V head, summed over the query heads that share it and their visible queries i:
    dv_j = sum p_ij dO_i, dk_j = scale * sum p_ij (dO_i . V_j - D_i) Q_i. A warp takes 16 keys; the
-   query tiles are BQK rows (Q and dO, each also transposed, in shared memory). grid (B * NKV, key blocks) */
+   query tiles are BQK rows (Q and dO in shared memory, the next tile loading while one is used).
+   grid (B * NKV, key blocks): under a causal mask the first keys are seen by the most queries, so the
+   longest blocks are the first launched */
 template <typename H, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_mma_dkv_kernel(const attn_args a) {
   const int BQK = tile<D>::ROWS;
-  __shared__ __align__(16) uint16_t qs[BQK * (D + PAD)], qt[D * (BQK + PAD)], dos[BQK * (D + PAD)],
-      dot[D * (BQK + PAD)];
-  __shared__ float lse2s[BQK], Ds[BQK];
+  __shared__ __align__(16) uint16_t qs[2][BQK * (D + PAD)], dos[2][BQK * (D + PAD)]; /* (double buffered) */
+  __shared__ float lse2s[2][BQK], Ds[2][BQK];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t NH = a.NH, NKV = a.NKV, T = a.T, S = a.S;
   const int causal = a.causal;
   const float scale = a.scale;
-  const float *lse = a.lse, *Dr = a.D;
   const int64_t bg = blockIdx.x, b = bg / NKV, kvh = bg % NKV, rep = NH / NKV;
   const int64_t k0 = (int64_t)blockIdx.y * BQ, j0 = k0 + 16 * warp; /* (BQ keys a block, 16 a warp) */
   const float sl2 = scale * LOG2E;
@@ -332,34 +393,44 @@ __global__ void __launch_bounds__(THREADS)
   /* the first query that sees key k0 (none before it sees any key of the block) */
   int64_t qfirst = causal ? k0 - (S - T) : 0;
   qfirst = qfirst < 0 ? 0 : qfirst / BQK * BQK;
-  for (int64_t h = kvh * rep; h < (kvh + 1) * rep; h++) {
-    const int64_t bh = b * NH + h;
-    for (int64_t i0 = qfirst; i0 < T; i0 += BQK) {
-      __syncthreads();
-      load_tile<D>(qs, qt, head(a.q, a.sq, b, h), a.sq[2], i0, T, BQK);
-      load_tile<D>(dos, dot, head(a.dout, a.sdo, b, h), a.sdo[2], i0, T, BQK);
-      for (int r = threadIdx.x; r < BQK; r += THREADS) {
-        lse2s[r] = i0 + r < T ? lse[bh * T + i0 + r] * LOG2E : -INFINITY;
-        Ds[r] = i0 + r < T ? Dr[bh * T + i0 + r] : 0.f;
+  /* the query tiles, head by head: tile j is queries qfirst + (j % per_head) BQK.. of query head
+     kvh rep + j / per_head */
+  const int64_t per_head = qfirst < T ? (T - qfirst + BQK - 1) / BQK : 0, tiles = rep * per_head;
+  if (tiles > 0)
+    load_query_tile<D>(qs[0], dos[0], lse2s[0], Ds[0], a, b, kvh * rep, qfirst);
+  lt_cp_async_commit();
+  for (int64_t j = 0; j < tiles; j++) {
+    const int cur = (int)(j % 2);
+    const int64_t i0 = qfirst + j % per_head * BQK;
+    if (j + 1 < tiles)
+      load_query_tile<D>(qs[1 - cur], dos[1 - cur], lse2s[1 - cur], Ds[1 - cur], a, b,
+                         kvh * rep + (j + 1) / per_head, qfirst + (j + 1) % per_head * BQK);
+    lt_cp_async_commit();
+    lt_cp_async_wait<1>();
+    __syncthreads();
+    const float *lse2c = lse2s[cur], *Dc = Ds[cur];
+    float p[BQK / 8][4] = {}, dp[BQK / 8][4] = {}; /* transposed: rows are keys, columns queries */
+    rows_times_tile_t<H, D, BQK>(p, ka, qs[cur], D + PAD, lane);
+    rows_times_tile_t<H, D, BQK>(dp, va, dos[cur], D + PAD, lane);
+    for (int n = 0; n < BQK / 8; n++)
+      for (int i = 0; i < 4; i++) {
+        int col = 8 * n + 2 * t + i % 2;
+        p[n][i] = lse2c[col] != -INFINITY ? exp2f(p[n][i] * sl2 - lse2c[col]) : 0.f;
       }
-      __syncthreads();
-      float p[BQK / 8][4] = {}, dp[BQK / 8][4] = {}; /* transposed: rows are keys, columns queries */
-      rows_times_tile_t<H, D, BQK>(p, ka, qs, D + PAD, g, t);
-      rows_times_tile_t<H, D, BQK>(dp, va, dos, D + PAD, g, t);
-      /* (every query of the tile sees the warp's 16 keys when the first does and all are in range) */
-      const bool all_seen = i0 + BQK <= T && j0 + 16 <= S && (!causal || j0 + 15 <= i0 + S - T);
+    /* (every query of the tile sees the warp's 16 keys when the first does and all are in range) */
+    if (!(i0 + BQK <= T && j0 + 16 <= S && (!causal || j0 + 15 <= i0 + S - T)))
       for (int n = 0; n < BQK / 8; n++)
-        for (int i = 0; i < 4; i++) {
-          int col = 8 * n + 2 * t + i % 2;
-          int64_t key = j0 + g + 8 * (i / 2), query = i0 + col;
-          p[n][i] = (all_seen || visible(query, key, T, S, causal)) && lse2s[col] != -INFINITY
-                        ? exp2f(p[n][i] * sl2 - lse2s[col])
-                        : 0.f;
-          dp[n][i] = p[n][i] != 0.f ? p[n][i] * (dp[n][i] - Ds[col]) : 0.f; /* dS, transposed (0 where masked) */
-        }
-      scores_times_tile<H, D, BQK>(dva, p, dot, BQK + PAD, g, t);
-      scores_times_tile<H, D, BQK>(dka, dp, qt, BQK + PAD, g, t);
-    }
+        for (int i = 0; i < 4; i++)
+          if (!visible(i0 + 8 * n + 2 * t + i % 2, j0 + g + 8 * (i / 2), T, S, causal))
+            p[n][i] = 0.f;
+    for (int n = 0; n < BQK / 8; n++)
+      for (int i = 0; i < 4; i++) { /* dS, transposed (0 where masked) */
+        int col = 8 * n + 2 * t + i % 2;
+        dp[n][i] = p[n][i] != 0.f ? p[n][i] * (dp[n][i] - Dc[col]) : 0.f;
+      }
+    scores_times_tile<H, D, BQK>(dva, p, dos[cur], D + PAD, lane);
+    scores_times_tile<H, D, BQK>(dka, dp, qs[cur], D + PAD, lane);
+    __syncthreads();
   }
   for (int r = 0; r < 2; r++) {
     int64_t key = j0 + g + 8 * r;
