@@ -237,37 +237,35 @@ bool lt_emu_in_shared(const void *p, size_t bytes);
    aligned, in shared memory); register m of lane l receives matrix m's pair
    at row l / 4, columns 2 (l % 4) and one more, or with trans (the matrix
    read column-major) the pair at rows 2 (l % 4) and one more, column l / 4;
-   the first of a pair in the low 16 bits. Every lane checks every address
-   before any is read: a bad one fails the launch. */
+   the first of a pair in the low 16 bits. Each lane checks its own address
+   (a bad one fails the launch, naming the lane) and reads its row before the
+   warp exchanges the rows, so the load is one warp-wide read, as on a GPU. */
 static inline void lt_emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
-  const void *rows[32];
-  lt_emu_warp_exchange(0xffffffffu, &row, rows, sizeof row);
-  for (unsigned l = 0; l < 32; l++) {
-    char what[160];
-    if ((uintptr_t)rows[l] % 16)
-      snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not 16-byte aligned", l, rows[l]);
-    else if (!lt_emu_in_shared(rows[l], 16))
-      snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not in shared memory", l, rows[l]);
-    else
-      continue;
-    lt_emu_kernel_fault(what);
-  }
   unsigned lane = lt_emu_self->lane, g = lane / 4, t = lane % 4;
+  char what[160];
+  if ((uintptr_t)row % 16)
+    snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not 16-byte aligned", lane, row);
+  else if (!lt_emu_in_shared(row, 16))
+    snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not in shared memory", lane, row);
+  else
+    what[0] = 0;
+  if (what[0])
+    lt_emu_kernel_fault(what);
+  uint16_t mine[8], rows[32][8]; /* rows[8 m + i]: row i of matrix m */
+  memcpy(mine, row, sizeof mine);
+  lt_emu_warp_exchange(0xffffffffu, mine, rows, sizeof mine);
   for (unsigned m = 0; m < 4; m++) {
     uint16_t lo, hi;
-    if (!trans) {
-      const uint16_t *p = (const uint16_t *)rows[8 * m + g];
-      lo = p[2 * t], hi = p[2 * t + 1];
-    } else {
-      lo = ((const uint16_t *)rows[8 * m + 2 * t])[g];
-      hi = ((const uint16_t *)rows[8 * m + 2 * t + 1])[g];
-    }
+    if (!trans)
+      lo = rows[8 * m + g][2 * t], hi = rows[8 * m + g][2 * t + 1];
+    else
+      lo = rows[8 * m + 2 * t][g], hi = rows[8 * m + 2 * t + 1][g];
     r[m] = (uint32_t)lo | (uint32_t)hi << 16;
   }
 }
 
 /* Whether the running block's cp.async copies land when issued (1) or at
-   the wait that covers them (0): every other pair of blocks (runtime.cc). */
+   the wait that covers them (0): chosen per block (runtime.cc). */
 extern unsigned lt_emu_async_eager;
 
 /* PTX's cp.async.cg.shared.global [dst], [src], 16, src_bytes (PTX ISA,
@@ -283,7 +281,7 @@ extern unsigned lt_emu_async_eager;
 static inline void lt_emu_cp_async16(void *dst, const void *src, unsigned src_bytes) {
   lt_emu_thread *self = lt_emu_self;
   char what[160];
-  if (src_bytes > 16 || (uintptr_t)dst % 16 || (src_bytes && (uintptr_t)src % 16))
+  if (src_bytes > 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) /* (src aligned even when not read) */
     snprintf(what, sizeof what, "cp.async: copy of %u bytes from %p to %p: addresses must be 16-byte aligned, at most 16 bytes",
              src_bytes, src, dst);
   else if (!lt_emu_in_shared(dst, 16))

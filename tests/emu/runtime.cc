@@ -8,8 +8,8 @@
  * last to first every other launch); the threads of a block are fibers
  * (stacks made once, switched by a few instructions that swap the
  * callee-saved registers: x86-64 only, as lutra's CI), run in index order
- * in every other block and in reverse order in the others; in every other
- * pair of pairs of blocks one warp runs at a time (focus_warp). A thread runs
+ * in every other block and in reverse order in the others; in about half
+ * the blocks one warp runs at a time (focus_warp). A thread runs
  * until it finishes, waits at __syncthreads, or shuffles; when no thread can
  * run, the scheduler releases a warp whose lanes all reached their shuffle,
  * else the block when every thread waits at the same barrier, else the
@@ -256,7 +256,7 @@ void *scheduler_fake_stack;
    (a race on a GPU) then sees both orders, and a check fails. */
 bool descending;
 
-/* In every other pair of pairs of blocks only one warp runs at a time, each
+/* In about half the blocks (schedule_bit) only one warp runs at a time, each
    until its threads wait at a barrier or have exited (a schedule a GPU may
    choose): a warp then gets ahead of the others by whole stretches of code,
    so a warp that overwrites what another still reads (a missing barrier
@@ -264,6 +264,12 @@ bool descending;
    warp that runs, -1 when all do (the threads then move in step, a pass at
    a time). */
 long focus_warp = -1;
+
+/* Bit b of the running block's schedule (cp.async copies eager or lazy, one
+   warp at a time or all in step): bits of the block count's Fibonacci hash,
+   so that launches that repeat with any short period still meet every
+   schedule, and consecutive blocks mix them. */
+unsigned schedule_bit(unsigned b) { return (unsigned)((block_serial * 0x9E3779B97F4A7C15ull) >> (63 - b)) & 1; }
 
 /* The next runnable thread after index i in this block's order, or -1. */
 long next_runnable(long i) {
@@ -515,7 +521,7 @@ bool run_block(unsigned n, const char *name) {
     }
   }
   block_threads = n;
-  bool one_warp = block_serial / 4 % 2;
+  bool one_warp = schedule_bit(1);
   focus_warp = one_warp ? (descending ? (long)(n - 1) / 32 : 0) : -1;
   for (;;) {
     long first = next_runnable(descending ? (long)n : -1);
@@ -619,7 +625,7 @@ void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<vo
         descending = (x + y + z + (backwards ? 1 : 0)) % 2; /* (a one-block launch sees both orders too) */
         block_serial++;
         lt_emu_set = (unsigned)(block_serial % SETS);
-        lt_emu_async_eager = (unsigned)(block_serial / 2 % 2); /* (pairs: both thread orders meet both) */
+        lt_emu_async_eager = schedule_bit(0);
         fibers = fiber_sets[stream_slot][lt_emu_set];
         if (!run_block(n, name)) {
           for (unsigned i = 0; i < n; i++) /* stopped mid-kernel: boot afresh next time */

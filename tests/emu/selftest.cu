@@ -411,7 +411,7 @@ static void check_ldmatrix_and_cp_async(void) {
   cudaMemcpyAsync(dsrc, hsrc, sizeof hsrc, cudaMemcpyHostToDevice, 0);
   uint32_t lazy[7] = {7, 101, 7, 106, 0, 7, 104}, eager[7] = {101, 101, 105, 106, 0, 101, 104};
   int seen[2] = {0, 0}, wrong_async = 0;
-  for (int launch = 0; launch < 4; launch++) { /* (blocks alternate in pairs) */
+  for (int launch = 0; launch < 16; launch++) { /* (each block draws its schedule) */
     async_copies<<<1, 1>>>(dsrc, dout);
     cudaMemcpyAsync(got, dout, sizeof got, cudaMemcpyDeviceToHost, 0);
     cudaStreamSynchronize(0);
@@ -450,6 +450,31 @@ int main(void) {
   shuffle_with_exited_lane<<<1, 32>>>(f);
   expect_fault("a full-warp shuffle naming an exited lane fails the launch", "has exited");
 
+  /* the same in blocks of four warps, which some launches run a warp at a time */
+  int multi_wrong = 0;
+  char multi_msg[200] = "";
+  for (int launch = 0; launch < 8; launch++) {
+    const char *needles[4] = {"cannot go on", "different __syncthreads", "exit before", "has exited"};
+    for (int k = 0; k < 4; k++) {
+      if (k == 0)
+        barrier_in_branch<<<1, 128>>>(d);
+      else if (k == 1)
+        two_barriers<<<1, 128>>>(d);
+      else if (k == 2)
+        exit_before_barrier<<<1, 128>>>(d);
+      else
+        shuffle_with_exited_lane<<<1, 128>>>(f);
+      cudaError_t e = cudaStreamSynchronize(0);
+      const char *msg = cudaGetErrorString(e);
+      if (e == cudaSuccess || !strstr(msg, needles[k])) {
+        multi_wrong++;
+        snprintf(multi_msg, sizeof multi_msg, "fault %d: %s", k, msg);
+      }
+      cudaGetLastError();
+    }
+  }
+  expect(multi_wrong == 0, "those faults fail 4-warp launches too, whichever warps run first", multi_msg);
+
   shuffle_outside_mask<<<1, 32>>>(f);
   expect_fault("a shuffle reading a lane outside its mask fails the launch", "outside the shuffle's mask");
 
@@ -477,7 +502,7 @@ int main(void) {
   }
   expect(race_seen, "a read of shared memory without a barrier sees a stale value in one thread order", NULL);
   bool warps_race_seen = false;
-  for (int launch = 0; launch < 8; launch++) { /* (every other pair of pairs of blocks runs a warp at a time) */
+  for (int launch = 0; launch < 16; launch++) { /* (about half the blocks run a warp at a time) */
     warps_apart<<<1, 64>>>(d);
     expect_ok("the kernel whose warps race launches");
     for (int i = 0; i < 64; i++)
