@@ -136,6 +136,9 @@ if ! gpu_checks "GPU checks" ./lutra; then
       --model=gpt2-tiny --T=32 --rate_size=64 --profile=5 >"$log" 2>&1
     count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 *[0-9]'
     count_run "its step's profile (CUDA emulator)" 0 '^total (start to the last piece)'
+    # the random-shape attention check tests/gpu/run.sh runs on the GPU, a few cases
+    build-emu/lutra tests/gpu/attention_sweep.lua 3 4 >"$log" 2>&1
+    count_run "tensor-core attention on random shapes (CUDA emulator, 4 cases)" $? '^0 of 4 cases bad$'
     # what the emulator cannot refuse: blocks needing more registers or shared
     # memory than sm_90 gives one (ptxas's figures from the nvcc build)
     if ls build/kernels/cuda/*.o.ptxas >/dev/null 2>&1; then

@@ -145,6 +145,20 @@ __device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (
   }
 }
 
+/* Starts loading key tile kt (keys kt BK..) of K and V into the buffers ks and vs when it is one of the
+   tiles, and commits the copies' group (an empty one past the last tile). A block's loop: wait for the
+   tile, __syncthreads (the copies of every thread have landed, and the tile before is read by all, so
+   the other buffer is free), start the next tile into the other buffer, compute: one barrier a tile. */
+template <int D, int BK>
+__device__ __forceinline__ void start_kv_tile(uint16_t *ks, uint16_t *vs, const uint16_t *kb, const uint16_t *vb,
+                                              const attn_args &a, int kt, int tiles) {
+  if (kt < tiles) {
+    load_tile_async<D, BK>(ks, kb, a.sk[2], (int64_t)kt * BK, a.S);
+    load_tile_async<D, BK>(vs, vb, a.sv[2], (int64_t)kt * BK, a.S);
+  }
+  lt_cp_async_commit();
+}
+
 /* may query i of T see key j of S */
 __device__ __forceinline__ bool visible(int64_t i, int64_t j, int64_t T, int64_t S, int causal) {
   return i < T && j < S && (!causal || j <= i + S - T);
@@ -193,21 +207,13 @@ __global__ void __launch_bounds__(THREADS)
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows g and g + 8: running max (base 2), partial sum */
   const int tiles = (int)((keys_end(q0, T, S, causal) + BK - 1) / BK);
-  if (tiles > 0) {
-    load_tile_async<D, BK>(ks[0], kb, a.sk[2], 0, S);
-    load_tile_async<D, BK>(vs[0], vb, a.sv[2], 0, S);
-  }
-  lt_cp_async_commit();
+  start_kv_tile<D, BK>(ks[0], vs[0], kb, vb, a, 0, tiles);
   for (int kt = 0; kt < tiles; kt++) {
     const int cur = kt % 2;
     const int64_t k0 = (int64_t)kt * BK;
-    if (kt + 1 < tiles) { /* the next tile loads while this one is used */
-      load_tile_async<D, BK>(ks[1 - cur], kb, a.sk[2], k0 + BK, S);
-      load_tile_async<D, BK>(vs[1 - cur], vb, a.sv[2], k0 + BK, S);
-    }
-    lt_cp_async_commit();
-    lt_cp_async_wait<1>(); /* (this tile's copies have landed) */
-    __syncthreads();       /* (and every thread's) */
+    lt_cp_async_wait<0>(); /* (this tile's copies have landed) */
+    __syncthreads();       /* (every thread's; and the tile before is read, so its buffer is free) */
+    start_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt + 1, tiles); /* (loads while this one is used) */
     float s[BK / 8][4] = {};
     rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
     float mx[2] = {m[0], m[1]};
@@ -242,7 +248,6 @@ __global__ void __launch_bounds__(THREADS)
     l[0] += sum[0];
     l[1] += sum[1];
     scores_times_tile<H, D, BK>(acc, s, vs[cur], D + PAD, lane);
-    __syncthreads(); /* (this buffer is read before the next pass loads into it) */
   }
   for (int r = 0; r < 2; r++) {
     float sum = row_sum(l[r]);
@@ -306,21 +311,13 @@ __global__ void __launch_bounds__(THREADS)
   }
   float acc[D / 8][4] = {};
   const int tiles = (int)((keys_end(q0, T, S, causal) + BK - 1) / BK);
-  if (tiles > 0) {
-    load_tile_async<D, BK>(ks[0], kb, a.sk[2], 0, S);
-    load_tile_async<D, BK>(vs[0], vb, a.sv[2], 0, S);
-  }
-  lt_cp_async_commit();
+  start_kv_tile<D, BK>(ks[0], vs[0], kb, vb, a, 0, tiles);
   for (int kt = 0; kt < tiles; kt++) {
     const int cur = kt % 2;
     const int64_t k0 = (int64_t)kt * BK;
-    if (kt + 1 < tiles) {
-      load_tile_async<D, BK>(ks[1 - cur], kb, a.sk[2], k0 + BK, S);
-      load_tile_async<D, BK>(vs[1 - cur], vb, a.sv[2], k0 + BK, S);
-    }
-    lt_cp_async_commit();
-    lt_cp_async_wait<1>();
-    __syncthreads();
+    lt_cp_async_wait<0>(); /* (this tile's copies have landed) */
+    __syncthreads();       /* (every thread's; and the tile before is read, so its buffer is free) */
+    start_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt + 1, tiles); /* (loads while this one is used) */
     float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
     rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
     rows_times_tile_t<H, D, BK>(dp, da, vs[cur], D + PAD, lane);
@@ -336,7 +333,6 @@ __global__ void __launch_bounds__(THREADS)
       for (int i = 0; i < 4; i++) /* dS (0 where masked, also for a NaN D) */
         s[n][i] = s[n][i] != 0.f ? s[n][i] * (dp[n][i] - Drow[i / 2]) : 0.f;
     scores_times_tile<H, D, BK>(acc, s, ks[cur], D + PAD, lane);
-    __syncthreads();
   }
   for (int r = 0; r < 2; r++) {
     int64_t row = r0 + g + 8 * r;
@@ -349,21 +345,19 @@ __global__ void __launch_bounds__(THREADS)
 }
 
 /* Starts loading query tile i0.. of head h of batch b for the dk/dv kernel: its Q and dO rows into qs and
-   dos (cp.async, in the group the caller commits next), its log-sum-exps (base 2) and D into lse2s and Ds
-   (plain stores, seen after the next __syncthreads); rows at or past T as zeros, their lse -inf. */
+   dos (cp.async, in the group the caller commits next); *lse2 and *d get the log-sum-exp (base 2) and D
+   of its row threadIdx.x (when below BQK; -inf and 0 past T), for the caller to store into shared memory
+   once the loads have had the tile's products to arrive. */
 template <int D>
-__device__ __forceinline__ void load_query_tile(uint16_t *qs, uint16_t *dos, float *lse2s, float *Ds,
-                                                const attn_args &a, int64_t b, int64_t h, int64_t i0) {
+__device__ __forceinline__ void start_query_tile(uint16_t *qs, uint16_t *dos, const attn_args &a, int64_t b,
+                                                 int64_t h, int64_t i0, float *lse2, float *d) {
   const int BQK = tile<D>::ROWS;
-  const int64_t T = a.T, bh = b * a.NH + h;
+  const int64_t T = a.T, bh = b * a.NH + h, i = i0 + threadIdx.x;
   load_tile_async<D, BQK>(qs, head(a.q, a.sq, b, h), a.sq[2], i0, T);
   load_tile_async<D, BQK>(dos, head(a.dout, a.sdo, b, h), a.sdo[2], i0, T);
   static_assert(BQK <= THREADS, "a thread a row");
-  const int r = threadIdx.x;
-  if (r < BQK) {
-    lse2s[r] = i0 + r < T ? a.lse[bh * T + i0 + r] * LOG2E : -INFINITY;
-    Ds[r] = i0 + r < T ? a.D[bh * T + i0 + r] : 0.f;
-  }
+  *lse2 = threadIdx.x < BQK && i < T ? a.lse[bh * T + i] * LOG2E : -INFINITY;
+  *d = threadIdx.x < BQK && i < T ? a.D[bh * T + i] : 0.f;
 }
 
 /* For key rows j of a K/V head, summed over the query heads that share it and their visible queries i:
@@ -376,7 +370,7 @@ __global__ void __launch_bounds__(THREADS)
     attention_mma_dkv_kernel(const attn_args a) {
   const int BQK = tile<D>::ROWS;
   __shared__ __align__(16) uint16_t qs[2][BQK * (D + PAD)], dos[2][BQK * (D + PAD)]; /* (double buffered) */
-  __shared__ float lse2s[2][BQK], Ds[2][BQK];
+  __shared__ __align__(8) float lse2s[2][BQK], Ds[2][BQK]; /* (read in pairs) */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t NH = a.NH, NKV = a.NKV, T = a.T, S = a.S;
   const int causal = a.causal;
@@ -396,41 +390,50 @@ __global__ void __launch_bounds__(THREADS)
   /* the query tiles, head by head: tile j is queries qfirst + (j % per_head) BQK.. of query head
      kvh rep + j / per_head */
   const int64_t per_head = qfirst < T ? (T - qfirst + BQK - 1) / BQK : 0, tiles = rep * per_head;
-  if (tiles > 0)
-    load_query_tile<D>(qs[0], dos[0], lse2s[0], Ds[0], a, b, kvh * rep, qfirst);
+  const int r = threadIdx.x; /* (the row of lse2s and Ds this thread stores, when below BQK) */
+  float next_lse2 = -INFINITY, next_D = 0.f;
+  if (tiles > 0) {
+    start_query_tile<D>(qs[0], dos[0], a, b, kvh * rep, qfirst, &next_lse2, &next_D);
+    if (r < BQK)
+      lse2s[0][r] = next_lse2, Ds[0][r] = next_D;
+  }
   lt_cp_async_commit();
-  for (int64_t j = 0; j < tiles; j++) {
+  for (int64_t j = 0; j < tiles; j++) { /* (one barrier a tile, as start_kv_tile's loop) */
     const int cur = (int)(j % 2);
     const int64_t i0 = qfirst + j % per_head * BQK;
-    if (j + 1 < tiles)
-      load_query_tile<D>(qs[1 - cur], dos[1 - cur], lse2s[1 - cur], Ds[1 - cur], a, b,
-                         kvh * rep + (j + 1) / per_head, qfirst + (j + 1) % per_head * BQK);
-    lt_cp_async_commit();
-    lt_cp_async_wait<1>();
+    lt_cp_async_wait<0>();
     __syncthreads();
+    const bool more = j + 1 < tiles;
+    if (more)
+      start_query_tile<D>(qs[1 - cur], dos[1 - cur], a, b, kvh * rep + (j + 1) / per_head,
+                          qfirst + (j + 1) % per_head * BQK, &next_lse2, &next_D);
+    lt_cp_async_commit();
     const float *lse2c = lse2s[cur], *Dc = Ds[cur];
     float p[BQK / 8][4] = {}, dp[BQK / 8][4] = {}; /* transposed: rows are keys, columns queries */
     rows_times_tile_t<H, D, BQK>(p, ka, qs[cur], D + PAD, lane);
     rows_times_tile_t<H, D, BQK>(dp, va, dos[cur], D + PAD, lane);
-    for (int n = 0; n < BQK / 8; n++)
+    for (int n = 0; n < BQK / 8; n++) {
+      const float2 l2 = *(const float2 *)(lse2c + 8 * n + 2 * t); /* (columns 8 n + 2 t and one more) */
       for (int i = 0; i < 4; i++) {
-        int col = 8 * n + 2 * t + i % 2;
-        p[n][i] = lse2c[col] != -INFINITY ? exp2f(p[n][i] * sl2 - lse2c[col]) : 0.f;
+        const float lc = i % 2 ? l2.y : l2.x;
+        p[n][i] = lc != -INFINITY ? exp2f(p[n][i] * sl2 - lc) : 0.f;
       }
+    }
     /* (every query of the tile sees the warp's 16 keys when the first does and all are in range) */
     if (!(i0 + BQK <= T && j0 + 16 <= S && (!causal || j0 + 15 <= i0 + S - T)))
       for (int n = 0; n < BQK / 8; n++)
         for (int i = 0; i < 4; i++)
           if (!visible(i0 + 8 * n + 2 * t + i % 2, j0 + g + 8 * (i / 2), T, S, causal))
             p[n][i] = 0.f;
-    for (int n = 0; n < BQK / 8; n++)
-      for (int i = 0; i < 4; i++) { /* dS, transposed (0 where masked) */
-        int col = 8 * n + 2 * t + i % 2;
-        dp[n][i] = p[n][i] != 0.f ? p[n][i] * (dp[n][i] - Dc[col]) : 0.f;
-      }
+    for (int n = 0; n < BQK / 8; n++) {
+      const float2 d2 = *(const float2 *)(Dc + 8 * n + 2 * t);
+      for (int i = 0; i < 4; i++) /* dS, transposed (0 where masked) */
+        dp[n][i] = p[n][i] != 0.f ? p[n][i] * (dp[n][i] - (i % 2 ? d2.y : d2.x)) : 0.f;
+    }
     scores_times_tile<H, D, BQK>(dva, p, dos[cur], D + PAD, lane);
     scores_times_tile<H, D, BQK>(dka, dp, qs[cur], D + PAD, lane);
-    __syncthreads();
+    if (more && r < BQK) /* (the next tile's row statistics, loaded while this tile was used) */
+      lse2s[1 - cur][r] = next_lse2, Ds[1 - cur][r] = next_D;
   }
   for (int r = 0; r < 2; r++) {
     int64_t key = j0 + g + 8 * r;

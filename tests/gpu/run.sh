@@ -5,11 +5,12 @@
 # when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
 # the GPT-2 benchmark, a per-kernel profile of one of its steps
 # (lt.cuda.profile_start), PyTorch's benchmark (when the machine has a CUDA
-# torch), the ops benchmark, an nsys kernel summary, the other attention
-# paths (profiled too), a
-# short run of the main job (and every test suite with LUTRA_GPU_FULL=1),
-# and writes the whole log to $OUT/gpu-run.log. Each step has a time limit
-# and runs only while a budget of 450 s allows: the whole stays under 8 minutes.
+# torch), the ops benchmark, an nsys kernel summary, random shapes of the
+# tensor-core attention against the CPU, the other attention paths
+# (profiled too), a short run of the main job (and every test suite with
+# LUTRA_GPU_FULL=1), and writes the whole log to $OUT/gpu-run.log. Each step
+# has a time limit and runs only while a budget of 450 s allows: the whole
+# stays under 8 minutes.
 #
 #   (on the device) bash tests/gpu/run.sh
 set -u -o pipefail
@@ -118,6 +119,12 @@ elif fits 90; then
     head -40 | tee "$OUT/gpt2-kernels.csv"
 fi
 
+step "random shapes: lutra's tensor-core attention against the CPU (forward and gradients)"
+if fits 40; then
+  timeout 40 ./lutra tests/gpu/attention_sweep.lua 1 40 2>&1 | tee "$OUT/attention-sweep.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || gpu_status=1
+fi
+
 step "benchmark: GPT-2 124M with lutra's own attention (fused kernel, then composed), and in f32"
 fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=fused --profile=12
 fits 40 && timeout 40 ./lutra bench/gpt2_gpu.lua --steps=4 --batches=8 --dtypes=bf16 --attention=composed --profile=12
@@ -141,6 +148,7 @@ step "summary (the full log is $OUT/gpu-run.log)"
 grep -h "^ok \|^FAIL\|^skipped" "$OUT/smoke.txt" 2>/dev/null
 echo "GPU checks: $(grep -c '^ok ' "$OUT/checks.txt" 2>/dev/null) ok, $(grep -c '^not ok' "$OUT/checks.txt" 2>/dev/null) not ok"
 grep -h "^not ok" "$OUT/checks.txt" 2>/dev/null | cut -c1-400
+grep -h "^BAD\|cases bad" "$OUT/attention-sweep.txt" 2>/dev/null | tail -6
 grep -h "^lutra: " "$OUT/gpu-run.log" 2>/dev/null | sort | uniq -c | head -10 # fallbacks noted once (cuDNN, cuBLASLt)
 grep -h "attention\|dtype \|^bf16\|largest" "$OUT/bench-lutra.txt" 2>/dev/null
 grep -h "ratio" "$OUT/gpu-run.log" 2>/dev/null | tail -2
