@@ -146,9 +146,8 @@ __device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (
 }
 
 /* Starts loading key tile kt (keys kt BK..) of K and V into the buffers ks and vs when it is one of the
-   tiles, and commits the copies' group (an empty one past the last tile). A block's loop: wait for the
-   tile, __syncthreads (the copies of every thread have landed, and the tile before is read by all, so
-   the other buffer is free), start the next tile into the other buffer, compute: one barrier a tile. */
+   tiles, and commits the copies' group (an empty one past the last tile). A block's loop is
+   begin_kv_tile, then compute: one barrier a tile. */
 template <int D, int BK>
 __device__ __forceinline__ void start_kv_tile(uint16_t *ks, uint16_t *vs, const uint16_t *kb, const uint16_t *vb,
                                               const attn_args &a, int kt, int tiles) {
@@ -157,6 +156,17 @@ __device__ __forceinline__ void start_kv_tile(uint16_t *ks, uint16_t *vs, const 
     load_tile_async<D, BK>(vs, vb, a.sv[2], (int64_t)kt * BK, a.S);
   }
   lt_cp_async_commit();
+}
+
+/* The top of a block's pass over key tile kt: waits for the tile's copies, __syncthreads (every thread's
+   have landed, and tile kt - 1 is read by all, so its buffers ks_next and vs_next are free), then starts
+   tile kt + 1 into them, to load while tile kt is used. */
+template <int D, int BK>
+__device__ __forceinline__ void begin_kv_tile(uint16_t *ks_next, uint16_t *vs_next, const uint16_t *kb,
+                                              const uint16_t *vb, const attn_args &a, int kt, int tiles) {
+  lt_cp_async_wait<0>();
+  __syncthreads();
+  start_kv_tile<D, BK>(ks_next, vs_next, kb, vb, a, kt + 1, tiles);
 }
 
 /* may query i of T see key j of S */
@@ -211,9 +221,7 @@ __global__ void __launch_bounds__(THREADS)
   for (int kt = 0; kt < tiles; kt++) {
     const int cur = kt % 2;
     const int64_t k0 = (int64_t)kt * BK;
-    lt_cp_async_wait<0>(); /* (this tile's copies have landed) */
-    __syncthreads();       /* (every thread's; and the tile before is read, so its buffer is free) */
-    start_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt + 1, tiles); /* (loads while this one is used) */
+    begin_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt, tiles);
     float s[BK / 8][4] = {};
     rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
     float mx[2] = {m[0], m[1]};
@@ -315,9 +323,7 @@ __global__ void __launch_bounds__(THREADS)
   for (int kt = 0; kt < tiles; kt++) {
     const int cur = kt % 2;
     const int64_t k0 = (int64_t)kt * BK;
-    lt_cp_async_wait<0>(); /* (this tile's copies have landed) */
-    __syncthreads();       /* (every thread's; and the tile before is read, so its buffer is free) */
-    start_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt + 1, tiles); /* (loads while this one is used) */
+    begin_kv_tile<D, BK>(ks[1 - cur], vs[1 - cur], kb, vb, a, kt, tiles);
     float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
     rows_times_tile_t<H, D, BK>(s, qa, ks[cur], D + PAD, lane);
     rows_times_tile_t<H, D, BK>(dp, da, vs[cur], D + PAD, lane);
@@ -398,7 +404,7 @@ __global__ void __launch_bounds__(THREADS)
       lse2s[0][r] = next_lse2, Ds[0][r] = next_D;
   }
   lt_cp_async_commit();
-  for (int64_t j = 0; j < tiles; j++) { /* (one barrier a tile, as start_kv_tile's loop) */
+  for (int64_t j = 0; j < tiles; j++) { /* (one barrier a tile, as in begin_kv_tile's loop) */
     const int cur = (int)(j % 2);
     const int64_t i0 = qfirst + j % per_head * BQK;
     lt_cp_async_wait<0>();
