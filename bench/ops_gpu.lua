@@ -53,7 +53,10 @@ local function row(name, ms, what)
 end
 
 local function bw(bytes, ms) return ("%.0f GB/s"):format(bytes / (ms * 1e-3) / 1e9) end
-local function fl(flops, ms) return ("%.1f TFLOP/s"):format(flops / (ms * 1e-3) / 1e12) end
+local function fl(flops, ms)
+  local rate = flops / (ms * 1e-3)
+  return rate >= 1e12 and ("%.1f TFLOP/s"):format(rate / 1e12) or ("%.1f GFLOP/s"):format(rate / 1e9)
+end
 
 print(("GPT-2 124M step sizes: B=%d T=%d C=%d V=%d, dtype %s"):format(B, T, C, V, DT))
 
@@ -90,16 +93,18 @@ ms = time(function() return x:to("f32") end)
 row(DT .. " -> f32 (BT, C)", ms, bw(BT * C * (esize + 4), ms))
 
 -- norms, softmax, loss, embedding, attention: forward + backward
+-- make() returns {params, f[, flops = {forward, forward+backward}]}: rows say
+-- GB/s from bytes (the forward's) or TFLOP/s from flops
 local function fwd_bwd(name, make, bytes)
   local ins = make()
   local f = ins.f
   local msf = time(function() return f() end)
-  row(name .. " forward", msf, bytes and bw(bytes, msf))
+  row(name .. " forward", msf, ins.flops and fl(ins.flops[1], msf) or bytes and bw(bytes, msf))
   local msb = time(function()
     for _, t in ipairs(ins.params) do t.grad = nil end
     f():sum():backward()
   end)
-  row(name .. " forward+backward", msb)
+  row(name .. " forward+backward", msb, ins.flops and fl(ins.flops[2], msb))
 end
 
 fwd_bwd("layer_norm (BT, C)", function()
@@ -129,7 +134,10 @@ for _, path in ipairs(attention_paths) do
   local name, o = path[1], path[2]
   local ok, err = pcall(fwd_bwd, ("causal attention (B, NH, T, 64), %s"):format(name), function()
     local q, k, v = randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true), randn({ B, NH, T, 64 }, true)
-    return { params = { q, k, v },
+    -- FlashAttention-2's count: 4 B NH T^2 HS for the forward's two products, half of it under the
+    -- causal mask; the backward 2.5 times the forward
+    local fwd = 2 * B * NH * T * T * 64
+    return { params = { q, k, v }, flops = { fwd, 3.5 * fwd },
       f = function() return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = o.fused, library = o.library }) end }
   end)
   if not ok then print(("causal attention, %s: failed: %s"):format(name, tostring(err):gsub("\n.*", ""))) end
