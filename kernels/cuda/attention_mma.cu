@@ -396,12 +396,12 @@ __global__ void __launch_bounds__(THREADS)
   /* the query tiles, head by head: tile j is queries qfirst + (j % per_head) BQK.. of query head
      kvh rep + j / per_head */
   const int64_t per_head = qfirst < T ? (T - qfirst + BQK - 1) / BQK : 0, tiles = rep * per_head;
-  const int r = threadIdx.x; /* (the row of lse2s and Ds this thread stores, when below BQK) */
+  const int stat_row = threadIdx.x; /* (the row of lse2s and Ds this thread stores, when below BQK) */
   float next_lse2 = -INFINITY, next_D = 0.f;
   if (tiles > 0) {
     start_query_tile<D>(qs[0], dos[0], a, b, kvh * rep, qfirst, &next_lse2, &next_D);
-    if (r < BQK)
-      lse2s[0][r] = next_lse2, Ds[0][r] = next_D;
+    if (stat_row < BQK)
+      lse2s[0][stat_row] = next_lse2, Ds[0][stat_row] = next_D;
   }
   lt_cp_async_commit();
   for (int64_t j = 0; j < tiles; j++) { /* (one barrier a tile, as in begin_kv_tile's loop) */
@@ -438,8 +438,8 @@ __global__ void __launch_bounds__(THREADS)
     }
     scores_times_tile<H, D, BQK>(dva, p, dos[cur], D + PAD, lane);
     scores_times_tile<H, D, BQK>(dka, dp, qs[cur], D + PAD, lane);
-    if (more && r < BQK) /* (the next tile's row statistics, loaded while this tile was used) */
-      lse2s[1 - cur][r] = next_lse2, Ds[1 - cur][r] = next_D;
+    if (more && stat_row < BQK) /* (the next tile's row statistics, loaded while this tile was used) */
+      lse2s[1 - cur][stat_row] = next_lse2, Ds[1 - cur][stat_row] = next_D;
   }
   for (int r = 0; r < 2; r++) {
     int64_t key = j0 + g + 8 * r;

@@ -242,15 +242,12 @@ bool lt_emu_in_shared(const void *p, size_t bytes);
    warp exchanges the rows, so the load is one warp-wide read, as on a GPU. */
 static inline void lt_emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
   unsigned lane = lt_emu_self->lane, g = lane / 4, t = lane % 4;
-  char what[160];
-  if ((uintptr_t)row % 16)
-    snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not 16-byte aligned", lane, row);
-  else if (!lt_emu_in_shared(row, 16))
-    snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not in shared memory", lane, row);
-  else
-    what[0] = 0;
-  if (what[0])
+  if ((uintptr_t)row % 16 || !lt_emu_in_shared(row, 16)) {
+    char what[160];
+    snprintf(what, sizeof what, "ldmatrix: lane %u's row address %p is not %s", lane, row,
+             (uintptr_t)row % 16 ? "16-byte aligned" : "in shared memory");
     lt_emu_kernel_fault(what);
+  }
   uint16_t mine[8], rows[32][8]; /* rows[8 m + i]: row i of matrix m */
   memcpy(mine, row, sizeof mine);
   lt_emu_warp_exchange(0xffffffffu, mine, rows, sizeof mine);
@@ -262,6 +259,12 @@ static inline void lt_emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans
       lo = rows[8 * m + 2 * t][g], hi = rows[8 * m + 2 * t + 1][g];
     r[m] = (uint32_t)lo | (uint32_t)hi << 16;
   }
+}
+
+/* a cp.async copy landing: src_bytes of src, then zeros, to the 16 bytes at dst */
+static inline void lt_emu_land_copy(void *dst, const void *src, unsigned src_bytes) {
+  memcpy(dst, src, src_bytes);
+  memset((char *)dst + src_bytes, 0, 16 - src_bytes);
 }
 
 /* Whether the running block's cp.async copies land when issued (1) or at
@@ -292,8 +295,7 @@ static inline void lt_emu_cp_async16(void *dst, const void *src, unsigned src_by
     snprintf(what, sizeof what, "cp.async: more than %d copies pending in one thread (the emulator's limit)",
              (int)LT_EMU_ASYNC_MAX);
   else if (lt_emu_async_eager) {
-    memcpy(dst, src, src_bytes);
-    memset((char *)dst + src_bytes, 0, 16 - src_bytes);
+    lt_emu_land_copy(dst, src, src_bytes);
     return;
   } else {
     self->async[self->async_n++] = lt_emu_async_copy{dst, src, src_bytes, self->async_committed};
@@ -312,10 +314,9 @@ static inline void lt_emu_cp_async_wait(unsigned n) {
   unsigned kept = 0;
   for (unsigned i = 0; i < self->async_n; i++) {
     lt_emu_async_copy c = self->async[i];
-    if (c.group + n < self->async_committed) {
-      memcpy(c.dst, c.src, c.src_bytes);
-      memset((char *)c.dst + c.src_bytes, 0, 16 - c.src_bytes);
-    } else
+    if (c.group + n < self->async_committed)
+      lt_emu_land_copy(c.dst, c.src, c.src_bytes);
+    else
       self->async[kept++] = c;
   }
   self->async_n = kept;
