@@ -6,8 +6,10 @@
  *
  * f32 multiplies in f32 (TF32 only after lt.cuda.allow_tf32(true)), f64 in
  * f64, and bf16/f16 take f32 accumulation. A 2-D product may carry an
- * epilogue (lt_linear): the bias add, and the GELU with its input written to
- * an aux matrix for the backward; a shape cuBLASLt has no such algorithm
+ * epilogue (lt_linear, lt_mlp): the bias add, and the GELU with its input
+ * written to an aux matrix for the backward; in the backward the bias
+ * gradient (BGRADB), and the GELU's gradient from that aux matrix with the
+ * bias gradient of the layer before it (DGELU_BGRAD); a shape cuBLASLt has no such algorithm
  * for is remembered and refused (LT_ERR_UNSUPPORTED), and the caller composes. The innermost batch dim is a
  * strided batch of one call; outer batch dims loop here. A plan (descriptors
  * and the heuristic's first algorithm) is cached per shape, strides,
@@ -205,11 +207,14 @@ static lt_status plan_build(lt_cuda_ctx *c, const plan_key *k, plan *p) {
     /* bias per row of cuBLASLt's column-major D (n x m): per output feature;
        aux laid out as D; pointers of the key's alignment stand in for the
        heuristic (cuBLASLt reads their alignment, not their data) */
-    /* (our A is cuBLASLt's B: BGRAD_A is its BGRADB, a sum over k per column of D) */
-    cublasLtEpilogue_t e = k->epilogue == LT_EPILOGUE_BIAS        ? CUBLASLT_EPILOGUE_BIAS
-                           : k->epilogue == LT_EPILOGUE_GELU      ? CUBLASLT_EPILOGUE_GELU_AUX
-                           : k->epilogue == LT_EPILOGUE_GELU_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                                  : CUBLASLT_EPILOGUE_BGRADB;
+    /* (our A is cuBLASLt's B: BGRAD_A is its BGRADB, a sum over k per column
+       of D; DGELU_BGRAD's bias gradient is per row of D: per our column) */
+    cublasLtEpilogue_t e = k->epilogue == LT_EPILOGUE_BIAS         ? CUBLASLT_EPILOGUE_BIAS
+                           : k->epilogue == LT_EPILOGUE_GELU       ? CUBLASLT_EPILOGUE_GELU_AUX
+                           : k->epilogue == LT_EPILOGUE_GELU_BIAS  ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                           : k->epilogue == LT_EPILOGUE_DGELU      ? CUBLASLT_EPILOGUE_DGELU
+                           : k->epilogue == LT_EPILOGUE_DGELU_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                                                   : CUBLASLT_EPILOGUE_BGRADB;
     const void *bias = (const void *)(uintptr_t)k->align_bias, *aux = (const void *)(uintptr_t)k->align_aux;
     s = blas.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
     if (s == CUBLAS_STATUS_SUCCESS && lt_epilogue_has_bias((lt_epilogue)k->epilogue))
@@ -244,11 +249,12 @@ static lt_status plan_build(lt_cuda_ctx *c, const plan_key *k, plan *p) {
   int found = 0;
   s = blas.cublasLtMatmulAlgoGetHeuristic(c->blas, p->desc, p->lx, p->ly, p->lc, p->lc, pref, 1, &res, &found);
   blas.cublasLtMatmulPreferenceDestroy(pref);
+  int64_t inner = k->op_x == CUBLAS_OP_N ? k->cols_x : k->rows_x; /* op(X) is (n x k) */
   if (s != CUBLAS_STATUS_SUCCESS || found == 0)
     return lt_fail(LT_ERR_UNSUPPORTED,
                    "cuda:%d: cuBLASLt has no algorithm for a %s product of (%lld x %lld) and (%lld x %lld), batch %lld: %s",
-                   c->index, lt_dtype_name((lt_dtype)k->dtype), (long long)k->m, (long long)k->rows_y,
-                   (long long)k->rows_x, (long long)k->n, (long long)k->batch,
+                   c->index, lt_dtype_name((lt_dtype)k->dtype), (long long)k->m, (long long)inner, (long long)inner,
+                   (long long)k->n, (long long)k->batch,
                    s != CUBLAS_STATUS_SUCCESS ? blas.cublasLtGetStatusString(s) : "none found");
   p->algo = res.algo;
   p->workspace = res.workspaceSize;
@@ -395,7 +401,8 @@ lt_status lt_cuda_matmul(const lt_matmul_desc *d) {
     if (s != CUBLAS_STATUS_SUCCESS)
       return blas_fail(c, "matmul", s);
     if (lt_cuda_profiling()) { /* lt.cuda.profile_start: each call named by its shape */
-      static const char *const epilogues[] = {"", " +bias", " gelu", " +bias gelu", " bgrad"};
+      static const char *const epilogues[] = {"", " +bias", " gelu", " +bias gelu", " bgrad", " dgelu",
+                                              " dgelu bgrad"};
       char what[64];
       snprintf(what, sizeof what, "cuBLASLt %s %lldx%lldx%lld%s", lt_dtype_name(d->dtype), (long long)d->m,
                (long long)d->n, (long long)d->k, epilogues[d->epilogue]);

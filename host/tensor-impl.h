@@ -79,13 +79,24 @@ typedef struct lt_reduce_iter {
 } lt_reduce_iter;
 
 /* BGRAD_A: the product also writes bias[i] = the sum over k of A[i, k]
-   (A's row sums, m of them: a linear layer's bias gradient when A = g^T) */
+   (A's row sums, m of them: a linear layer's bias gradient when A = g^T).
+   DGELU: c = (a b) * gelu'(aux), aux (m x n) read, not written (the
+   backward of a GELU whose input aux holds: cuBLASLt's
+   CUBLASLT_EPILOGUE_DGELU); DGELU_BGRAD also writes bias[j] = the sum over
+   rows of that c (n of them: the bias gradient of the layer before the GELU) */
 typedef enum {
-  LT_EPILOGUE_NONE = 0, LT_EPILOGUE_BIAS, LT_EPILOGUE_GELU, LT_EPILOGUE_GELU_BIAS, LT_EPILOGUE_BGRAD_A
+  LT_EPILOGUE_NONE = 0, LT_EPILOGUE_BIAS, LT_EPILOGUE_GELU, LT_EPILOGUE_GELU_BIAS, LT_EPILOGUE_BGRAD_A,
+  LT_EPILOGUE_DGELU, LT_EPILOGUE_DGELU_BGRAD
 } lt_epilogue;
 
-static inline int lt_epilogue_has_bias(lt_epilogue e) { return e == LT_EPILOGUE_BIAS || e >= LT_EPILOGUE_GELU_BIAS; }
-static inline int lt_epilogue_has_aux(lt_epilogue e) { return e == LT_EPILOGUE_GELU || e == LT_EPILOGUE_GELU_BIAS; }
+/* whether the epilogue takes a bias vector (read, or written by a BGRAD) */
+static inline int lt_epilogue_has_bias(lt_epilogue e) {
+  return e == LT_EPILOGUE_BIAS || e == LT_EPILOGUE_GELU_BIAS || e == LT_EPILOGUE_BGRAD_A || e == LT_EPILOGUE_DGELU_BGRAD;
+}
+/* whether it takes an aux matrix (written by GELU, read by DGELU) */
+static inline int lt_epilogue_has_aux(lt_epilogue e) {
+  return e == LT_EPILOGUE_GELU || e == LT_EPILOGUE_GELU_BIAS || e == LT_EPILOGUE_DGELU || e == LT_EPILOGUE_DGELU_BGRAD;
+}
 
 /*
  * A batch of matrix products C[b] = A[b] @ B[b], each operand given by its
@@ -103,7 +114,9 @@ typedef struct lt_matmul_desc {
   /* epilogue (only to backends with matmul_epilogues, one 2-D product):
      c = act(a b + bias) with bias (n) of dtype; with GELU the
      pre-activation a b + bias is also written to aux (m x n, row stride
-     aux_rs); with BGRAD_A, bias (m) receives a's row sums;
+     aux_rs); with BGRAD_A, bias (m) receives a's row sums; with DGELU
+     c = (a b) gelu'(aux), aux read, and with DGELU_BGRAD bias (n) receives
+     c's column sums;
      LT_ERR_UNSUPPORTED when the backend has no algorithm for it */
   lt_epilogue epilogue;
   const char *bias;

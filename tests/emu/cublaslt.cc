@@ -8,8 +8,12 @@
  * column), GELU_AUX and GELU_AUX_BIAS (the GELU's input written to the aux
  * matrix, leading dimension divisible by 8 and at least D's rows; GELU in
  * its tanh form, which is an assumption here that tests/gpu checks against
- * the real library) and BGRADB (the sum of op(B) over k, one value per
- * column of D, in D's type).
+ * the real library), BGRADB (the sum of op(B) over k, one value per
+ * column of D, in D's type), DGELU (D times the tanh GELU's derivative at
+ * the aux matrix's value) and DGELU_BGRAD (that, and the bias vector
+ * receiving the sum of each row of the result: the documentation says the
+ * bias gradient has D's row count; that it sums after the GELU's gradient
+ * is what a layer's bias gradient needs, checked by tests/gpu).
  *
  * It is as strict as the documentation: attribute sizes must match the
  * documented types, dimensions must agree, leading dimensions must cover
@@ -146,8 +150,18 @@ bool refuses_epilogues_at(const char *where) {
   return e && !strcmp(e, where);
 }
 
-bool has_bias(uint32_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
-bool has_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool adds_bias(uint32_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool writes_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool reads_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
+bool bias_grad(uint32_t e) { return e == CUBLASLT_EPILOGUE_BGRADB || e == CUBLASLT_EPILOGUE_DGELU_BGRAD; }
+bool uses_bias(uint32_t e) { return adds_bias(e) || bias_grad(e); }
+bool uses_aux(uint32_t e) { return writes_aux(e) || reads_aux(e); }
+
+/* The tanh GELU's derivative at x (what DGELU multiplies by) */
+double gelu_tanh_grad(double x) {
+  double c = 0.7978845608028654, t = tanh(c * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+}
 
 /* The checks the heuristic and the product share: NULL when the problem is
    one cuBLASLt takes, else why not. m, n, k from the layouts. */
@@ -182,10 +196,9 @@ const char *problem(const desc *d, const layout *a, const layout *b, const layou
   }
   if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && a->batch > 1)
     return "lutra passes epilogues for single products only";
-  if (has_aux(d->epilogue) && (d->aux_ld % 8 || d->aux_ld < (int64_t)*m))
+  if (uses_aux(d->epilogue) && (d->aux_ld % 8 || d->aux_ld < (int64_t)*m))
     return "the aux leading dimension must be divisible by 8 and at least D's rows";
-  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(d->epilogue) && !has_aux(d->epilogue) &&
-      d->epilogue != CUBLASLT_EPILOGUE_BGRADB)
+  if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !uses_bias(d->epilogue) && !uses_aux(d->epilogue))
     return "an epilogue lutra does not use";
   return NULL;
 }
@@ -238,17 +251,24 @@ void product(const desc *d, const layout *a, const layout *b, const layout *c, c
           sum += y[(size_t)(q + j * k)];
         store(t, (void *)d->bias, (int64_t)j, sum);
       }
+    std::vector<double> row_sums(d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD ? m : 0);
     for (uint64_t j = 0; j < n; j++)
       for (uint64_t i = 0; i < m; i++) {
         double v = out[(size_t)(i + j * m)];
-        if (has_bias(d->epilogue))
+        if (adds_bias(d->epilogue))
           v += load(t, d->bias, (int64_t)i);
-        if (has_aux(d->epilogue)) {
+        if (writes_aux(d->epilogue)) {
           store(t, d->aux, (int64_t)(i + j * d->aux_ld), v);
           v = gelu_tanh(v);
         }
+        if (reads_aux(d->epilogue))
+          v *= gelu_tanh_grad(load(t, d->aux, (int64_t)(i + j * d->aux_ld)));
+        if (!row_sums.empty())
+          row_sums[i] += v;
         store(t, pd, (int64_t)(i + j * o->ld), v);
       }
+    for (uint64_t i = 0; i < row_sums.size(); i++) /* DGELU_BGRAD: per row of D, after the GELU's gradient */
+      store(t, (void *)d->bias, (int64_t)i, row_sums[i]);
   }
 }
 
@@ -391,8 +411,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   memset(&s, 0, sizeof s);
   for (int i = 0; i < 4; i++)
     s.align[i] = P(pr)->align[i];
-  s.align_bias = has_bias(D(op)->epilogue) || D(op)->epilogue == CUBLASLT_EPILOGUE_BGRADB ? alignment(D(op)->bias) : 0;
-  s.align_aux = has_aux(D(op)->epilogue) ? alignment(D(op)->aux) : 0;
+  s.align_bias = uses_bias(D(op)->epilogue) ? alignment(D(op)->bias) : 0;
+  s.align_aux = uses_aux(D(op)->epilogue) ? alignment(D(op)->aux) : 0;
   /* an algorithm that wants workspace, as many do: within the preference */
   s.workspace = std::min<uint64_t>(P(pr)->workspace, 1 << 20);
   memcpy(&results->algo, &s, sizeof s);
@@ -441,9 +461,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the bias is less aligned than at the heuristic%s", "");
   if (s.align_aux && alignment(d->aux) < s.align_aux)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the aux is less aligned than at the heuristic%s", "");
-  if ((has_bias(d->epilogue) || d->epilogue == CUBLASLT_EPILOGUE_BGRADB) && !d->bias)
+  if (uses_bias(d->epilogue) && !d->bias)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the epilogue needs a bias pointer%s", "");
-  if (has_aux(d->epilogue) && !d->aux)
+  if (uses_aux(d->epilogue) && !d->aux)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: the epilogue needs an aux pointer%s", "");
   double al = d->scale == CUDA_R_64F ? *(const double *)alpha : *(const float *)alpha;
   double be = d->scale == CUDA_R_64F ? *(const double *)beta : *(const float *)beta;
