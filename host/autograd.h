@@ -15,7 +15,7 @@
 #include "status.h"
 #include "tensor-impl.h"
 
-enum { LT_NODE_MAX_INPUTS = 4, LT_NODE_MAX_OUTPUTS = 4, LT_NODE_MAX_SAVED = 6 };
+enum { LT_NODE_MAX_INPUTS = 5, LT_CUSTOM_MAX_INPUTS = 4, LT_NODE_MAX_OUTPUTS = 4, LT_NODE_MAX_SAVED = 6 };
 
 typedef struct lt_node lt_node;
 

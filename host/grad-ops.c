@@ -782,9 +782,9 @@ static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward
 
 lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int noutputs,
                                     lt_tensor *const *outputs, int64_t id) {
-  if (ninputs > LT_NODE_MAX_INPUTS || noutputs > LT_NODE_MAX_OUTPUTS || noutputs < 1)
+  if (ninputs > LT_CUSTOM_MAX_INPUTS || noutputs > LT_NODE_MAX_OUTPUTS || noutputs < 1)
     return lt_fail(LT_ERR_ARG, "autograd.Function: at most %d tensor inputs and 1..%d outputs",
-                   LT_NODE_MAX_INPUTS, LT_NODE_MAX_OUTPUTS);
+                   LT_CUSTOM_MAX_INPUTS, LT_NODE_MAX_OUTPUTS);
   if (!lt_ag_needed(ninputs, (const lt_tensor *const *)inputs))
     return LT_OK;
   lt_node *n;

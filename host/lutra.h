@@ -364,6 +364,17 @@ lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_
    Backward: g = dy (act 0) or dy gelu'(pre); dx = g w, dw = g^T x, db = the
    sum of g over rows. Errors name mismatched shapes and dtypes. */
 lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, int act, lt_tensor **y);
+/* GPT-2's MLP as one op: y = gelu(x w1^T + b1) w2^T + b2, GELU in its tanh
+   approximation; x (..., in), w1 (hidden, in), b1 (hidden) or NULL, w2
+   (out, hidden), b2 (out) or NULL, one float dtype, one device; y (...,
+   out). The forward is two lt_linear products (pre-activation and GELU
+   output kept for the backward); the backward computes g1 = (dy w2)
+   gelu'(pre) and db1 inside that product where the backend can (cuBLASLt's
+   DGELU_BGRAD epilogue, as NVIDIA Apex's FusedDenseGeluDense), else as a
+   product and LT_BINARY_GELU_GRAD, the same arithmetic as two lt_linear
+   calls. Errors name mismatched shapes and dtypes. */
+lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, const lt_tensor *w2,
+                 const lt_tensor *b2, lt_tensor **y);
 /* Cross-entropy of logits (N, W) against i32/i64 targets (N), fused with
    log-softmax; rows whose target is ignore_index do not count. reduction:
    0 mean over counted rows (0 when none count), 1 sum, 2 none (per row).

@@ -91,6 +91,8 @@ describe("GPT-2 and Llama shapes", function()
     local Plain = nn.Linear:extend("PlainLinear")
     function Plain:forward(x) return lt.F.linear(x, self.weight, self.bias) end
     local mlp = m.transformer.h[1].mlp
+    local h8 = lt.randn({ 3, 8 })
+    assert.are.equal("MlpBackward", mlp(h8).grad_fn) -- two plain Linears: one op (F.mlp)
     local swapped = Plain(8, 32)
     swapped.weight, swapped.bias = mlp.c_fc.weight, mlp.c_fc.bias
     mlp.c_fc = swapped
@@ -104,6 +106,7 @@ describe("GPT-2 and Llama shapes", function()
     blk.ln_2 = n2
     assert.is_false(nn.fuses(n2, "fuses_residual"))
     assert.is_true((m(idx) - ref):abs():max():item() < 1e-6)
+    assert.are.equal("LinearBackward", mlp(h8).grad_fn)
     assert.is_true(nn.fuses(nn.Linear(2, 2), "fuses_activation"))
   end)
   it("llama3-8b has Llama 3 8B's shapes", function()

@@ -81,6 +81,52 @@ describe("lt.F edge cases", function()
     H.assert_error(function() F.linear(x, w, lt.randn({ 4 }, { dtype = "f64" })) end, "bias must be a (5) tensor")
   end)
 
+  it("mlp (lt_mlp): finite differences with and without biases; two F.linear calls bit for bit; errors", function()
+    local g = lt.Generator(12)
+    local function r(shape, dtype) return lt.randn(shape, { dtype = dtype or "f64", generator = g }) end
+    local x, w1, b1, w2, b2 = r({ 2, 3, 6 }), r({ 10, 6 }), r({ 10 }), r({ 4, 10 }), r({ 4 })
+    for _, t in ipairs { x, w1, b1, w2, b2 } do t:requires_grad_() end
+    lt.autograd.gradcheck(function(x, w1, b1, w2, b2) return F.mlp(x, w1, b1, w2, b2) end, { x, w1, b1, w2, b2 })
+    lt.autograd.gradcheck(function(x, w1, w2) return F.mlp(x, w1, nil, w2, nil) end, { x, w1, w2 })
+    lt.autograd.gradcheck(function(x, b1, w2) return F.mlp(x, w1:detach(), b1, w2, nil) end, { x, b1, w2 })
+    lt.autograd.gradcheck(function(w1, b2) return F.mlp(x:detach(), w1, nil, w2:detach(), b2) end, { w1, b2 })
+    -- f32, a transposed input: the values and every gradient of gelu-linear then linear, exactly
+    local function leaves(...)
+      local out = {}
+      for i, t in ipairs { ... } do out[i] = t:detach():clone():requires_grad_() end
+      return out
+    end
+    local xt = r({ 6, 5 }, "f32"):t()
+    local p = leaves(xt, w1:to("f32"), b1:to("f32"), w2:to("f32"), b2:to("f32"))
+    local q = leaves(xt, w1:to("f32"), b1:to("f32"), w2:to("f32"), b2:to("f32"))
+    local y1 = F.mlp(unpack(p))
+    local y2 = F.linear(F.linear(q[1], q[2], q[3], { activation = "gelu" }), q[4], q[5])
+    assert.are.equal("MlpBackward", y1.grad_fn)
+    assert.are.equal(0, (y1 - y2):abs():max():item())
+    local wy = r({ 5, 4 }, "f32")
+    ;(y1 * wy):sum():backward()
+    ;(y2 * wy):sum():backward()
+    for i = 1, 5 do assert.are.equal(0, (p[i].grad - q[i].grad):abs():max():item(), "gradient " .. i) end
+    -- no rows: an empty output, zero weight gradients and the bias's
+    local x0 = r({ 0, 6 }):requires_grad_()
+    local e = leaves(w1, b1, w2, b2)
+    local y0 = F.mlp(x0, unpack(e))
+    assert.are.same({ 0, 4 }, y0:shape())
+    y0:sum():backward()
+    assert.are.same({ 0, 6 }, x0.grad:shape())
+    for i = 1, 4 do assert.are.equal(0, e[i].grad:abs():max():item()) end
+    -- errors name the shapes; mixed dtypes go through F.linear and its errors
+    H.assert_error(function() F.mlp(r({ 2, 5 }), w1, b1, w2, b2) end, "mlp: input [2, 5] does not fit weight [10, 6]")
+    H.assert_error(function() F.mlp(x, w1, b1, r({ 4, 9 }), b2) end,
+      "mlp: first weight [10, 6] does not fit projection weight [4, 9] (out, in): its in must be 10")
+    H.assert_error(function() F.mlp(x, w1, r({ 9 }), w2, b2) end, "mlp: bias [9] must be (10)")
+    H.assert_error(function() F.mlp(x, w1, b1, w2, r({ 3 })) end, "mlp: projection bias [3] must be (4)")
+    H.assert_error(function() F.mlp(x, w1, b1, w2:to("f32"), b2) end, "linear: the input is f64 and the weight f32")
+    H.assert_error(function() F.mlp(x, w1, b1, "w2", b2) end, "bad argument #4 to 'mlp' (tensor expected, got string)")
+    H.assert_error(function() F.mlp(lt.tensor({ 1, 2 }, "i64"), w1, b1, w2, b2) end, "linear")
+    H.assert_error(function() F.mlp(r({}), w1, b1, w2, b2) end, "mlp: the input is a scalar")
+  end)
+
   it("fused attention: a NaN score gives NaN, a -inf score weight 0 (as the composed path)", function()
     local q, k, v = lt.randn(1, 1, 2, 4), lt.randn(1, 1, 3, 4), lt.randn(1, 1, 3, 4)
     k:narrow(3, 3, 1):narrow(4, 2, 1):fill_(0 / 0)

@@ -64,6 +64,8 @@ local NN = {
   swiglu = function(_, a, b) return F.swiglu(a, b) end,
   linear = function(a, x, w, b) return F.linear(x, w, b, { activation = a.activation }) end,
   linear_nobias = function(a, x, w) return F.linear(x, w, nil, { activation = a.activation }) end,
+  mlp = function(_, x, w1, b1, w2, b2) return F.mlp(x, w1, b1, w2, b2) end,
+  mlp_nofcbias = function(_, x, w1, w2, b2) return F.mlp(x, w1, nil, w2, b2) end,
   embedding = function(_, i, e) return F.embedding(i, e) end,
   rope = function(a, x) return F.rope(x, { base = a.base, start = a.start }) end,
   sdpa = function(a, q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = a.causal }) end,

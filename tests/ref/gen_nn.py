@@ -176,5 +176,15 @@ for dt in ["f32", "f64"]:
     case(f"linear gelu no bias {dt}", "linear_nobias", [(x, True), (w, True)],
          lambda x, w: F.gelu(F.linear(x, w), approximate="tanh"), {"activation": "gelu"})
 
+# GPT-2's MLP as one op (lt_mlp): gelu(x w1^T + b1) w2^T + b2, with and without the first bias
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    x, w1, b1 = torch.randn(2, 3, 6, dtype=d), torch.randn(10, 6, dtype=d), torch.randn(10, dtype=d)
+    w2, b2 = torch.randn(4, 10, dtype=d), torch.randn(4, dtype=d)
+    case(f"mlp {dt}", "mlp", [(x, True), (w1, True), (b1, True), (w2, True), (b2, True)],
+         lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2))
+    case(f"mlp no first bias {dt}", "mlp_nofcbias", [(x, True), (w1, False), (w2, True), (b2, True)],
+         lambda x, w1, w2, b2: F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2, b2))
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

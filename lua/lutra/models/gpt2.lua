@@ -54,9 +54,15 @@ function MLP:init(cfg, o)
   self.dropout = cfg.dropout or 0
 end
 function MLP:forward(x)
-  -- the GELU inside c_fc's product where the layer takes it (one pass fewer)
-  local h = nn.fuses(self.c_fc, "fuses_activation") and self.c_fc(x, "gelu") or F.gelu(self.c_fc(x))
-  local y = self.c_proj(h)
+  local y
+  if nn.fuses(self.c_fc, "fuses_activation") and nn.fuses(self.c_proj, "fuses_activation") then
+    -- two plain Linears: one op (F.mlp), the GELU and its gradient inside the products
+    y = F.mlp(x, self.c_fc.weight, self.c_fc._params.by_name.bias, self.c_proj.weight,
+      self.c_proj._params.by_name.bias)
+  else -- the GELU inside c_fc's product where the layer takes it (one pass fewer)
+    local h = nn.fuses(self.c_fc, "fuses_activation") and self.c_fc(x, "gelu") or F.gelu(self.c_fc(x))
+    y = self.c_proj(h)
+  end
   if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
   return y
 end
