@@ -306,7 +306,9 @@ static const lt_node_ops linear_gelu_ops = {"LinearGeluBackward", linear_backwar
 static lt_status check_layer(const char *op, const char *which, const char *from, const lt_tensor *src, int64_t in,
                              const lt_tensor *w, const lt_tensor *b) {
   char b1[200], b2[200];
-  if (w->ndim != 2 || w->sizes[1] != in)
+  if (w->ndim != 2)
+    return lt_fail(LT_ERR_SHAPE, "%s: %sweight %s must be 2-D (out, in)", op, which, lt_tensor_shape_str(w, b1));
+  if (w->sizes[1] != in)
     return lt_fail(LT_ERR_SHAPE, "%s: %s %s does not fit %sweight %s (out, in): its in must be %lld", op, from,
                    lt_tensor_shape_str(src, b1), which, lt_tensor_shape_str(w, b2), (long long)in);
   if (b && (b->ndim != 1 || b->sizes[0] != w->sizes[0]))
@@ -315,12 +317,12 @@ static lt_status check_layer(const char *op, const char *which, const char *from
   return LT_OK;
 }
 
-/* Every input of one float dtype (x's). */
-static lt_status check_dtypes(const char *op, int n, const lt_tensor *const *ins) {
+/* Every input of one float dtype (x's); names[j] says what ins[j] is. */
+static lt_status check_dtypes(const char *op, int n, const lt_tensor *const *ins, const char *const *names) {
   for (int j = 0; j < n; j++)
     if (!lt_dtype_is_float(ins[j]->dtype) || ins[j]->dtype != ins[0]->dtype)
-      return lt_fail(LT_ERR_DTYPE, "%s: the input, weights and biases must share one float dtype; got %s and %s", op,
-                     lt_dtype_name(ins[0]->dtype), lt_dtype_name(ins[j]->dtype));
+      return lt_fail(LT_ERR_DTYPE, "%s: the input and the weights and biases must share one float dtype; the input is "
+                     "%s, the %s %s", op, lt_dtype_name(ins[0]->dtype), names[j], lt_dtype_name(ins[j]->dtype));
   return LT_OK;
 }
 
@@ -342,7 +344,8 @@ lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, 
   LT_TRY(lt_same_device(op, nin, ins, &be));
   if (act != 0 && act != 1)
     return lt_fail(LT_ERR_ARG, "%s: activation %d is not 0 (none) or 1 (gelu)", op, act);
-  LT_TRY(check_dtypes(op, nin, ins));
+  static const char *const names[3] = {"input", "weight", "bias"};
+  LT_TRY(check_dtypes(op, nin, ins, names));
   if (x->ndim < 1)
     return lt_fail(LT_ERR_SHAPE, "%s: the input is a scalar; it needs a last dim of in features", op);
   LT_TRY(check_layer(op, "", "input", x, x->sizes[x->ndim - 1], w, b));
@@ -427,17 +430,18 @@ lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, c
                  const lt_tensor *b2, lt_tensor **res) {
   const char *op = "mlp";
   const lt_tensor *ins[5];
+  const char *names[5];
   int nin = 0;
-  ins[nin++] = x;
-  ins[nin++] = w1;
+  names[nin] = "input", ins[nin++] = x;
+  names[nin] = "first weight", ins[nin++] = w1;
   if (b1)
-    ins[nin++] = b1;
-  ins[nin++] = w2;
+    names[nin] = "first bias", ins[nin++] = b1;
+  names[nin] = "projection weight", ins[nin++] = w2;
   if (b2)
-    ins[nin++] = b2;
+    names[nin] = "projection bias", ins[nin++] = b2;
   const lt_backend_i *be;
   LT_TRY(lt_same_device(op, nin, ins, &be));
-  LT_TRY(check_dtypes(op, nin, ins));
+  LT_TRY(check_dtypes(op, nin, ins, names));
   if (x->ndim < 1)
     return lt_fail(LT_ERR_SHAPE, "%s: the input is a scalar; it needs a last dim of in features", op);
   LT_TRY(check_layer(op, "", "input", x, x->sizes[x->ndim - 1], w1, b1));

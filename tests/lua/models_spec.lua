@@ -107,6 +107,18 @@ describe("GPT-2 and Llama shapes", function()
     assert.is_false(nn.fuses(n2, "fuses_residual"))
     assert.is_true((m(idx) - ref):abs():max():item() < 1e-6)
     assert.are.equal("LinearBackward", mlp(h8).grad_fn)
+    -- a subclass that takes the GELU (fuses_activation) but changes the layer: its forward runs, not F.mlp
+    local Scaled = nn.Linear:extend("ScaledLinear")
+    function Scaled:forward(x, activation) return nn.Linear.forward(self, x, activation) * 2 end
+    Scaled.fuses_activation = Scaled.forward
+    local m2 = lt.models.gpt2(cfg, { generator = lt.Generator(4) })
+    local mlp2 = m2.transformer.h[1].mlp
+    local sc = Scaled(32, 8)
+    sc.weight, sc.bias = mlp2.c_proj.weight, mlp2.c_proj.bias
+    local before = mlp2(h8)
+    mlp2.c_proj = sc
+    local after = mlp2(h8)
+    assert.is_true((after - before * 2):abs():max():item() < 1e-6, "the subclass's forward ran")
     assert.is_true(nn.fuses(nn.Linear(2, 2), "fuses_activation"))
   end)
   it("llama3-8b has Llama 3 8B's shapes", function()

@@ -115,15 +115,19 @@ describe("lt.F edge cases", function()
     y0:sum():backward()
     assert.are.same({ 0, 6 }, x0.grad:shape())
     for i = 1, 4 do assert.are.equal(0, e[i].grad:abs():max():item()) end
-    -- errors name the shapes; mixed dtypes go through F.linear and its errors
+    -- errors name the shapes, dtypes and which tensor, at the caller's line
     H.assert_error(function() F.mlp(r({ 2, 5 }), w1, b1, w2, b2) end, "mlp: input [2, 5] does not fit weight [10, 6]")
     H.assert_error(function() F.mlp(x, w1, b1, r({ 4, 9 }), b2) end,
       "mlp: first weight [10, 6] does not fit projection weight [4, 9] (out, in): its in must be 10")
     H.assert_error(function() F.mlp(x, w1, r({ 9 }), w2, b2) end, "mlp: bias [9] must be (10)")
     H.assert_error(function() F.mlp(x, w1, b1, w2, r({ 3 })) end, "mlp: projection bias [3] must be (4)")
-    H.assert_error(function() F.mlp(x, w1, b1, w2:to("f32"), b2) end, "linear: the input is f64 and the weight f32")
+    H.assert_error(function() F.mlp(x, w1, b1, w2:to("f32"), b2) end,
+      "mlp: the input and the weights and biases must share one float dtype; the input is f64, the projection weight f32")
+    local e = H.assert_error(function() F.mlp(x, w1, b1:to("f32"), w2, b2) end, "the first bias f32")
+    assert(e:find("ref_nn_spec.lua", 1, true), "the error points at the caller: " .. e)
     H.assert_error(function() F.mlp(x, w1, b1, "w2", b2) end, "bad argument #4 to 'mlp' (tensor expected, got string)")
-    H.assert_error(function() F.mlp(lt.tensor({ 1, 2 }, "i64"), w1, b1, w2, b2) end, "linear")
+    H.assert_error(function() F.mlp(lt.tensor({ 1, 2 }, "i64"), w1, b1, w2, b2) end, "the input is i64")
+    H.assert_error(function() F.mlp(x, r({ 2, 10, 6 }), b1, w2, b2) end, "mlp: weight [2, 10, 6] must be 2-D (out, in)")
     H.assert_error(function() F.mlp(r({}), w1, b1, w2, b2) end, "mlp: the input is a scalar")
   end)
 

@@ -55,8 +55,10 @@ function MLP:init(cfg, o)
 end
 function MLP:forward(x)
   local y
-  if nn.fuses(self.c_fc, "fuses_activation") and nn.fuses(self.c_proj, "fuses_activation") then
-    -- two plain Linears: one op (F.mlp), the GELU and its gradient inside the products
+  local plain = nn.Linear.forward
+  if self.c_fc.forward == plain and self.c_proj.forward == plain then
+    -- two plain Linears (their forward nn.Linear's own, so nothing of a subclass is skipped):
+    -- one op (F.mlp), the GELU and its gradient inside the products
     y = F.mlp(x, self.c_fc.weight, self.c_fc._params.by_name.bias, self.c_proj.weight,
       self.c_proj._params.by_name.bias)
   else -- the GELU inside c_fc's product where the layer takes it (one pass fewer)

@@ -68,20 +68,14 @@ end
 -- The same values and gradients as two F.linear calls; on a GPU the GELU's
 -- backward and the first bias's gradient run inside the product that makes
 -- the hidden gradient (cuBLASLt's DGELU_BGRAD, as NVIDIA Apex's
--- FusedDenseGeluDense), one pass over the hidden activations fewer. Tensors
--- of mixed dtypes go through F.linear (and its errors).
+-- FusedDenseGeluDense), one pass over the hidden activations fewer. All
+-- five tensors share one float dtype and one device (errors name them).
 function F.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias)
   need("mlp", x, 1)
   need("mlp", fc_weight, 2)
   need("mlp", proj_weight, 4)
   if fc_bias ~= nil then need("mlp", fc_bias, 3) end
   if proj_bias ~= nil then need("mlp", proj_bias, 5) end
-  local dt = x.dtype
-  local one = fc_weight.dtype == dt and proj_weight.dtype == dt and (fc_bias == nil or fc_bias.dtype == dt)
-    and (proj_bias == nil or proj_bias.dtype == dt)
-  if not (one and x:is_floating_point()) then
-    return F.linear(F.linear(x, fc_weight, fc_bias, { activation = "gelu" }), proj_weight, proj_bias)
-  end
   if C.lt_mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, box) ~= 0 then fail(2) end
   return take()
 end
