@@ -143,20 +143,25 @@ __device__ __forceinline__ void lt_offsets(const lt_iter &it, int64_t i, int64_t
   }
 }
 
+/* Sum of v over the warp (all 32 lanes), in a fixed order; every lane gets
+   the result. */
+__device__ __forceinline__ double lt_warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 /* Sum of v over the block (blockDim.x a multiple of 32, at most 1024), in a
    fixed order; every thread gets the result. sh holds 32 doubles. */
 __device__ __forceinline__ double lt_block_sum(double v, double *sh) {
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = lt_warp_sum(v);
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   __syncthreads(); /* sh may still be read from a previous call */
   if (lane == 0)
     sh[warp] = v;
   __syncthreads();
   v = lane < nwarps ? sh[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return lt_warp_sum(v);
 }
 
 /* Maximum of v over the block, as lt_block_sum. */

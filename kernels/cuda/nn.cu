@@ -9,15 +9,20 @@
  * with log-softmax (no probabilities stored), and rotary embeddings (Su et
  * al. 2021, the Hugging Face half-split layout).
  *
- * One block per row; row sums accumulate in f64 through lt_block_sum in a
- * fixed order. Weight and bias gradients sum over rows in blocks of 32
- * columns, in a fixed order, so they are deterministic.
+ * Norms run a warp per row, softmax and cross-entropy a block per row; rows
+ * are read (and written) in 16-byte pieces where every row involved starts on
+ * a 16-byte boundary, element by element otherwise. Row sums accumulate in
+ * f64 in a fixed order (lt_warp_sum, lt_block_sum). Weight and bias
+ * gradients sum over rows in blocks of 32 columns, in a fixed order, so they
+ * are deterministic.
  */
 #include "common.cuh"
 
+#include <initializer_list>
 #include <math.h>
 
 static const int THREADS = 256;
+enum { NORM_WARPS = 256 / 32 }; /* a norm's rows per block (THREADS / 32) */
 
 __device__ __forceinline__ float t_exp(float x) { return expf(x); }
 __device__ __forceinline__ double t_exp(double x) { return exp(x); }
@@ -32,67 +37,179 @@ __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(double *p, int64_t i, double v) { p[i] = v; }
 __device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
 __device__ __forceinline__ void st(__half *p, int64_t i, float v) { p[i] = __float2half(v); }
+/* v as an S holds it (rounded as st rounds), back in the compute type */
+template <typename S, typename A> __device__ __forceinline__ A ld_rounded(A v) {
+  S t;
+  st(&t, 0, v);
+  return ld(&t, 0);
+}
+
+/* W = 16 / sizeof(S) consecutive elements of a row, loaded or stored as one
+   16-byte access (rows whose start is 16-byte aligned: rows_aligned16) */
+template <typename S> union piece {
+  uint4 raw;
+  S e[16 / sizeof(S)];
+};
+
+/* Whether rows at p, ld elements apart, all start on a 16-byte boundary. */
+template <typename S> static bool rows_aligned16(const void *p, int64_t ld) {
+  return ((uintptr_t)p & 15) == 0 && (ld * (int64_t)sizeof(S)) % 16 == 0;
+}
+
+/* Piece k of a row (its elements k W .. k W + W - 1) as compute values:
+   W = 1 one element, W = 16 / sizeof(S) one aligned 16-byte access. */
+template <int W, typename S, typename A> __device__ __forceinline__ void ld_piece(const S *row, int64_t k, A (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = ld(row, k);
+  } else {
+    piece<S> p;
+    p.raw = ((const uint4 *)row)[k];
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      v[j] = ld(p.e, j);
+  }
+}
+
+template <int W, typename S, typename A> __device__ __forceinline__ void st_piece(S *row, int64_t k, const A (&v)[W]) {
+  if constexpr (W == 1) {
+    st(row, k, v[0]);
+  } else {
+    piece<S> p;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      st(p.e, j, v[j]);
+    ((uint4 *)row)[k] = p.raw;
+  }
+}
+
+/* A weight or bias piece, or W ones (zeros) when there is none. */
+template <int W, typename S, typename A>
+__device__ __forceinline__ void ld_piece_or(const S *vec, int64_t k, A dflt, A (&v)[W]) {
+  if (vec) {
+    ld_piece<W>(vec, k, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      v[j] = dflt;
+  }
+}
+
+/* The width of a norm's pieces: 16 bytes when rows of C elements at every
+   non-NULL pointer start on 16-byte boundaries, else one element. */
+template <typename S> static int norm_piece(int64_t C, std::initializer_list<const void *> ptrs) {
+  for (const void *p : ptrs)
+    if (p && !rows_aligned16<S>(p, C))
+      return 1;
+  return 16 / (int)sizeof(S);
+}
 
 static unsigned dw_grid(int64_t C) { return (unsigned)((C + 31) / 32); }
 
 static unsigned rows_grid(int64_t N) { return (unsigned)(N < 65535LL * 32 ? N : 65535LL * 32); }
 
+/* one warp per row: NORM_WARPS rows a block */
+static unsigned warp_rows_grid(int64_t N) { return rows_grid((N + NORM_WARPS - 1) / NORM_WARPS); }
+
 /* ---- LayerNorm / RMSNorm -------------------------------------------------- */
 
-/* with res, the row is h = x + res, written to h by the threads that read it
-   back (the same c stride), so no barrier is needed before the sums */
-template <typename S>
-__device__ __forceinline__ const S *residual_row(const S *x, const S *res, S *h, int64_t r, int64_t C) {
-  if (!res)
-    return x + r * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    st(h, r * C + c, ld(x, r * C + c) + ld(res, r * C + c));
-  return h + r * C;
+/* The rows of a norm, one warp each: for (r, lane) in NORM_ROWS(N) { ... } */
+#define NORM_ROWS(r, N)                                                                                        \
+  for (int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / 32; r < (N);                               \
+       r += (int64_t)gridDim.x * NORM_WARPS)
+
+/* Sums x (and with res, x + res, written to h: each lane reads back only
+   what it wrote) over a row; returns the row to normalise (x or h) */
+template <int W, typename S, typename A>
+__device__ __forceinline__ const S *sum_row(const S *x, const S *res, S *h, int64_t r, int64_t C, bool squares,
+                                            double *sum) {
+  const S *xr = x + r * C;
+  double acc = 0;
+  for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+    A v[W];
+    ld_piece<W>(xr, k, v);
+    if (res) {
+      A e[W];
+      ld_piece<W>(res + r * C, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        v[j] = ld_rounded<S, A>(v[j] + e[j]); /* (h as stored) */
+      st_piece<W>(h + r * C, k, v);
+    }
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      acc += squares ? (double)v[j] * v[j] : (double)v[j];
+  }
+  *sum = lt_warp_sum(acc);
+  return res ? h + r * C : xr;
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void layer_norm_fwd_kernel(const S *x, const S *res, const S *w, const S *b, S *y, S *h, A *mean, A *rstd,
                                       int64_t N, int64_t C, double eps) {
-  __shared__ double sh[32];
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const S *xr = residual_row(x, res, h, r, C);
-    double m = 0, v = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      m += ld(xr, c);
-    m = lt_block_sum(m, sh) / (double)C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      double d = ld(xr, c) - m;
-      v += d * d;
+  NORM_ROWS(r, N) {
+    double m;
+    const S *xr = sum_row<W, S, A>(x, res, h, r, C, false, &m);
+    m /= (double)C;
+    double v = 0;
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A e[W];
+      ld_piece<W>(xr, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        double d = e[j] - m;
+        v += d * d;
+      }
     }
-    v = lt_block_sum(v, sh) / (double)C;
+    v = lt_warp_sum(v) / (double)C;
     A s = (A)(1.0 / sqrt(v + eps)), mt = (A)m;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      st(y, r * C + c, (ld(xr, c) - mt) * s * (w ? ld(w, c) : (A)1) + (b ? ld(b, c) : (A)0));
-    if (threadIdx.x == 0) {
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A e[W], wv[W], bv[W];
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+      ld_piece_or<W>(b, k, (A)0, bv);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        e[j] = (e[j] - mt) * s * wv[j] + bv[j];
+      st_piece<W>(y + r * C, k, e);
+    }
+    if (threadIdx.x % 32 == 0) {
       mean[r] = mt;
       rstd[r] = s;
     }
   }
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd,
                                      const S *dadd, S *dx, int64_t N, int64_t C) {
-  __shared__ double sh[32];
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+  NORM_ROWS(r, N) {
     const S *xr = x + r * C, *gr = dy + r * C;
     A m = mean[r], s = rstd[r];
     double sg = 0, sgn = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = (ld(xr, c) - m) * s;
-      sg += g;
-      sgn += g * n;
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A g[W], e[W], wv[W];
+      ld_piece<W>(gr, k, g);
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        A gw = g[j] * wv[j];
+        sg += gw;
+        sgn += gw * ((e[j] - m) * s);
+      }
     }
-    A mg = (A)(lt_block_sum(sg, sh) / (double)C);
-    A mgn = (A)(lt_block_sum(sgn, sh) / (double)C);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = (ld(xr, c) - m) * s;
-      st(dx, r * C + c, s * (g - mg - n * mgn) + (dadd ? ld(dadd, r * C + c) : (A)0));
+    A mg = (A)(lt_warp_sum(sg) / (double)C);
+    A mgn = (A)(lt_warp_sum(sgn) / (double)C);
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A g[W], e[W], wv[W], add[W];
+      ld_piece<W>(gr, k, g);
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+      ld_piece_or<W>(dadd ? dadd + r * C : (const S *)NULL, k, (A)0, add);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        e[j] = s * (g[j] * wv[j] - mg - (e[j] - m) * s * mgn) + add[j];
+      st_piece<W>(dx + r * C, k, e);
     }
   }
 }
@@ -174,40 +291,54 @@ static lt_status dw_scratch_ok(void *dw, void *db, int64_t N, int64_t C, void *s
   return LT_OK;
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void rms_norm_fwd_kernel(const S *x, const S *res, const S *w, S *y, S *h, A *rstd, int64_t N, int64_t C,
                                     double eps) {
-  __shared__ double sh[32];
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const S *xr = residual_row(x, res, h, r, C);
-    double ss = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      double v = ld(xr, c);
-      ss += v * v;
-    }
-    ss = lt_block_sum(ss, sh);
+  NORM_ROWS(r, N) {
+    double ss;
+    const S *xr = sum_row<W, S, A>(x, res, h, r, C, true, &ss);
     A s = (A)(1.0 / sqrt(ss / (double)C + eps));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      st(y, r * C + c, ld(xr, c) * s * (w ? ld(w, c) : (A)1));
-    if (threadIdx.x == 0)
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A e[W], wv[W];
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        e[j] = e[j] * s * wv[j];
+      st_piece<W>(y + r * C, k, e);
+    }
+    if (threadIdx.x % 32 == 0)
       rstd[r] = s;
   }
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void rms_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *rstd, const S *dadd, S *dx, int64_t N,
                                    int64_t C) {
-  __shared__ double sh[32];
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+  NORM_ROWS(r, N) {
     const S *xr = x + r * C, *gr = dy + r * C;
     A s = rstd[r];
     double sgn = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      sgn += ld(gr, c) * (w ? ld(w, c) : (A)1) * ld(xr, c) * s;
-    A mgn = (A)(lt_block_sum(sgn, sh) / (double)C);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      A g = ld(gr, c) * (w ? ld(w, c) : (A)1), n = ld(xr, c) * s;
-      st(dx, r * C + c, s * (g - n * mgn) + (dadd ? ld(dadd, r * C + c) : (A)0));
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A g[W], e[W], wv[W];
+      ld_piece<W>(gr, k, g);
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        sgn += g[j] * wv[j] * e[j] * s;
+    }
+    A mgn = (A)(lt_warp_sum(sgn) / (double)C);
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+      A g[W], e[W], wv[W], add[W];
+      ld_piece<W>(gr, k, g);
+      ld_piece<W>(xr, k, e);
+      ld_piece_or<W>(w, k, (A)1, wv);
+      ld_piece_or<W>(dadd ? dadd + r * C : (const S *)NULL, k, (A)0, add);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        e[j] = s * (g[j] * wv[j] - e[j] * s * mgn) + add[j];
+      st_piece<W>(dx + r * C, k, e);
     }
   }
 }
@@ -307,9 +438,26 @@ __global__ void ce_check_kernel(const char *tgt, int tdt, int64_t N, int64_t V, 
   }
 }
 
+/* One logit into a thread's running maximum m and sum s of exp(x - m): a
+   larger x rescales s first (the online softmax, Milakov and Gimelshein
+   2018); -inf adds nothing, and NaN or +inf make s NaN, as the two-pass
+   form (max, then sum) gives. */
+template <typename A> __device__ __forceinline__ void lse_push(A x, A &m, double &s) {
+  if (x > m) {
+    s *= exp((double)m - (double)x);
+    m = x;
+  }
+  if (!(x == (A)-CUDART_INF))
+    s += t_exp(x - m);
+}
+
+/* One pass over each row (each logit read once from memory), in 16-byte
+   pieces where the rows are aligned (vec); each thread's (m, s) combine in a
+   fixed order: lse = M + log(sum of s exp(m - M)), M the row's maximum. */
 template <typename S, typename A>
 __global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
-                              A *loss, A *lse, const unsigned long long *bad) {
+                              A *loss, A *lse, const unsigned long long *bad, int vec) {
+  const int W = 16 / sizeof(S);
   __shared__ double sh[32];
   if (*bad != ~0ULL)
     return;
@@ -321,40 +469,73 @@ __global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt,
         loss[r] = lse[r] = 0;
       continue;
     }
-    double mloc = -CUDART_INF;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      mloc = fmax(mloc, (double)ld(xr, c));
-    A m = (A)lt_block_max(mloc, sh);
+    A m = (A)-CUDART_INF;
     double s = 0;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      s += t_exp(ld(xr, c) - m);
-    s = lt_block_sum(s, sh);
+    int64_t c0 = 0;
+    if (vec) {
+      int64_t np = V / W;
+      for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
+        piece<S> p;
+        p.raw = ((const uint4 *)xr)[i];
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          lse_push(ld(p.e, j), m, s);
+      }
+      c0 = np * W;
+    }
+    for (int64_t c = c0 + threadIdx.x; c < V; c += blockDim.x)
+      lse_push(ld(xr, c), m, s);
+    A mx = (A)lt_block_max((double)m, sh);
+    s = lt_block_sum(s * exp((double)m - (double)mx), sh);
     if (threadIdx.x == 0) {
-      A l = m + (A)log(s);
+      A l = mx + (A)log(s);
       lse[r] = l;
       loss[r] = l - ld(xr, t);
     }
   }
 }
 
-/* dx rows are ldd apart; their columns V..ldd-1 (padding past the classes) get 0 */
+/* dx rows are ldd apart; their columns V..ldd-1 (padding past the classes)
+   get 0. In 16-byte pieces where x's and dx's rows are aligned (vec). */
+template <typename A> __device__ __forceinline__ A ce_grad(A x, int64_t c, int64_t t, A l, A s) {
+  return t_exp(x - l) * s - (c == t ? s : (A)0);
+}
+
 template <typename S, typename A>
 __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ldd,
-                              int64_t ignore, const A *lse, const A *scale, S *dx) {
+                              int64_t ignore, const A *lse, const A *scale, S *dx, int vec) {
+  const int W = 16 / sizeof(S);
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
     const S *xr = x + r * ldx;
     S *dr = dx + r * ldd;
-    for (int64_t c = V + threadIdx.x; c < ldd; c += blockDim.x)
-      st(dr, c, (A)0);
-    if (t == ignore) {
-      for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-        st(dr, c, (A)0);
-      continue;
+    bool live = t != ignore; /* (an ignored row's gradient is zeros) */
+    A l = live ? lse[r] : (A)0, s = live ? scale[r] : (A)0;
+    int64_t c0 = 0;
+    if (vec) {
+      int64_t np = ldd / W;
+      for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
+        int64_t base = i * W;
+        piece<S> in, out;
+        bool whole = live && base + W <= V; /* (a piece past the classes is not read) */
+        if (whole)
+          in.raw = ((const uint4 *)xr)[i];
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+          int64_t c = base + j;
+          A v = (A)0;
+          if (whole)
+            v = ce_grad<A>(ld(in.e, j), c, t, l, s);
+          else if (live && c < V)
+            v = ce_grad<A>(ld(xr, c), c, t, l, s);
+          st(out.e, j, v);
+        }
+        ((uint4 *)dr)[i] = out.raw;
+      }
+      c0 = np * W;
     }
-    A l = lse[r], s = scale[r];
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      st(dr, c, t_exp(ld(xr, c) - l) * s - (c == t ? s : (A)0));
+    for (int64_t c = c0 + threadIdx.x; c < ldd; c += blockDim.x)
+      st(dr, c, live && c < V ? ce_grad<A>(ld(xr, c), c, t, l, s) : (A)0);
   }
 }
 
@@ -390,12 +571,21 @@ __global__ void rope_kernel(const T *x, T *y, int64_t R, int64_t Tn, int64_t D, 
     }                                                            \
   } while (0)
 
+/* Launches KERNEL<S, A, W> with W 16 bytes of elements where `wide` (norm_piece), else one. */
+#define NORM_LAUNCH(KERNEL, N, cs, wide, ...)                                                        \
+  do {                                                                                               \
+    if (wide)                                                                                        \
+      KERNEL<S, A, 16 / sizeof(S)><<<warp_rows_grid(N), THREADS, 0, cs>>>(__VA_ARGS__);              \
+    else                                                                                             \
+      KERNEL<S, A, 1><<<warp_rows_grid(N), THREADS, 0, cs>>>(__VA_ARGS__);                           \
+  } while (0)
+
 template <typename S, typename A>
 static void layer_norm_fwd_launch(const void *x, const void *res, const void *w, const void *b, void *y, void *h,
                                   void *mean, void *rstd, int64_t N, int64_t C, double eps, cudaStream_t cs) {
-  layer_norm_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (const S *)res, (const S *)w,
-                                                               (const S *)b, (S *)y, (S *)h, (A *)mean, (A *)rstd,
-                                                               N, C, eps);
+  bool wide = norm_piece<S>(C, {x, res, w, b, y, h}) > 1;
+  NORM_LAUNCH(layer_norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w,
+              (const S *)b, (S *)y, (S *)h, (A *)mean, (A *)rstd, N, C, eps);
 }
 
 extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, const void *b,
@@ -411,10 +601,11 @@ template <typename S, typename A>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
                                   const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
                                   void *scratch, cudaStream_t cs) {
-  if (dx)
-    layer_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
-                                                                (const A *)mean, (const A *)rstd, (const S *)dadd,
-                                                                (S *)dx, N, C);
+  if (dx) {
+    bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+    NORM_LAUNCH(layer_norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
+                (const A *)mean, (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
+  }
   if (dw || db)
     norm_dw_launch<S, A>(dy, x, mean, rstd, dw, db, N, C, scratch, cs);
 }
@@ -445,8 +636,9 @@ extern "C" lt_status lt_cuda_layer_norm_bwd(lt_dtype dt, const void *dy, const v
 template <typename S, typename A>
 static void rms_norm_fwd_launch(const void *x, const void *res, const void *w, void *y, void *h, void *rstd, int64_t N,
                                 int64_t C, double eps, cudaStream_t cs) {
-  rms_norm_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (const S *)res, (const S *)w, (S *)y,
-                                                             (S *)h, (A *)rstd, N, C, eps);
+  bool wide = norm_piece<S>(C, {x, res, w, y, h}) > 1;
+  NORM_LAUNCH(rms_norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w, (S *)y,
+              (S *)h, (A *)rstd, N, C, eps);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
@@ -460,9 +652,11 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
 template <typename S, typename A>
 static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
                                 void *dx, void *dw, int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
-  if (dx)
-    rms_norm_dx_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,
-                                                              (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
+  if (dx) {
+    bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+    NORM_LAUNCH(rms_norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
+                (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
+  }
   if (dw)
     norm_dw_launch<S, A>(dy, x, NULL, rstd, dw, NULL, N, C, scratch, cs);
 }
@@ -512,7 +706,7 @@ template <typename S, typename A>
 static void ce_fwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ignore, void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
   ce_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ignore, (A *)loss,
-                                                       (A *)lse, bad);
+                                                       (A *)lse, bad, (int)rows_aligned16<S>(x, ldx));
 }
 
 extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
@@ -533,8 +727,9 @@ template <typename S, typename A>
 static void ce_bwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ldd, int64_t ignore, const void *lse, const void *scale, void *dx,
                           cudaStream_t cs) {
+  int vec = rows_aligned16<S>(x, ldx) && rows_aligned16<S>(dx, ldd);
   ce_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ldd, ignore,
-                                                       (const A *)lse, (const A *)scale, (S *)dx);
+                                                       (const A *)lse, (const A *)scale, (S *)dx, vec);
 }
 
 extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,

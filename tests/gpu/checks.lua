@@ -574,6 +574,17 @@ grad_check("cross_entropy over narrowed logits, rows read where they lie (512, 1
   end)
 grad_check("softmax (4096, 1024) in bf16", { { shape = { 4096, 1024 }, dtype = "bf16" } },
   function(x) return F.softmax(x, -1) end)
+-- the norms read rows in 16-byte pieces where every row starts on a 16-byte boundary, else element by element
+grad_check("layer_norm (257, 771): rows off 16-byte boundaries, element by element", { { shape = { 257, 771 } },
+  { shape = { 771 } }, { shape = { 771 } } }, function(x, w, b) return F.layer_norm(x, w, b) end, { gtol = 1e-4 })
+grad_check("add_rms_norm (130, 772) in bf16: rows of 1544 bytes, element by element", { { shape = { 130, 772 },
+  dtype = "bf16" }, { shape = { 130, 772 }, dtype = "bf16" }, { shape = { 772 }, dtype = "bf16" } },
+  function(x, r, w) return lt.stack({ F.add_rms_norm(x, r, w) }) end)
+grad_check("layer_norm (64, 768) in bf16 without weight or bias, 16-byte pieces", { { shape = { 64, 768 },
+  dtype = "bf16" } }, function(x) return F.layer_norm(x, nil, nil) end)
+grad_check("add_layer_norm (40, 24) in f64: twelve pieces a row, most lanes idle", { { shape = { 40, 24 }, dtype = "f64" },
+  { shape = { 40, 24 }, dtype = "f64" }, { shape = { 24 }, dtype = "f64" }, { shape = { 24 }, dtype = "f64" } },
+  function(x, r, w, b) return lt.stack({ F.add_layer_norm(x, r, w, b) }) end)
 grad_check("layer_norm of no rows: zero weight and bias gradients", { { shape = { 0, 64 } }, { shape = { 64 } },
   { shape = { 64 } } }, function(x, w, b) return F.layer_norm(x, w, b) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
@@ -585,6 +596,40 @@ grad_check("cross_entropy (1024, 50257) with ignored targets", { { shape = { 102
   for i = 1, 1024 do ids[i] = i % 3 == 0 and -100 or (i * 37) % 50257 end
   return (F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device })))
 end, { gtol = 1e-4 })
+-- the cross-entropy kernels read (and write) rows in 16-byte pieces where the rows are aligned, element by
+-- element where not, and the piece holding the last class partly
+grad_check("cross_entropy in bf16 on rows off 16-byte boundaries (256, 1000 from column 2 of 1024)",
+  { { shape = { 256, 1024 }, dtype = "bf16" } }, function(x)
+    local ids = {}
+    for i = 1, 256 do ids[i] = (i * 41) % 1000 end
+    return F.cross_entropy(x:narrow(2, 2, 1000), lt.tensor(ids, { dtype = "i64", device = x.device }), { reduction = "none" })
+  end)
+grad_check("cross_entropy, f32, classes 1003 of 1024: the last piece partly classes, partly padding",
+  { { shape = { 256, 1024 } } }, function(x)
+    local ids = {}
+    for i = 1, 256 do ids[i] = i % 2 == 0 and 1002 or (i * 7) % 1003 end
+    return F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device }), { classes = 1003, reduction = "none" })
+  end, { gtol = 1e-4 })
+check("cross_entropy with -inf, +inf and NaN logits: losses and gradients as the CPU's, NaN where it has NaN", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    local x = lt.randn({ 6, 1024 }):mul(4)
+    x:narrow(1, 1, 1):narrow(2, 1, 300):fill_(-math.huge) -- some -inf, the row's maximum finite
+    x:narrow(1, 2, 1):fill_(-math.huge)                    -- all -inf
+    x:narrow(1, 3, 1):narrow(2, 700, 1):fill_(math.huge)   -- one +inf
+    x:narrow(1, 4, 1):narrow(2, 5, 1):fill_(0 / 0)         -- one NaN
+    x:narrow(1, 5, 1):narrow(2, 1020, 5):fill_(50)         -- the maximum in the last piece
+    x:narrow(1, 6, 1):narrow(2, 1, 1):fill_(50)            -- the maximum first
+    local c = x:to(dt):clone():requires_grad_()
+    local g = x:to(dt):to(CUDA):detach():requires_grad_()
+    local tgt = lt.tensor({ 350, 9, 700, 5, 1021, 1 }, "i64")
+    local lc = F.cross_entropy(c, tgt, { reduction = "none" })
+    local lg = F.cross_entropy(g, tgt:to(CUDA), { reduction = "none" })
+    close(lg, lc, dt .. " losses")
+    lc:sum():backward()
+    lg:sum():backward()
+    close(g.grad, c.grad, dt .. " gradients")
+  end
+end, true)
 grad_check("embedding (50257, 768) with 8192 ids", { { shape = { 8192 }, ids = 50257 }, { shape = { 50257, 768 } } },
   function(ids, w) return F.embedding(ids, w) end)
 grad_check("embedding with repeated ids adds deterministically", { { shape = { 4096 }, ids = 7 },
