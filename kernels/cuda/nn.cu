@@ -215,44 +215,63 @@ __global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const 
 }
 
 /* dw (and db) for LayerNorm (mean given) or RMSNorm (mean NULL) in two
-   passes through scratch: blocks of 32 columns x a chunk of rows (32 row
-   stripes, each summing its rows in order, combined in a fixed tree) write
-   f64 partial sums, enough blocks to fill the GPU (one block per 32 columns
+   passes through scratch: blocks of 32 columns x a chunk of rows write f64
+   partial sums, enough blocks to fill the GPU (one block per 32 columns
    would leave most SMs idle for GPT-2's 768); then one thread per column
-   adds the chunks in order. Deterministic, reads coalesced. */
-enum { DW_X = 32, DW_Y = 32, DW_CHUNKS = 64, DW_CHUNK_ROWS = 256 };
+   adds the chunks in order. In a block, 32 / W threads take the 32 columns
+   in pieces of W (16 bytes where the rows are aligned) and 256 W / 32 row
+   stripes each sum their rows in order, combined in a fixed tree.
+   Deterministic, reads coalesced. */
+enum { DW_X = 32, DW_THREADS = 256, DW_CHUNKS = 64, DW_CHUNK_ROWS = 256 };
 static int dw_chunks(int64_t N) {
   int64_t y = (N + DW_CHUNK_ROWS - 1) / DW_CHUNK_ROWS;
   return (int)(y < 1 ? 1 : (y > (int64_t)DW_CHUNKS ? (int64_t)DW_CHUNKS : y));
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void norm_dw_partial_kernel(const S *dy, const S *x, const A *mean, const A *rstd, double *pw, double *pb,
                                        int64_t N, int64_t C, int64_t rows) {
-  __shared__ double sw[DW_Y][DW_X], sb[DW_Y][DW_X];
-  int tx = threadIdx.x, ty = threadIdx.y;
-  int64_t c = (int64_t)blockIdx.x * DW_X + tx, r0 = (int64_t)blockIdx.y * rows;
+  const int PX = DW_X / W, PY = DW_THREADS / PX; /* pieces across, row stripes */
+  __shared__ double sw[PY][DW_X], sb[PY][DW_X];
+  int tx = threadIdx.x % PX, ty = threadIdx.x / PX;
+  int64_t k = (int64_t)blockIdx.x * PX + tx, r0 = (int64_t)blockIdx.y * rows; /* k: this thread's piece */
   int64_t r1 = r0 + rows < N ? r0 + rows : N;
-  double aw = 0, ab = 0;
-  if (c < C)
-    for (int64_t r = r0 + ty; r < r1; r += DW_Y) {
-      A g = ld(dy, r * C + c);
-      aw += g * ((ld(x, r * C + c) - (mean ? mean[r] : (A)0)) * rstd[r]);
-      ab += g;
+  double aw[W], ab[W];
+#pragma unroll
+  for (int j = 0; j < W; j++)
+    aw[j] = ab[j] = 0;
+  if (k * W < C)
+    for (int64_t r = r0 + ty; r < r1; r += PY) {
+      A g[W], e[W], mu = mean ? mean[r] : (A)0, s = rstd[r];
+      ld_piece<W>(dy + r * C, k, g);
+      ld_piece<W>(x + r * C, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        aw[j] += g[j] * ((e[j] - mu) * s);
+        ab[j] += g[j];
+      }
     }
-  sw[ty][tx] = aw;
-  sb[ty][tx] = ab;
-  for (int h = DW_Y / 2; h > 0; h >>= 1) {
+#pragma unroll
+  for (int j = 0; j < W; j++) {
+    sw[ty][tx * W + j] = aw[j];
+    sb[ty][tx * W + j] = ab[j];
+  }
+  for (int h = PY / 2; h > 0; h >>= 1) {
     __syncthreads();
-    if (ty < h) {
-      sw[ty][tx] += sw[ty + h][tx];
-      sb[ty][tx] += sb[ty + h][tx];
-    }
+    if (ty < h)
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        sw[ty][tx * W + j] += sw[ty + h][tx * W + j];
+        sb[ty][tx * W + j] += sb[ty + h][tx * W + j];
+      }
   }
-  if (ty == 0 && c < C) {
-    pw[(int64_t)blockIdx.y * C + c] = sw[0][tx];
-    pb[(int64_t)blockIdx.y * C + c] = sb[0][tx];
-  }
+  if (ty == 0)
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      if (k * W + j < C) {
+        pw[(int64_t)blockIdx.y * C + k * W + j] = sw[0][tx * W + j];
+        pb[(int64_t)blockIdx.y * C + k * W + j] = sb[0][tx * W + j];
+      }
 }
 
 template <typename S, typename A>
@@ -279,8 +298,13 @@ static void norm_dw_launch(const void *dy, const void *x, const void *mean, cons
   int chunks = dw_chunks(N);
   double *pw = (double *)scratch, *pb = pw + (size_t)chunks * (size_t)C;
   int64_t rows = (N + chunks - 1) / chunks;
-  norm_dw_partial_kernel<S, A><<<dim3(dw_grid(C), (unsigned)chunks), dim3(DW_X, DW_Y), 0, cs>>>(
-      (const S *)dy, (const S *)x, (const A *)mean, (const A *)rstd, pw, pb, N, C, rows);
+  dim3 grid(dw_grid(C), (unsigned)chunks);
+  if (norm_piece<S>(C, {dy, x}) > 1)
+    norm_dw_partial_kernel<S, A, 16 / sizeof(S)><<<grid, DW_THREADS, 0, cs>>>(
+        (const S *)dy, (const S *)x, (const A *)mean, (const A *)rstd, pw, pb, N, C, rows);
+  else
+    norm_dw_partial_kernel<S, A, 1><<<grid, DW_THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
+                                                                 (const A *)rstd, pw, pb, N, C, rows);
   norm_dw_finish_kernel<S, A><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
 }
 
@@ -346,8 +370,12 @@ __global__ void rms_norm_dx_kernel(const S *dy, const S *x, const S *w, const A 
 /* ---- softmax ----------------------------------------------------------------- */
 
 /* softmax of scale * x; under a causal mask of `causal` queries row r sees
-   its first r % causal + C - causal + 1 entries (kernels/cpu/softmax.c) */
-template <typename S, typename A>
+   its first r % causal + C - causal + 1 entries (kernels/cpu/softmax.c).
+   Rows in pieces of W elements (16 bytes where aligned): for each piece k of
+   a row below `limit` elements, each of its elements c < limit. */
+#define ROW_PIECES(k, limit) for (int64_t k = threadIdx.x; k < ((limit) + W - 1) / W; k += blockDim.x)
+
+template <typename S, typename A, int W>
 __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int logsm, A scale, int64_t causal) {
   __shared__ double sh[32];
   const A ninf = -(A)INFINITY;
@@ -360,37 +388,59 @@ __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int l
       L = L < 0 ? 0 : (L > C ? C : L);
     }
     double mloc = -CUDART_INF;
-    for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
-      mloc = fmax(mloc, (double)(ld(xr, c) * scale));
+    ROW_PIECES(k, L) {
+      A e[W];
+      ld_piece<W>(xr, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        if (k * W + j < L)
+          mloc = fmax(mloc, (double)(e[j] * scale));
+    }
     A m = (A)lt_block_max(mloc, sh);
     if (m == ninf) { /* all masked, or all NaN (the maximum skips NaN) */
       double nan = 0;
-      for (int64_t c = threadIdx.x; c < L; c += blockDim.x) {
-        A v = ld(xr, c);
-        nan += v != v;
+      ROW_PIECES(k, L) {
+        A e[W];
+        ld_piece<W>(xr, k, e);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          nan += k * W + j < L && e[j] != e[j];
       }
       bool any_nan = lt_block_sum(nan, sh) > 0;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        st(yr, c, any_nan ? (A)NAN : logsm ? ninf : (A)0);
+      ROW_PIECES(k, C) {
+        A e[W];
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          e[j] = any_nan ? (A)NAN : logsm ? ninf : (A)0;
+        st_piece<W>(yr, k, e);
+      }
       continue;
     }
     double sum = 0;
-    for (int64_t c = threadIdx.x; c < L; c += blockDim.x)
-      sum += t_exp(ld(xr, c) * scale - m);
+    ROW_PIECES(k, L) {
+      A e[W];
+      ld_piece<W>(xr, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        if (k * W + j < L)
+          sum += t_exp(e[j] * scale - m);
+    }
     sum = lt_block_sum(sum, sh);
-    if (logsm) {
-      A lse = m + (A)log(sum);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        st(yr, c, c < L ? ld(xr, c) * scale - lse : ninf);
-    } else {
-      A inv = (A)(1.0 / sum);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        st(yr, c, c < L ? t_exp(ld(xr, c) * scale - m) * inv : (A)0);
+    A lse = m + (A)log(sum), inv = (A)(1.0 / sum);
+    ROW_PIECES(k, C) {
+      A e[W];
+      ld_piece<W>(xr, k, e);
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        bool in = k * W + j < L;
+        e[j] = logsm ? (in ? e[j] * scale - lse : ninf) : (in ? t_exp(e[j] * scale - m) * inv : (A)0);
+      }
+      st_piece<W>(yr, k, e);
     }
   }
 }
 
-template <typename S, typename A>
+template <typename S, typename A, int W>
 __global__ void softmax_bwd_kernel(const S *y, const S *dy, S *dx, int64_t N, int64_t C, int logsm, A scale) {
   __shared__ double sh[32];
   const A ninf = -(A)INFINITY;
@@ -398,27 +448,48 @@ __global__ void softmax_bwd_kernel(const S *y, const S *dy, S *dx, int64_t N, in
     const S *yr = y + r * C, *gr = dy + r * C;
     S *xr = dx + r * C;
     if (logsm) {
-      double live = 0; /* entries that are not -inf */
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        live += ld(yr, c) != ninf;
-      if (lt_block_sum(live, sh) == 0) {
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-          st(xr, c, (A)0);
-        continue;
+      double live = 0, s = 0; /* live: entries that are not -inf */
+      ROW_PIECES(k, C) {
+        A yv[W], g[W];
+        ld_piece<W>(yr, k, yv);
+        ld_piece<W>(gr, k, g);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+          live += yv[j] != ninf;
+          s += g[j];
+        }
       }
-      double s = 0;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        s += ld(gr, c);
+      bool dead = lt_block_sum(live, sh) == 0;
       A sg = (A)lt_block_sum(s, sh);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        st(xr, c, scale * (ld(gr, c) - t_exp(ld(yr, c)) * sg));
+      ROW_PIECES(k, C) {
+        A yv[W], g[W];
+        ld_piece<W>(yr, k, yv);
+        ld_piece<W>(gr, k, g);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          g[j] = dead ? (A)0 : scale * (g[j] - t_exp(yv[j]) * sg);
+        st_piece<W>(xr, k, g);
+      }
     } else {
       double s = 0;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        s += (double)ld(gr, c) * ld(yr, c);
+      ROW_PIECES(k, C) {
+        A yv[W], g[W];
+        ld_piece<W>(yr, k, yv);
+        ld_piece<W>(gr, k, g);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          s += (double)g[j] * yv[j];
+      }
       A sg = (A)lt_block_sum(s, sh);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        st(xr, c, scale * ld(yr, c) * (ld(gr, c) - sg));
+      ROW_PIECES(k, C) {
+        A yv[W], g[W];
+        ld_piece<W>(yr, k, yv);
+        ld_piece<W>(gr, k, g);
+#pragma unroll
+        for (int j = 0; j < W; j++)
+          g[j] = scale * yv[j] * (g[j] - sg);
+        st_piece<W>(xr, k, g);
+      }
     }
   }
 }
@@ -676,7 +747,11 @@ extern "C" lt_status lt_cuda_rms_norm_bwd(lt_dtype dt, const void *dy, const voi
 template <typename S, typename A>
 static void softmax_fwd_launch(const void *x, void *y, int64_t N, int64_t C, int logsm, double scale, int64_t causal,
                                cudaStream_t cs) {
-  softmax_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (S *)y, N, C, logsm, (A)scale, causal);
+  if (norm_piece<S>(C, {x, y}) > 1)
+    softmax_fwd_kernel<S, A, 16 / sizeof(S)><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (S *)y, N, C, logsm,
+                                                                              (A)scale, causal);
+  else
+    softmax_fwd_kernel<S, A, 1><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, (S *)y, N, C, logsm, (A)scale, causal);
 }
 
 extern "C" lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, int64_t N, int64_t C, int logsm,
@@ -690,8 +765,12 @@ extern "C" lt_status lt_cuda_softmax_fwd(lt_dtype dt, const void *x, void *y, in
 template <typename S, typename A>
 static void softmax_bwd_launch(const void *y, const void *dy, void *dx, int64_t N, int64_t C, int logsm, double scale,
                                cudaStream_t cs) {
-  softmax_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)y, (const S *)dy, (S *)dx, N, C, logsm,
-                                                            (A)scale);
+  if (norm_piece<S>(C, {y, dy, dx}) > 1)
+    softmax_bwd_kernel<S, A, 16 / sizeof(S)><<<rows_grid(N), THREADS, 0, cs>>>((const S *)y, (const S *)dy, (S *)dx,
+                                                                              N, C, logsm, (A)scale);
+  else
+    softmax_bwd_kernel<S, A, 1><<<rows_grid(N), THREADS, 0, cs>>>((const S *)y, (const S *)dy, (S *)dx, N, C, logsm,
+                                                                 (A)scale);
 }
 
 extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void *dy, void *dx, int64_t N, int64_t C,

@@ -639,6 +639,33 @@ grad_check("gelu, silu and swiglu (1024, 3072)", { { shape = { 1024, 3072 } }, {
   function(a, b) return F.gelu(a) + F.silu(b) + F.swiglu(a, b) end)
 grad_check("scaled causal softmax (2, 12, 256, 300): keys after a cache", { { shape = { 2, 12, 256, 300 } } },
   function(x) return F.scaled_softmax(x, 0.125, { causal = true }) end)
+check("softmax, log_softmax and the scaled causal softmax with -inf, NaN and fully masked rows, as the CPU's", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    local x = lt.randn({ 24, 40 }):mul(3)
+    x:narrow(1, 1, 1):narrow(2, 1, 30):fill_(-math.huge) -- some -inf
+    x:narrow(1, 2, 1):fill_(-math.huge)                   -- all -inf
+    x:narrow(1, 3, 1):narrow(2, 17, 1):fill_(0 / 0)       -- a NaN
+    x:narrow(1, 4, 1):fill_(0 / 0)                        -- all NaN
+    x:narrow(1, 5, 1):narrow(2, 39, 2):fill_(40)          -- the maximum in the last piece
+    local function run(f, name)
+      local c = x:to(dt):clone():requires_grad_()
+      local g = x:to(dt):to(CUDA):detach():requires_grad_()
+      local yc, yg = f(c), f(g)
+      local function finite(t) return t:detach():masked_fill(t:eq(-math.huge), -1e4) end -- (-inf where both have it)
+      close(finite(yg), finite(yc), ("%s %s"):format(dt, name))
+      local w = lt.randn(yc:shape()):to(dt)
+      ;(yc:masked_fill(yc:ne(yc), 0) * w):sum():backward()
+      ;(yg:masked_fill(yg:ne(yg), 0) * w:to(CUDA)):sum():backward()
+      close(g.grad, c.grad, ("%s %s gradient"):format(dt, name))
+    end
+    run(function(t) return F.softmax(t, -1) end, "softmax")
+    run(function(t) return F.log_softmax(t, -1) end, "log_softmax")
+    -- 24 queries over 40 keys, and over 16 (the first 8 rows see nothing)
+    run(function(t) return F.scaled_softmax(t:view(1, 1, 24, 40), 0.5, { causal = true }) end, "scaled causal softmax")
+    run(function(t) return F.scaled_softmax(t:narrow(2, 1, 16):contiguous():view(1, 1, 24, 16), 0.5, { causal = true }) end,
+      "scaled causal softmax, 8 rows fully masked")
+  end
+end, true)
 grad_check("fused attention, grouped-query, 128 queries after 64 cached keys (2, 8 / 2 heads, 64)",
   { { shape = { 2, 8, 128, 64 } }, { shape = { 2, 2, 192, 64 } }, { shape = { 2, 2, 192, 64 } } }, function(q, k, v)
   return F.scaled_dot_product_attention(q, k, v, { causal = true, fused = true })
