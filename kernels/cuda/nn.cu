@@ -143,24 +143,29 @@ __device__ __forceinline__ const S *sum_row(const S *x, const S *res, S *h, int6
   return res ? h + r * C : xr;
 }
 
+/* LayerNorm (mean given: centred, with a bias) or RMSNorm (mean NULL: the
+   root mean square, no bias) of each row, writing mean and rstd per row */
 template <typename S, typename A, int W>
-__global__ void layer_norm_fwd_kernel(const S *x, const S *res, const S *w, const S *b, S *y, S *h, A *mean, A *rstd,
-                                      int64_t N, int64_t C, double eps) {
+__global__ void norm_fwd_kernel(const S *x, const S *res, const S *w, const S *b, S *y, S *h, A *mean, A *rstd,
+                                int64_t N, int64_t C, double eps) {
   NORM_ROWS(r, N) {
-    double m;
-    const S *xr = sum_row<W, S, A>(x, res, h, r, C, false, &m);
-    m /= (double)C;
-    double v = 0;
-    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A e[W];
-      ld_piece<W>(xr, k, e);
+    double sum;
+    const S *xr = sum_row<W, S, A>(x, res, h, r, C, mean == NULL, &sum);
+    double m = 0, v = sum / (double)C; /* RMSNorm: the mean of squares */
+    if (mean) {
+      m = v;
+      v = 0;
+      for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
+        A e[W];
+        ld_piece<W>(xr, k, e);
 #pragma unroll
-      for (int j = 0; j < W; j++) {
-        double d = e[j] - m;
-        v += d * d;
+        for (int j = 0; j < W; j++) {
+          double d = e[j] - m;
+          v += d * d;
+        }
       }
+      v = lt_warp_sum(v) / (double)C;
     }
-    v = lt_warp_sum(v) / (double)C;
     A s = (A)(1.0 / sqrt(v + eps)), mt = (A)m;
     for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
       A e[W], wv[W], bv[W];
@@ -173,18 +178,23 @@ __global__ void layer_norm_fwd_kernel(const S *x, const S *res, const S *w, cons
       st_piece<W>(y + r * C, k, e);
     }
     if (threadIdx.x % 32 == 0) {
-      mean[r] = mt;
+      if (mean)
+        mean[r] = mt;
       rstd[r] = s;
     }
   }
 }
 
+/* dx of LayerNorm (mean given) or RMSNorm (mean NULL), plus dadd (the
+   gradient reaching the residual sum h directly) when given:
+   dx = rstd (g w - mean(g w) - n mean(g w n)), n the normalised row (for
+   RMSNorm the mean(g w) term is absent) */
 template <typename S, typename A, int W>
-__global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd,
-                                     const S *dadd, S *dx, int64_t N, int64_t C) {
+__global__ void norm_dx_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd, const S *dadd,
+                               S *dx, int64_t N, int64_t C) {
   NORM_ROWS(r, N) {
     const S *xr = x + r * C, *gr = dy + r * C;
-    A m = mean[r], s = rstd[r];
+    A m = mean ? mean[r] : (A)0, s = rstd[r];
     double sg = 0, sgn = 0;
     for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
       A g[W], e[W], wv[W];
@@ -198,7 +208,7 @@ __global__ void layer_norm_dx_kernel(const S *dy, const S *x, const S *w, const 
         sgn += gw * ((e[j] - m) * s);
       }
     }
-    A mg = (A)(lt_warp_sum(sg) / (double)C);
+    A mg = mean ? (A)(lt_warp_sum(sg) / (double)C) : (A)0;
     A mgn = (A)(lt_warp_sum(sgn) / (double)C);
     for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
       A g[W], e[W], wv[W], add[W];
@@ -313,58 +323,6 @@ static lt_status dw_scratch_ok(void *dw, void *db, int64_t N, int64_t C, void *s
     return lt_fail(LT_ERR_INTERNAL, "cuda: a norm's weight gradient needs %zu bytes of scratch, got %zu",
                    lt_cuda_norm_dw_scratch(N, C), scratch_bytes);
   return LT_OK;
-}
-
-template <typename S, typename A, int W>
-__global__ void rms_norm_fwd_kernel(const S *x, const S *res, const S *w, S *y, S *h, A *rstd, int64_t N, int64_t C,
-                                    double eps) {
-  NORM_ROWS(r, N) {
-    double ss;
-    const S *xr = sum_row<W, S, A>(x, res, h, r, C, true, &ss);
-    A s = (A)(1.0 / sqrt(ss / (double)C + eps));
-    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A e[W], wv[W];
-      ld_piece<W>(xr, k, e);
-      ld_piece_or<W>(w, k, (A)1, wv);
-#pragma unroll
-      for (int j = 0; j < W; j++)
-        e[j] = e[j] * s * wv[j];
-      st_piece<W>(y + r * C, k, e);
-    }
-    if (threadIdx.x % 32 == 0)
-      rstd[r] = s;
-  }
-}
-
-template <typename S, typename A, int W>
-__global__ void rms_norm_dx_kernel(const S *dy, const S *x, const S *w, const A *rstd, const S *dadd, S *dx, int64_t N,
-                                   int64_t C) {
-  NORM_ROWS(r, N) {
-    const S *xr = x + r * C, *gr = dy + r * C;
-    A s = rstd[r];
-    double sgn = 0;
-    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A g[W], e[W], wv[W];
-      ld_piece<W>(gr, k, g);
-      ld_piece<W>(xr, k, e);
-      ld_piece_or<W>(w, k, (A)1, wv);
-#pragma unroll
-      for (int j = 0; j < W; j++)
-        sgn += g[j] * wv[j] * e[j] * s;
-    }
-    A mgn = (A)(lt_warp_sum(sgn) / (double)C);
-    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A g[W], e[W], wv[W], add[W];
-      ld_piece<W>(gr, k, g);
-      ld_piece<W>(xr, k, e);
-      ld_piece_or<W>(w, k, (A)1, wv);
-      ld_piece_or<W>(dadd ? dadd + r * C : (const S *)NULL, k, (A)0, add);
-#pragma unroll
-      for (int j = 0; j < W; j++)
-        e[j] = s * (g[j] * wv[j] - e[j] * s * mgn) + add[j];
-      st_piece<W>(dx + r * C, k, e);
-    }
-  }
 }
 
 /* ---- softmax ----------------------------------------------------------------- */
@@ -655,7 +613,7 @@ template <typename S, typename A>
 static void layer_norm_fwd_launch(const void *x, const void *res, const void *w, const void *b, void *y, void *h,
                                   void *mean, void *rstd, int64_t N, int64_t C, double eps, cudaStream_t cs) {
   bool wide = norm_piece<S>(C, {x, res, w, b, y, h}) > 1;
-  NORM_LAUNCH(layer_norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w,
+  NORM_LAUNCH(norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w,
               (const S *)b, (S *)y, (S *)h, (A *)mean, (A *)rstd, N, C, eps);
 }
 
@@ -665,7 +623,7 @@ extern "C" lt_status lt_cuda_layer_norm_fwd(lt_dtype dt, const void *x, const vo
   if (N == 0)
     return LT_OK;
   DISPATCH_ROWS(dt, layer_norm_fwd_launch, x, res, w, b, y, h, mean, rstd, N, C, eps, (cudaStream_t)s);
-  return lt_cuda_check_launch("layer_norm_fwd_kernel");
+  return lt_cuda_check_launch("layer_norm forward");
 }
 
 template <typename S, typename A>
@@ -674,7 +632,7 @@ static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, 
                                   void *scratch, cudaStream_t cs) {
   if (dx) {
     bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
-    NORM_LAUNCH(layer_norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
+    NORM_LAUNCH(norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
                 (const A *)mean, (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
   }
   if (dw || db)
@@ -708,8 +666,8 @@ template <typename S, typename A>
 static void rms_norm_fwd_launch(const void *x, const void *res, const void *w, void *y, void *h, void *rstd, int64_t N,
                                 int64_t C, double eps, cudaStream_t cs) {
   bool wide = norm_piece<S>(C, {x, res, w, y, h}) > 1;
-  NORM_LAUNCH(rms_norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w, (S *)y,
-              (S *)h, (A *)rstd, N, C, eps);
+  NORM_LAUNCH(norm_fwd_kernel, N, cs, wide, (const S *)x, (const S *)res, (const S *)w, (const S *)NULL, (S *)y,
+              (S *)h, (A *)NULL, (A *)rstd, N, C, eps);
 }
 
 extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void *res, const void *w, void *y, void *h,
@@ -717,7 +675,7 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
   if (N == 0)
     return LT_OK;
   DISPATCH_ROWS(dt, rms_norm_fwd_launch, x, res, w, y, h, rstd, N, C, eps, (cudaStream_t)s);
-  return lt_cuda_check_launch("rms_norm_fwd_kernel");
+  return lt_cuda_check_launch("rms_norm forward");
 }
 
 template <typename S, typename A>
@@ -725,7 +683,7 @@ static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, co
                                 void *dx, void *dw, int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
   if (dx) {
     bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
-    NORM_LAUNCH(rms_norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
+    NORM_LAUNCH(norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w, (const A *)NULL,
                 (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
   }
   if (dw)
