@@ -9,6 +9,8 @@
  */
 #include "common.cuh"
 
+#include <type_traits>
+
 static const int THREADS = 256;
 
 /* Multi-tensor launches: up to MT_MAX tensors in one kernel's arguments
@@ -34,34 +36,121 @@ __device__ __forceinline__ int mt_find(const mt_tensors &a, int64_t b, int64_t *
   return k;
 }
 
+/* AdamW's constants for one step, in the compute type T */
+template <typename T> struct adamw_consts {
+  T b1, b2, eps, w1, decay, step_size, bc2_sqrt;
+  __device__ explicit adamw_consts(const lt_adamw_hparams &h)
+      : b1((T)h.beta1), b2((T)h.beta2), eps((T)h.eps), w1(1 - (T)h.beta1), decay((T)(1.0 - h.lr * h.weight_decay)),
+        step_size((T)(h.lr / h.bias_correction1)), bc2_sqrt((T)sqrt(h.bias_correction2)) {}
+};
+
+/* One element's update: p (the parameter, or its f32 master), m and v from
+   the gradient g (torch.optim.AdamW's single-tensor form) */
+template <typename T>
+__device__ __forceinline__ void adamw_one(const adamw_consts<T> &c, T g, T &p, T &m, T &v) {
+  p *= c.decay;
+  m = c.w1 < (T)0.5 ? m + c.w1 * (g - m) : g - (g - m) * (1 - c.w1);
+  v = c.b2 * v + (1 - c.b2) * g * g;
+  p -= c.step_size * m / (sqrt(v) / c.bc2_sqrt + c.eps);
+}
+
 /* T: compute type (f32 or f64); dt: the parameter's dtype */
 template <typename T>
-__device__ __forceinline__ void adamw_elems(const lt_optim_tensor &t, const lt_adamw_hparams &h, int64_t lo,
+__device__ __forceinline__ void adamw_elems(const lt_optim_tensor &t, const adamw_consts<T> &c, int64_t lo,
                                             int64_t hi, int64_t stride) {
-  T b1 = (T)h.beta1, b2 = (T)h.beta2, eps = (T)h.eps, w1 = 1 - b1;
-  T decay = (T)(1.0 - h.lr * h.weight_decay), step_size = (T)(h.lr / h.bias_correction1);
-  T bc2_sqrt = (T)sqrt(h.bias_correction2);
   T *m = (T *)t.m, *v = (T *)t.v;
   bool half = t.master != NULL;
   for (int64_t i = lo; i < hi; i += stride) {
     T g = lt_load<T>((const char *)t.grad, t.dtype, i);
     T p = half ? ((const float *)t.master)[i] : lt_load<T>((const char *)t.param, t.dtype, i);
-    p *= decay;
-    T mi = w1 < (T)0.5 ? m[i] + w1 * (g - m[i]) : g - (g - m[i]) * (1 - w1);
-    T vi = b2 * v[i] + (1 - b2) * g * g;
+    T mi = m[i], vi = v[i];
+    adamw_one(c, g, p, mi, vi);
     m[i] = mi;
     v[i] = vi;
-    p -= step_size * mi / (sqrt(vi) / bc2_sqrt + eps);
     if (half)
       ((float *)t.master)[i] = (float)p;
     lt_store<T>((char *)t.param, t.dtype, i, p);
   }
 }
 
+/* Four 16-bit values (8 bytes) or f32 values (16 bytes) as floats, and back */
+template <typename E> struct quad {
+  typedef typename std::conditional<sizeof(E) == 2, uint2, uint4>::type raw_t;
+  union {
+    raw_t raw;
+    E e[4];
+  };
+};
+template <typename E> __device__ __forceinline__ float q_get(E x);
+template <> __device__ __forceinline__ float q_get<float>(float x) { return x; }
+template <> __device__ __forceinline__ float q_get<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float q_get<__half>(__half x) { return __half2float(x); }
+template <typename E> __device__ __forceinline__ E q_put(float x);
+template <> __device__ __forceinline__ float q_put<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 q_put<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half q_put<__half>(float x) { return __float2half_rn(x); }
+
+/* adamw_elems over elements lo..hi (lo a multiple of 4) four at a time, for
+   E-typed parameters and gradients whose arrays all allow it (quads_ok):
+   one wide load or store per array instead of four */
+template <typename E>
+__device__ __forceinline__ void adamw_quads(const lt_optim_tensor &t, const adamw_consts<float> &c, int64_t lo,
+                                            int64_t hi, int64_t stride) {
+  typedef quad<E> Q;
+  bool half = t.master != NULL;
+  int64_t q0 = lo / 4 + threadIdx.x, q1 = hi / 4;
+  for (int64_t q = q0; q < q1; q += stride) {
+    Q g, p;
+    quad<float> m, v, w;
+    g.raw = ((const typename Q::raw_t *)t.grad)[q];
+    m.raw = ((const uint4 *)t.m)[q];
+    v.raw = ((const uint4 *)t.v)[q];
+    if (half)
+      w.raw = ((const uint4 *)t.master)[q];
+    else
+      p.raw = ((const typename Q::raw_t *)t.param)[q];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float pj = half ? w.e[j] : q_get<E>(p.e[j]);
+      adamw_one(c, q_get<E>(g.e[j]), pj, m.e[j], v.e[j]);
+      w.e[j] = pj;
+      p.e[j] = q_put<E>(pj);
+    }
+    ((uint4 *)t.m)[q] = m.raw;
+    ((uint4 *)t.v)[q] = v.raw;
+    if (half)
+      ((uint4 *)t.master)[q] = w.raw;
+    ((typename Q::raw_t *)t.param)[q] = p.raw;
+  }
+  adamw_elems<float>(t, c, q1 * 4 + threadIdx.x, hi, stride); /* (the tail past the last quad) */
+}
+
+/* whether every array of t allows four elements at a time: f32, bf16 or
+   f16 parameters, m, v and the master 16-byte aligned, the parameter and
+   its gradient aligned to four of their elements */
+__device__ __forceinline__ bool quads_ok(const lt_optim_tensor &t) {
+  int es = t.dtype == LT_DTYPE_F32 ? 4 : t.dtype == LT_DTYPE_BF16 || t.dtype == LT_DTYPE_F16 ? 2 : 0;
+  uintptr_t wide = (uintptr_t)t.m | (uintptr_t)t.v | (uintptr_t)t.master;
+  return es && (es == 4 || t.master) && wide % 16 == 0 && ((uintptr_t)t.param | (uintptr_t)t.grad) % (4 * es) == 0;
+}
+
 template <typename T> __global__ void adamw_mt_kernel(mt_tensors a, lt_adamw_hparams h) {
   int64_t lo, hi;
   int k = mt_find(a, blockIdx.x, &lo, &hi);
-  adamw_elems<T>(a.t[k], h, lo + threadIdx.x, hi, blockDim.x);
+  const lt_optim_tensor &t = a.t[k];
+  adamw_consts<T> c(h);
+  if constexpr (sizeof(T) == 4) {
+    if (quads_ok(t)) {
+      if (t.dtype == LT_DTYPE_F32)
+        adamw_quads<float>(t, c, lo, hi, blockDim.x);
+      else if (t.dtype == LT_DTYPE_BF16)
+        adamw_quads<__nv_bfloat16>(t, c, lo, hi, blockDim.x);
+      else
+        adamw_quads<__half>(t, c, lo, hi, blockDim.x);
+      return;
+    }
+  }
+  adamw_elems<T>(t, c, lo + threadIdx.x, hi, blockDim.x);
 }
 
 template <typename T>

@@ -393,10 +393,11 @@ check("every optim.json case (AdamW, SGD, bf16 master weights, clipping) on cuda
   assert(#failures == 0, table.concat(failures, " || "))
 end)
 
+-- (the update runs four elements at a time where the arrays allow: 1003 and 3 elements leave a tail)
 check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 and bf16)", function()
   for _, dt in ipairs { "f32", "bf16" } do
     lt.manual_seed(11)
-    local shapes = { { 3072, 768 }, { 768 }, { 50304, 64 } }
+    local shapes = { { 3072, 768 }, { 768 }, { 50304, 64 }, { 1003 }, { 3 } }
     local cps, gps, grads = {}, {}, {}
     for i, sh in ipairs(shapes) do
       cps[i] = lt.randn(sh):to(dt):requires_grad_()
@@ -420,6 +421,26 @@ check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 an
     assert(math.abs(cn - gn) <= 1e-6 * cn, ("grad norms: cpu %.9g, cuda %.9g"):format(cn, gn))
   end
 end)
+
+check("AdamW four elements at a time gives the element-wise update bit for bit (an aligned and an offset parameter)", function()
+  for _, dt in ipairs { "f32", "bf16", "f16" } do
+    lt.manual_seed(12)
+    local init = lt.randn({ 1001 }):to(dt)
+    local a = init:to(CUDA):requires_grad_()                         -- 16-byte aligned: four at a time
+    local b = lt.empty({ 1002 }, { dtype = dt, device = CUDA }):narrow(1, 2, 1001):detach()
+    b:copy_(init:to(CUDA))
+    b:requires_grad_()                                               -- one element in: element by element
+    local oa = lt.optim.AdamW({ a }, { lr = 1e-2, weight_decay = 0.1 })
+    local ob = lt.optim.AdamW({ b }, { lr = 1e-2, weight_decay = 0.1 })
+    for _ = 1, 3 do
+      local g = lt.randn({ 1001 }):to(dt):to(CUDA)
+      a.grad, b.grad = g, g:clone()
+      oa:step()
+      ob:step()
+    end
+    assert((a:detach():to("f64") - b:detach():to("f64")):abs():max():item() == 0, dt .. ": the two paths differ")
+  end
+end, true)
 
 -- ---- fresh random inputs at training sizes, cuda against cpu -----------------------
 
