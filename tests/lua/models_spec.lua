@@ -106,6 +106,19 @@ describe("GPT-2 and Llama shapes", function()
     blk.ln_2 = n2
     assert.is_false(nn.fuses(n2, "fuses_residual"))
     assert.is_true((m(idx) - ref):abs():max():item() < 1e-6)
+    -- ln_1 and ln_f too (they add the MLP's output, carried from the block before, when they can)
+    local m3 = lt.models.gpt2(cfg, { generator = lt.Generator(5), n_layer = 2 })
+    local ref3 = m3(idx)
+    for _, holder in ipairs { { m3.transformer.h[2], "ln_1" }, { m3.transformer, "ln_f" } } do
+      local old = holder[1][holder[2]]
+      local plain = Norm(8)
+      plain.weight, plain.bias = old.weight, old.bias
+      holder[1][holder[2]] = plain
+    end
+    assert.is_true((m3(idx) - ref3):abs():max():item() < 1e-6)
+    local h, mo = blk(lt.randn({ 1, 3, 8 }), nil, lt.randn({ 1, 3, 8 }), true) -- carry: the stream and the MLP's output
+    assert.are.same({ 1, 3, 8 }, h:shape())
+    assert.are.same({ 1, 3, 8 }, mo:shape())
     assert.are.equal("LinearBackward", mlp(h8).grad_fn)
     -- a subclass that takes the GELU (fuses_activation) but changes the layer: its forward runs, not F.mlp
     local Scaled = nn.Linear:extend("ScaledLinear")

@@ -76,14 +76,31 @@ function Block:init(cfg, o)
   self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
   self.mlp = MLP(cfg, o)
 end
-function Block:forward(x, kv)
-  local a = self.attn(self.ln_1(x), kv)
-  if nn.fuses(self.ln_2, "fuses_residual") then -- x + a and ln_2 of it in one pass (F.add_layer_norm)
-    local h, y = self.ln_2(x, a)
-    return h + self.mlp(y)
+--- block(x[, kv[, pending[, carry]]]) -> x + attn + mlp, the residual stream
+-- after the block. pending: a residual still to be added to x (the block
+-- before's MLP output, added inside ln_1: F.add_layer_norm, one pass over
+-- the stream instead of an add and a norm, as llm.c fuses it); carry = true
+-- returns the stream before the MLP's add and the MLP's output (h, m)
+-- instead of h + m, for the next block (or ln_f) to add.
+function Block:forward(x, kv, pending, carry)
+  local h, y
+  if pending and nn.fuses(self.ln_1, "fuses_residual") then
+    h, y = self.ln_1(x, pending)
+  else
+    h = pending and x + pending or x
+    y = self.ln_1(h)
   end
-  x = x + a
-  return x + self.mlp(self.ln_2(x))
+  local a = self.attn(y, kv)
+  local m
+  if nn.fuses(self.ln_2, "fuses_residual") then -- h + a and ln_2 of it in one pass (F.add_layer_norm)
+    h, y = self.ln_2(h, a)
+    m = self.mlp(y)
+  else
+    h = h + a
+    m = self.mlp(self.ln_2(h))
+  end
+  if carry then return h, m end
+  return h + m
 end
 
 local Transformer = nn.Module:extend("Transformer")
@@ -145,9 +162,17 @@ function GPT:forward(idx, kv, padded)
   local pos = lt.arange(start, start + T, { device = idx.device })
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
-  for _, block in ipairs(tr.h:list()) do x = block(x, kv) end
+  local pending -- each block's MLP output, added to the stream inside the next norm
+  for _, block in ipairs(tr.h:list()) do x, pending = block(x, kv, pending, true) end
   if kv then kv:advance(T) end
-  local logits = self.lm_head(tr.ln_f(x))
+  local y
+  if pending and nn.fuses(tr.ln_f, "fuses_residual") then
+    local _
+    _, y = tr.ln_f(x, pending)
+  else
+    y = tr.ln_f(pending and x + pending or x)
+  end
+  local logits = self.lm_head(y)
   if cfg.padded_vocab_size ~= cfg.vocab_size and not padded then logits = logits:narrow(3, 1, cfg.vocab_size) end
   return logits
 end
