@@ -58,15 +58,29 @@ function Layer:init(cfg, o)
   self.post_attention_layernorm = nn.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = o.dtype, device = o.device })
   self.mlp = MLP(cfg, o)
 end
-function Layer:forward(x, kv)
-  local a = self.self_attn(self.input_layernorm(x), kv)
-  local norm = self.post_attention_layernorm
-  if nn.fuses(norm, "fuses_residual") then -- x + a and its norm in one pass (F.add_rms_norm)
-    local h, y = norm(x, a)
-    return h + self.mlp(y)
+--- layer(x[, kv[, pending[, carry]]]) -> the residual stream after the
+-- layer; pending (the layer before's MLP output) is added inside
+-- input_layernorm (F.add_rms_norm), and carry = true returns (h, mlp
+-- output) for the next norm to add, as GPT-2's blocks do.
+function Layer:forward(x, kv, pending, carry)
+  local h, y
+  if pending and nn.fuses(self.input_layernorm, "fuses_residual") then
+    h, y = self.input_layernorm(x, pending)
+  else
+    h = pending and x + pending or x
+    y = self.input_layernorm(h)
   end
-  x = x + a
-  return x + self.mlp(norm(x))
+  local a = self.self_attn(y, kv)
+  local norm, m = self.post_attention_layernorm
+  if nn.fuses(norm, "fuses_residual") then -- h + a and its norm in one pass (F.add_rms_norm)
+    h, y = norm(h, a)
+    m = self.mlp(y)
+  else
+    h = h + a
+    m = self.mlp(norm(h))
+  end
+  if carry then return h, m end
+  return h + m
 end
 
 local Body = nn.Module:extend("LlamaModel")
@@ -100,10 +114,17 @@ function Llama:forward(idx, kv)
     error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
       self.config.max_seq_len))
   end
-  local x = self.model.embed_tokens(idx)
-  for _, layer in ipairs(self.model.layers:list()) do x = layer(x, kv) end
+  local x, pending = self.model.embed_tokens(idx), nil
+  for _, layer in ipairs(self.model.layers:list()) do x, pending = layer(x, kv, pending, true) end
   if kv then kv:advance(idx:size(2)) end
-  return self.lm_head(self.model.norm(x))
+  local norm, y = self.model.norm, nil
+  if pending and nn.fuses(norm, "fuses_residual") then
+    local _
+    _, y = norm(x, pending)
+  else
+    y = norm(pending and x + pending or x)
+  end
+  return self.lm_head(y)
 end
 
 --- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count.
