@@ -247,12 +247,31 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
     st = lt_tensor_empty(1, &N, sd, x->storage->device, &mean);
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, sd, x->storage->device, &rstd);
-  const void *prc = rc ? lt_tensor_ptr(rc) : NULL;
-  void *phc = hc ? lt_tensor_ptr(hc) : NULL;
+  /* 16-bit rows computed in f32: h rounds to x's dtype before the norm reads
+     it, as the native 16-bit kernels do (and torch's x + res, then the norm) */
+  int round_h = res && cd != x->dtype && (x->dtype == LT_DTYPE_BF16 || x->dtype == LT_DTYPE_F16);
+  if (st == LT_OK && round_h) {
+    lt_tensor *sum = NULL, *h16 = NULL, *h32 = NULL;
+    LT_NO_GRAD({
+      st = lt_binary(LT_BINARY_ADD, xc, rc, NULL, &sum);
+      if (st == LT_OK)
+        st = lt_tensor_to(sum, x->dtype, x->storage->device, &h16);
+      if (st == LT_OK)
+        st = as_compute(h16, cd, &h32);
+    });
+    RELEASE_ALL(sum, h16);
+    if (st == LT_OK) {
+      lt_tensor_release(hc);
+      hc = h32;
+    }
+  }
+  const void *prc = rc && !round_h ? lt_tensor_ptr(rc) : NULL;
+  void *phc = hc && !round_h ? lt_tensor_ptr(hc) : NULL;
+  const lt_tensor *kx = round_h ? hc : xc; /* (the kernel normalises the rounded h itself) */
   if (st == LT_OK)
-    st = rms ? be->rms_norm_fwd(cd, lt_tensor_ptr(xc), prc, wc ? lt_tensor_ptr(wc) : NULL, lt_tensor_ptr(y), phc,
+    st = rms ? be->rms_norm_fwd(cd, lt_tensor_ptr(kx), prc, wc ? lt_tensor_ptr(wc) : NULL, lt_tensor_ptr(y), phc,
                                 lt_tensor_ptr(rstd), N, C, eps)
-             : be->layer_norm_fwd(cd, lt_tensor_ptr(xc), prc, wc ? lt_tensor_ptr(wc) : NULL,
+             : be->layer_norm_fwd(cd, lt_tensor_ptr(kx), prc, wc ? lt_tensor_ptr(wc) : NULL,
                                   bc ? lt_tensor_ptr(bc) : NULL, lt_tensor_ptr(y), phc, lt_tensor_ptr(mean),
                                   lt_tensor_ptr(rstd), N, C, eps);
   if (st == LT_OK) {

@@ -237,6 +237,16 @@ describe("lt.F edge cases", function()
     H.assert_error(function() F.add_rms_norm(lt.randn(2, 6), lt.randn(2, 6, "f64")) end, "residual is f64")
     H.assert_error(function() F.add_layer_norm(lt.randn(2, 6), nil) end, "add_layer_norm")
     H.assert_error(function() F.add_layer_norm(lt.randn(2, 6), lt.randn(2, 6), lt.randn(5)) end, "the weight")
+    -- 16-bit rows: the norm reads h as stored (x + res rounded), exactly as x + res and then the norm
+    for _, dt in ipairs { "bf16", "f16" } do
+      local x16 = lt.tensor({ { 10000, 10000, 10000 }, { 1, -2, 3 } }):to(dt)
+      local r16 = lt.tensor({ { 1, 2, 3 }, { 0.5, 0.25, -4 } }):to(dt)
+      local h, y = F.add_layer_norm(x16, r16)
+      assert.are.equal(0, (h:to("f64") - (x16 + r16):to("f64")):abs():max():item())
+      assert.are.equal(0, (y:to("f64") - F.layer_norm(x16 + r16):to("f64")):abs():max():item())
+      local _, yr = F.add_rms_norm(x16, r16)
+      assert.are.equal(0, (yr:to("f64") - F.rms_norm(x16 + r16):to("f64")):abs():max():item())
+    end
   end)
   it("scaled_softmax: finite differences in f64, masked entries 0, bad arguments named", function()
     local x = lt.randn({ 2, 4, 6 }, { generator = lt.Generator(8), dtype = "f64" }):requires_grad_()
