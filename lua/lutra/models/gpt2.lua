@@ -11,6 +11,7 @@
 --   local loss, n = model:loss(idx, targets)
 local lt = require "lutra"
 local nn = require "lutra.nn"
+local residual = require "lutra.models.residual"
 local F = lt.F
 
 local M = {}
@@ -77,30 +78,11 @@ function Block:init(cfg, o)
   self.mlp = MLP(cfg, o)
 end
 --- block(x[, kv[, pending[, carry]]]) -> x + attn + mlp, the residual stream
--- after the block. pending: a residual still to be added to x (the block
--- before's MLP output, added inside ln_1: F.add_layer_norm, one pass over
--- the stream instead of an add and a norm, as llm.c fuses it); carry = true
--- returns the stream before the MLP's add and the MLP's output (h, m)
--- instead of h + m, for the next block (or ln_f) to add.
+-- after the block; pending (the block before's MLP output) is added inside
+-- ln_1, and carry = true returns (h, mlp output) for the next norm to add
+-- (lutra.models.residual).
 function Block:forward(x, kv, pending, carry)
-  local h, y
-  if pending and nn.fuses(self.ln_1, "fuses_residual") then
-    h, y = self.ln_1(x, pending)
-  else
-    h = pending and x + pending or x
-    y = self.ln_1(h)
-  end
-  local a = self.attn(y, kv)
-  local m
-  if nn.fuses(self.ln_2, "fuses_residual") then -- h + a and ln_2 of it in one pass (F.add_layer_norm)
-    h, y = self.ln_2(h, a)
-    m = self.mlp(y)
-  else
-    h = h + a
-    m = self.mlp(self.ln_2(h))
-  end
-  if carry then return h, m end
-  return h + m
+  return residual.block(self.ln_1, self.attn, self.ln_2, self.mlp, x, kv, pending, carry)
 end
 
 local Transformer = nn.Module:extend("Transformer")
@@ -165,13 +147,7 @@ function GPT:forward(idx, kv, padded)
   local pending -- each block's MLP output, added to the stream inside the next norm
   for _, block in ipairs(tr.h:list()) do x, pending = block(x, kv, pending, true) end
   if kv then kv:advance(T) end
-  local y
-  if pending and nn.fuses(tr.ln_f, "fuses_residual") then
-    local _
-    _, y = tr.ln_f(x, pending)
-  else
-    y = tr.ln_f(pending and x + pending or x)
-  end
+  local _, y = residual.norm(tr.ln_f, x, pending)
   local logits = self.lm_head(y)
   if cfg.padded_vocab_size ~= cfg.vocab_size and not padded then logits = logits:narrow(3, 1, cfg.vocab_size) end
   return logits

@@ -8,6 +8,7 @@
 --   local loss, n = model:loss(idx, targets)
 local lt = require "lutra"
 local nn = require "lutra.nn"
+local residual = require "lutra.models.residual"
 local F = lt.F
 
 local M = {}
@@ -60,27 +61,11 @@ function Layer:init(cfg, o)
 end
 --- layer(x[, kv[, pending[, carry]]]) -> the residual stream after the
 -- layer; pending (the layer before's MLP output) is added inside
--- input_layernorm (F.add_rms_norm), and carry = true returns (h, mlp
--- output) for the next norm to add, as GPT-2's blocks do.
+-- input_layernorm, and carry = true returns (h, mlp output) for the next
+-- norm to add (lutra.models.residual).
 function Layer:forward(x, kv, pending, carry)
-  local h, y
-  if pending and nn.fuses(self.input_layernorm, "fuses_residual") then
-    h, y = self.input_layernorm(x, pending)
-  else
-    h = pending and x + pending or x
-    y = self.input_layernorm(h)
-  end
-  local a = self.self_attn(y, kv)
-  local norm, m = self.post_attention_layernorm
-  if nn.fuses(norm, "fuses_residual") then -- h + a and its norm in one pass (F.add_rms_norm)
-    h, y = norm(h, a)
-    m = self.mlp(y)
-  else
-    h = h + a
-    m = self.mlp(norm(h))
-  end
-  if carry then return h, m end
-  return h + m
+  return residual.block(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp, x, kv,
+    pending, carry)
 end
 
 local Body = nn.Module:extend("LlamaModel")
@@ -117,13 +102,7 @@ function Llama:forward(idx, kv)
   local x, pending = self.model.embed_tokens(idx), nil
   for _, layer in ipairs(self.model.layers:list()) do x, pending = layer(x, kv, pending, true) end
   if kv then kv:advance(idx:size(2)) end
-  local norm, y = self.model.norm, nil
-  if pending and nn.fuses(norm, "fuses_residual") then
-    local _
-    _, y = norm(x, pending)
-  else
-    y = norm(pending and x + pending or x)
-  end
+  local _, y = residual.norm(self.model.norm, x, pending)
   return self.lm_head(y)
 end
 

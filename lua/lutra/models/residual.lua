@@ -1,0 +1,33 @@
+--- lutra.models.residual: the residual stream of pre-norm transformer blocks
+-- (GPT-2's and Llama's): h = x + attn(norm1(x)), then h + mlp(norm2(h)),
+-- with each residual add done inside the norm that follows it where that
+-- norm takes it (fuses_residual: F.add_layer_norm or F.add_rms_norm, one
+-- pass over the stream instead of an add and a norm, as llm.c fuses them).
+-- A block can hand its MLP's output on (carry) for the next block's first
+-- norm, or the final norm, to add.
+local nn = require "lutra.nn"
+
+local M = {}
+
+--- residual.norm(norm, x, pending) -> h, norm(h) with h = x + pending (x
+-- when pending is nil); one op where the norm fuses the add.
+function M.norm(norm, x, pending)
+  if pending and nn.fuses(norm, "fuses_residual") then return norm(x, pending) end
+  local h = pending and x + pending or x
+  return h, norm(h)
+end
+
+--- residual.block(norm1, attn, norm2, mlp, x, kv, pending, carry) -> the
+-- stream after the block (B, T, C); with carry, the stream before the
+-- MLP's add and the MLP's output instead, for the next norm to add. x (B,
+-- T, C); pending: a residual still to be added to x (the block before's
+-- MLP output) or nil; kv: the KV cache or nil, passed to attn.
+function M.block(norm1, attn, norm2, mlp, x, kv, pending, carry)
+  local h, y = M.norm(norm1, x, pending)
+  h, y = M.norm(norm2, h, attn(y, kv))
+  local m = mlp(y)
+  if carry then return h, m end
+  return h + m
+end
+
+return M
