@@ -128,19 +128,14 @@ end, 2 * BT * C * esize)
 -- GPT-2's MLP, C -> 4C -> C: one F.mlp (the GELU's gradient and the first bias's inside the product,
 -- DGELU_BGRAD) against two F.linear calls (a separate gelu_grad pass over (BT, 4C))
 local mlp_flops = 2 * BT * C * 4 * C * 2
-fwd_bwd("MLP C -> 4C -> C, one op (F.mlp)", function()
-  local xx, w1, b1, w2, b2 = randn({ BT, C }, true), randn({ 4 * C, C }, true), randn({ 4 * C }, true),
-    randn({ C, 4 * C }, true), randn({ C }, true)
-  return { params = { xx, w1, b1, w2, b2 }, f = function() return F.mlp(xx, w1, b1, w2, b2) end,
-    flops = { mlp_flops, 3 * mlp_flops } }
-end)
-fwd_bwd("MLP C -> 4C -> C, two F.linear", function()
-  local xx, w1, b1, w2, b2 = randn({ BT, C }, true), randn({ 4 * C, C }, true), randn({ 4 * C }, true),
-    randn({ C, 4 * C }, true), randn({ C }, true)
-  return { params = { xx, w1, b1, w2, b2 },
-    f = function() return F.linear(F.linear(xx, w1, b1, { activation = "gelu" }), w2, b2) end,
-    flops = { mlp_flops, 3 * mlp_flops } }
-end)
+local function two_linears(x, w1, b1, w2, b2) return F.linear(F.linear(x, w1, b1, { activation = "gelu" }), w2, b2) end
+for _, way in ipairs { { "one op (F.mlp)", F.mlp }, { "two F.linear", two_linears } } do
+  fwd_bwd("MLP C -> 4C -> C, " .. way[1], function()
+    local p = { randn({ BT, C }, true), randn({ 4 * C, C }, true), randn({ 4 * C }, true), randn({ C, 4 * C }, true),
+      randn({ C }, true) }
+    return { params = p, f = function() return way[2](unpack(p)) end, flops = { mlp_flops, 3 * mlp_flops } }
+  end)
+end
 local attention_paths = {
   { "composed", { fused = false, library = false } },
   { "fused (lt_attention)", { fused = true, library = false } },

@@ -200,11 +200,11 @@ static lt_status fused_gelu_input_grad(const lt_backend_i *be, const lt_tensor *
   }
   if (st != LT_OK) {
     lt_tensor_release(*dh);
-    if (want_db)
-      lt_tensor_release(*db);
     *dh = NULL;
-    if (want_db)
+    if (want_db) {
+      lt_tensor_release(*db);
       *db = NULL;
+    }
   }
   return st;
 }

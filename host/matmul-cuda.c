@@ -9,8 +9,9 @@
  * epilogue (lt_linear, lt_mlp): the bias add, and the GELU with its input
  * written to an aux matrix for the backward; in the backward the bias
  * gradient (BGRADB), and the GELU's gradient from that aux matrix with the
- * bias gradient of the layer before it (DGELU_BGRAD); a shape cuBLASLt has no such algorithm
- * for is remembered and refused (LT_ERR_UNSUPPORTED), and the caller composes. The innermost batch dim is a
+ * bias gradient of the layer before it (DGELU_BGRAD); a shape cuBLASLt has
+ * no such algorithm for is remembered and refused (LT_ERR_UNSUPPORTED), and
+ * the caller composes. The innermost batch dim is a
  * strided batch of one call; outer batch dims loop here. A plan (descriptors
  * and the heuristic's first algorithm) is cached per shape, strides,
  * alignment and dtype, so the heuristic runs once per shape. The workspace

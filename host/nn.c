@@ -235,7 +235,10 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
   lt_status st = as_compute(x, cd, &xc);
   if (st == LT_OK && res)
     st = as_compute(res, cd, &rc);
-  if (st == LT_OK && res)
+  /* 16-bit rows computed in f32: h rounds to x's dtype before the norm reads
+     it, as the native 16-bit kernels do (and torch's x + res, then the norm) */
+  int round_h = res && cd != x->dtype && (x->dtype == LT_DTYPE_BF16 || x->dtype == LT_DTYPE_F16);
+  if (st == LT_OK && res && !round_h)
     st = lt_tensor_empty_like(xc, cd, &hc);
   if (st == LT_OK && w)
     st = as_compute(w, cd, &wc);
@@ -247,10 +250,7 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
     st = lt_tensor_empty(1, &N, sd, x->storage->device, &mean);
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, sd, x->storage->device, &rstd);
-  /* 16-bit rows computed in f32: h rounds to x's dtype before the norm reads
-     it, as the native 16-bit kernels do (and torch's x + res, then the norm) */
-  int round_h = res && cd != x->dtype && (x->dtype == LT_DTYPE_BF16 || x->dtype == LT_DTYPE_F16);
-  if (st == LT_OK && round_h) {
+  if (st == LT_OK && round_h) { /* h = x + res as stored, normalised as the input */
     lt_tensor *sum = NULL, *h16 = NULL, *h32 = NULL;
     LT_NO_GRAD({
       st = lt_binary(LT_BINARY_ADD, xc, rc, NULL, &sum);
@@ -260,10 +260,7 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
         st = as_compute(h16, cd, &h32);
     });
     RELEASE_ALL(sum, h16);
-    if (st == LT_OK) {
-      lt_tensor_release(hc);
-      hc = h32;
-    }
+    hc = h32;
   }
   const void *prc = rc && !round_h ? lt_tensor_ptr(rc) : NULL;
   void *phc = hc && !round_h ? lt_tensor_ptr(hc) : NULL;

@@ -22,7 +22,7 @@
 #include <math.h>
 
 static const int THREADS = 256;
-enum { NORM_WARPS = 256 / 32 }; /* a norm's rows per block (THREADS / 32) */
+enum { NORM_WARPS = THREADS / 32 }; /* a norm's rows per block */
 
 __device__ __forceinline__ float t_exp(float x) { return expf(x); }
 __device__ __forceinline__ double t_exp(double x) { return exp(x); }
@@ -112,7 +112,7 @@ static unsigned warp_rows_grid(int64_t N) { return rows_grid((N + NORM_WARPS - 1
 
 /* ---- LayerNorm / RMSNorm -------------------------------------------------- */
 
-/* The rows of a norm, one warp each: for (r, lane) in NORM_ROWS(N) { ... } */
+/* The rows r of a norm, one warp each: NORM_ROWS(r, N) { ... } */
 #define NORM_ROWS(r, N)                                                                                        \
   for (int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / 32; r < (N);                               \
        r += (int64_t)gridDim.x * NORM_WARPS)
