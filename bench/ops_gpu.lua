@@ -111,6 +111,15 @@ fwd_bwd("layer_norm (BT, C)", function()
   local xx, w, b = randn({ BT, C }, true), randn({ C }, true), randn({ C }, true)
   return { params = { xx, w, b }, f = function() return F.layer_norm(xx, w, b) end }
 end, 2 * BT * C * esize)
+do -- the backward alone (dx with the weight and bias gradients: one pass over dy and x for C <= 768)
+  local xx, w, b = randn({ BT, C }, true), randn({ C }, true), randn({ C }, true)
+  local y, dy = F.layer_norm(xx, w, b), randn({ BT, C })
+  local ms = time(function()
+    xx.grad, w.grad, b.grad = nil, nil, nil
+    y:backward(dy, { retain_graph = true })
+  end)
+  row("layer_norm (BT, C) backward", ms, bw(3 * BT * C * esize, ms))
+end
 fwd_bwd("softmax (B*NH*T, T)", function()
   local s = randn({ B * NH * T, T }, true)
   return { params = { s }, f = function() return F.softmax(s, -1) end }

@@ -12,9 +12,12 @@
  * Norms run a warp per row, softmax and cross-entropy a block per row; rows
  * are read (and written) in 16-byte pieces where every row involved starts on
  * a 16-byte boundary, element by element otherwise. Row sums accumulate in
- * f64 in a fixed order (lt_warp_sum, lt_block_sum). Weight and bias
- * gradients sum over rows in blocks of 32 columns, in a fixed order, so they
- * are deterministic.
+ * f64 in a fixed order (lt_warp_sum, lt_block_sum). A norm's backward on
+ * rows of up to 768 elements in 16-byte pieces is one pass over dy and x
+ * (dx and the blocks' weight and bias partial sums) and a sum of the
+ * partials; otherwise dx, then weight and bias gradients summed over rows in
+ * blocks of 32 columns. Both sum in a fixed order, so they are
+ * deterministic.
  */
 #include "common.cuh"
 
@@ -188,39 +191,132 @@ __global__ void norm_fwd_kernel(const S *x, const S *res, const S *w, const S *b
 /* dx of LayerNorm (mean given) or RMSNorm (mean NULL), plus dadd (the
    gradient reaching the residual sum h directly) when given:
    dx = rstd (g w - mean(g w) - n mean(g w n)), n the normalised row (for
-   RMSNorm the mean(g w) term is absent) */
+   RMSNorm the mean(g w) term is absent). A row's two sums come piece by
+   piece (dx_sums_piece), then each piece of dx (dx_piece). */
+template <int W, typename S, typename A>
+__device__ __forceinline__ void dx_sums_piece(const S *gr, const S *xr, const S *w, int64_t k, A m, A s, double &sg,
+                                              double &sgn) {
+  A g[W], e[W], wv[W];
+  ld_piece<W>(gr, k, g);
+  ld_piece<W>(xr, k, e);
+  ld_piece_or<W>(w, k, (A)1, wv);
+#pragma unroll
+  for (int j = 0; j < W; j++) {
+    A gw = g[j] * wv[j];
+    sg += gw;
+    sgn += gw * ((e[j] - m) * s);
+  }
+}
+
+/* The row's means from its sums (over a warp): mg = mean(g w) (0 for
+   RMSNorm, layer false) and mgn = mean(g w n) */
+template <typename A>
+__device__ __forceinline__ void dx_means(double sg, double sgn, int64_t C, bool layer, A &mg, A &mgn) {
+  mg = layer ? (A)(lt_warp_sum(sg) / (double)C) : (A)0;
+  mgn = (A)(lt_warp_sum(sgn) / (double)C);
+}
+
+/* Piece k of dx (with addr, the row of dadd, or NULL); g and the
+   normalised n come back for the weight gradients */
+template <int W, typename S, typename A>
+__device__ __forceinline__ void dx_piece(const S *gr, const S *xr, const S *w, const S *addr, S *dxr, int64_t k, A m,
+                                         A s, A mg, A mgn, A (&g)[W], A (&n)[W]) {
+  A wv[W], add[W], d[W];
+  ld_piece<W>(gr, k, g);
+  ld_piece<W>(xr, k, n);
+  ld_piece_or<W>(w, k, (A)1, wv);
+  ld_piece_or<W>(addr, k, (A)0, add);
+#pragma unroll
+  for (int j = 0; j < W; j++) {
+    n[j] = (n[j] - m) * s;
+    d[j] = s * (g[j] * wv[j] - mg - n[j] * mgn) + add[j];
+  }
+  st_piece<W>(dxr, k, d);
+}
+
 template <typename S, typename A, int W>
 __global__ void norm_dx_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd, const S *dadd,
                                S *dx, int64_t N, int64_t C) {
   NORM_ROWS(r, N) {
     const S *xr = x + r * C, *gr = dy + r * C;
-    A m = mean ? mean[r] : (A)0, s = rstd[r];
+    A m = mean ? mean[r] : (A)0, s = rstd[r], mg, mgn;
     double sg = 0, sgn = 0;
+    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32)
+      dx_sums_piece<W>(gr, xr, w, k, m, s, sg, sgn);
+    dx_means(sg, sgn, C, mean != NULL, mg, mgn);
     for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A g[W], e[W], wv[W];
-      ld_piece<W>(gr, k, g);
-      ld_piece<W>(xr, k, e);
-      ld_piece_or<W>(w, k, (A)1, wv);
+      A g[W], n[W];
+      dx_piece<W>(gr, xr, w, dadd ? dadd + r * C : (const S *)NULL, dx + r * C, k, m, s, mg, mgn, g, n);
+    }
+  }
+}
+
+/* dx, and dw (and db) partial sums, in one pass over dy and x, for rows of
+   at most FUSED_MAX_C elements in 16-byte pieces (at most P per lane): a
+   block takes `rows` consecutive rows, each warp its rows in order (every
+   NORM_WARPS-th) adding g n and g into f32 registers per lane and piece;
+   then the block adds its warps in warp order (f64, shared memory) and
+   writes one row of partial sums to scratch for norm_dw_finish_kernel.
+   The grid depends on N alone (fused_blocks), so the sums are
+   deterministic. (llm.c's layernorm_backward fuses dx, dw and db alike.)
+   FUSED_MAX_C keeps the registers under the two-blocks-a-SM bound
+   without spills (bf16, three pieces a lane: 119 registers). */
+enum { FUSED_MAX_C = 768, FUSED_MAX_BLOCKS = 256, FUSED_MIN_BLOCK_ROWS = 32 };
+static int fused_blocks(int64_t N) {
+  int64_t b = (N + FUSED_MIN_BLOCK_ROWS - 1) / FUSED_MIN_BLOCK_ROWS;
+  return (int)(b < 1 ? 1 : (b > (int64_t)FUSED_MAX_BLOCKS ? (int64_t)FUSED_MAX_BLOCKS : b));
+}
+
+template <typename S, typename A, int W, int P>
+__global__ void __launch_bounds__(THREADS, 2)
+    norm_bwd_fused_kernel(const S *dy, const S *x, const S *w, const A *mean, const A *rstd, const S *dadd, S *dx,
+                          double *pw, double *pb, int64_t N, int64_t C, int64_t rows) {
+  __shared__ double sw[FUSED_MAX_C], sb[FUSED_MAX_C];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t pieces = C / W, r0 = (int64_t)blockIdx.x * rows, r1 = r0 + rows < N ? r0 + rows : N;
+  A aw[P][W], ab[P][W];
 #pragma unroll
-      for (int j = 0; j < W; j++) {
-        A gw = g[j] * wv[j];
-        sg += gw;
-        sgn += gw * ((e[j] - m) * s);
+  for (int p = 0; p < P; p++)
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      aw[p][j] = ab[p][j] = 0;
+  for (int64_t r = r0 + warp; r < r1; r += NORM_WARPS) {
+    const S *xr = x + r * C, *gr = dy + r * C;
+    A m = mean ? mean[r] : (A)0, s = rstd[r], mg, mgn;
+    double sg = 0, sgn = 0;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+      if (lane + 32 * p < pieces)
+        dx_sums_piece<W>(gr, xr, w, lane + 32 * p, m, s, sg, sgn);
+    dx_means(sg, sgn, C, mean != NULL, mg, mgn);
+#pragma unroll
+    for (int p = 0; p < P; p++)
+      if (lane + 32 * p < pieces) {
+        A g[W], n[W];
+        dx_piece<W>(gr, xr, w, dadd ? dadd + r * C : (const S *)NULL, dx + r * C, lane + 32 * p, m, s, mg, mgn, g, n);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+          aw[p][j] += g[j] * n[j];
+          ab[p][j] += g[j];
+        }
       }
-    }
-    A mg = mean ? (A)(lt_warp_sum(sg) / (double)C) : (A)0;
-    A mgn = (A)(lt_warp_sum(sgn) / (double)C);
-    for (int64_t k = threadIdx.x % 32; k < C / W; k += 32) {
-      A g[W], e[W], wv[W], add[W];
-      ld_piece<W>(gr, k, g);
-      ld_piece<W>(xr, k, e);
-      ld_piece_or<W>(w, k, (A)1, wv);
-      ld_piece_or<W>(dadd ? dadd + r * C : (const S *)NULL, k, (A)0, add);
+  }
+  for (int v = 0; v < NORM_WARPS; v++) { /* the warps' sums in order */
+    if (warp == v)
 #pragma unroll
-      for (int j = 0; j < W; j++)
-        e[j] = s * (g[j] * wv[j] - mg - (e[j] - m) * s * mgn) + add[j];
-      st_piece<W>(dx + r * C, k, e);
-    }
+      for (int p = 0; p < P; p++)
+        if (lane + 32 * p < pieces)
+#pragma unroll
+          for (int j = 0; j < W; j++) {
+            int c = (lane + 32 * p) * W + j;
+            sw[c] = (v ? sw[c] : 0.0) + (double)aw[p][j];
+            sb[c] = (v ? sb[c] : 0.0) + (double)ab[p][j];
+          }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += THREADS) {
+    pw[(int64_t)blockIdx.x * C + c] = sw[c];
+    pb[(int64_t)blockIdx.x * C + c] = sb[c];
   }
 }
 
@@ -284,24 +380,48 @@ __global__ void norm_dw_partial_kernel(const S *dy, const S *x, const A *mean, c
       }
 }
 
+/* dw (and db) from `chunks` rows of partial sums: blocks of 32 columns,
+   each of THREADS / 32 stripes adding every stripe-th row in order, the
+   stripes then combined in a fixed tree */
 template <typename S, typename A>
 __global__ void norm_dw_finish_kernel(const double *pw, const double *pb, int chunks, int64_t C, S *dw, S *db) {
-  LT_GRID_STRIDE(c, C) {
-    double w = 0, b = 0;
-    for (int y = 0; y < chunks; y++) {
+  const int PY = THREADS / DW_X;
+  __shared__ double sw[PY][DW_X], sb[PY][DW_X];
+  int tx = threadIdx.x % DW_X, ty = threadIdx.x / DW_X;
+  int64_t c = (int64_t)blockIdx.x * DW_X + tx;
+  double w = 0, b = 0;
+  if (c < C)
+    for (int y = ty; y < chunks; y += PY) {
       w += pw[(int64_t)y * C + c];
       b += pb[(int64_t)y * C + c];
     }
+  sw[ty][tx] = w;
+  sb[ty][tx] = b;
+  for (int h = PY / 2; h > 0; h >>= 1) {
+    __syncthreads();
+    if (ty < h) {
+      sw[ty][tx] += sw[ty + h][tx];
+      sb[ty][tx] += sb[ty + h][tx];
+    }
+  }
+  if (ty == 0 && c < C) {
     if (dw)
-      st(dw, c, (A)w);
+      st(dw, c, (A)sw[0][tx]);
     if (db)
-      st(db, c, (A)b);
+      st(db, c, (A)sb[0][tx]);
   }
 }
 
-extern "C" size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C) { return 2 * (size_t)dw_chunks(N) * (size_t)C * 8; }
+/* scratch for a norm's weight gradients: two rows of f64 sums per chunk
+   (norm_dw_partial_kernel) or per block (norm_bwd_fused_kernel) */
+extern "C" size_t lt_cuda_norm_dw_scratch(int64_t N, int64_t C) {
+  int rows = dw_chunks(N);
+  if (C <= FUSED_MAX_C && fused_blocks(N) > rows)
+    rows = fused_blocks(N);
+  return 2 * (size_t)rows * (size_t)C * 8;
+}
 
-/* dw (and db) of a norm; scratch holds lt_cuda_norm_dw_scratch(N, C) bytes */
+/* dw (and db) of a norm in two passes; scratch holds lt_cuda_norm_dw_scratch(N, C) bytes */
 template <typename S, typename A>
 static void norm_dw_launch(const void *dy, const void *x, const void *mean, const void *rstd, void *dw, void *db,
                            int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
@@ -315,7 +435,43 @@ static void norm_dw_launch(const void *dy, const void *x, const void *mean, cons
   else
     norm_dw_partial_kernel<S, A, 1><<<grid, DW_THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const A *)mean,
                                                                  (const A *)rstd, pw, pb, N, C, rows);
-  norm_dw_finish_kernel<S, A><<<lt_cuda_blocks(C, THREADS), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
+  norm_dw_finish_kernel<S, A><<<dw_grid(C), THREADS, 0, cs>>>(pw, pb, chunks, C, (S *)dw, (S *)db);
+}
+
+/* Whether a norm's backward runs fused (norm_bwd_fused_kernel): dx and a
+   weight gradient wanted, f32 or 16-bit rows of at most FUSED_MAX_C
+   elements in 16-byte pieces */
+template <typename S> static bool fused_norm_bwd(bool wide, bool dx, bool dw, int64_t C) {
+  return dx && dw && wide && sizeof(S) <= 4 && C <= FUSED_MAX_C;
+}
+
+/* dx, dw (and db) of a norm in one pass and a sum of the blocks' partials */
+template <typename S, typename A>
+static void norm_bwd_fused_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
+                                  const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
+                                  void *scratch, cudaStream_t cs) {
+  constexpr int W = 16 / sizeof(S);
+  int blocks = fused_blocks(N);
+  double *pw = (double *)scratch, *pb = pw + (size_t)blocks * (size_t)C;
+  int64_t rows = (N + blocks - 1) / blocks, per_lane = (C / W + 31) / 32;
+#define FUSED(P)                                                                                              \
+  norm_bwd_fused_kernel<S, A, W, P><<<blocks, THREADS, 0, cs>>>((const S *)dy, (const S *)x, (const S *)w,   \
+                                                                (const A *)mean, (const A *)rstd,             \
+                                                                (const S *)dadd, (S *)dx, pw, pb, N, C, rows)
+  switch (per_lane) {
+  case 1: FUSED(1); break;
+  case 2: FUSED(2); break;
+  case 3: FUSED(3); break;
+  default:
+    if constexpr (W == 4) { /* f32: 4 to 6 pieces a lane */
+      if (per_lane == 4)
+        FUSED(4);
+      else
+        FUSED(6);
+    }
+  }
+#undef FUSED
+  norm_dw_finish_kernel<S, A><<<dw_grid(C), THREADS, 0, cs>>>(pw, pb, blocks, C, (S *)dw, (S *)db);
 }
 
 static lt_status dw_scratch_ok(void *dw, void *db, int64_t N, int64_t C, void *scratch, size_t scratch_bytes) {
@@ -630,11 +786,13 @@ template <typename S, typename A>
 static void layer_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *mean, const void *rstd,
                                   const void *dadd, void *dx, void *dw, void *db, int64_t N, int64_t C,
                                   void *scratch, cudaStream_t cs) {
-  if (dx) {
-    bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+  bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+  if constexpr (sizeof(S) <= 4)
+    if (fused_norm_bwd<S>(wide, dx, dw || db, C))
+      return norm_bwd_fused_launch<S, A>(dy, x, w, mean, rstd, dadd, dx, dw, db, N, C, scratch, cs);
+  if (dx)
     NORM_LAUNCH(norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w,
                 (const A *)mean, (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
-  }
   if (dw || db)
     norm_dw_launch<S, A>(dy, x, mean, rstd, dw, db, N, C, scratch, cs);
 }
@@ -681,11 +839,13 @@ extern "C" lt_status lt_cuda_rms_norm_fwd(lt_dtype dt, const void *x, const void
 template <typename S, typename A>
 static void rms_norm_bwd_launch(const void *dy, const void *x, const void *w, const void *rstd, const void *dadd,
                                 void *dx, void *dw, int64_t N, int64_t C, void *scratch, cudaStream_t cs) {
-  if (dx) {
-    bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+  bool wide = norm_piece<S>(C, {dy, x, w, dadd, dx}) > 1;
+  if constexpr (sizeof(S) <= 4)
+    if (fused_norm_bwd<S>(wide, dx, dw, C))
+      return norm_bwd_fused_launch<S, A>(dy, x, w, NULL, rstd, dadd, dx, dw, NULL, N, C, scratch, cs);
+  if (dx)
     NORM_LAUNCH(norm_dx_kernel, N, cs, wide, (const S *)dy, (const S *)x, (const S *)w, (const A *)NULL,
                 (const A *)rstd, (const S *)dadd, (S *)dx, N, C);
-  }
   if (dw)
     norm_dw_launch<S, A>(dy, x, NULL, rstd, dw, NULL, N, C, scratch, cs);
 }

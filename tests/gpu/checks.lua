@@ -610,6 +610,34 @@ grad_check("layer_norm of no rows: zero weight and bias gradients", { { shape = 
   { shape = { 64 } } }, function(x, w, b) return F.layer_norm(x, w, b) end)
 grad_check("rms_norm (2048, 1024)", { { shape = { 2048, 1024 } }, { shape = { 1024 } } },
   function(x, w) return F.rms_norm(x, w) end, { gtol = 1e-4 })
+-- a norm's backward on aligned rows of at most 768 elements is one pass (dx and the blocks' weight
+-- gradient sums, P pieces a lane, the block count from N alone), else dx then a pass for the weights
+grad_check("layer_norm (9000, 64) in f16, one pass: a piece in 8 lanes, 256 blocks, the last ones without rows",
+  { { shape = { 9000, 64 }, dtype = "f16" }, { shape = { 64 }, dtype = "f16" }, { shape = { 64 }, dtype = "f16" } },
+  function(x, w, b) return F.layer_norm(x, w, b) end)
+grad_check("add_rms_norm (1000, 512) in bf16, one pass: two pieces a lane", { { shape = { 1000, 512 }, dtype = "bf16" },
+  { shape = { 1000, 512 }, dtype = "bf16" }, { shape = { 512 }, dtype = "bf16" } },
+  function(x, r, w) return lt.stack({ F.add_rms_norm(x, r, w) }) end)
+grad_check("layer_norm (3000, 512), one pass: four pieces a lane", { { shape = { 3000, 512 } }, { shape = { 512 } },
+  { shape = { 512 } } }, function(x, w, b) return F.layer_norm(x, w, b) end, { gtol = 1e-4 })
+grad_check("layer_norm (700, 768) in bf16, x without a gradient: the weights' pass alone",
+  { { shape = { 700, 768 }, dtype = "bf16", grad = false }, { shape = { 768 }, dtype = "bf16" },
+    { shape = { 768 }, dtype = "bf16" } }, function(x, w, b) return F.layer_norm(x, w, b) end)
+check("a norm's one-pass backward repeats bit for bit", function()
+  local x = lt.randn({ 5000, 768 }, { device = CUDA }):to("bf16"):requires_grad_()
+  local w = lt.randn({ 768 }, { device = CUDA }):to("bf16"):requires_grad_()
+  local b = lt.randn({ 768 }, { device = CUDA }):to("bf16"):requires_grad_()
+  local dy = lt.randn({ 5000, 768 }, { device = CUDA }):to("bf16")
+  local grads = {}
+  for k = 1, 2 do
+    x.grad, w.grad, b.grad = nil, nil, nil
+    F.layer_norm(x, w, b):backward(dy)
+    grads[k] = { x.grad:to("f32"), w.grad:to("f32"), b.grad:to("f32") }
+  end
+  for i, what in ipairs { "dx", "dw", "db" } do
+    assert(grads[1][i]:ne(grads[2][i]):to("i64"):sum():item() == 0, what .. " differs between two runs")
+  end
+end, true)
 grad_check("softmax (4096, 1024)", { { shape = { 4096, 1024 } } }, function(x) return F.softmax(x, -1) end)
 grad_check("log_softmax (512, 50257)", { { shape = { 512, 50257 } } }, function(x) return F.log_softmax(x, -1) end)
 grad_check("cross_entropy (1024, 50257) with ignored targets", { { shape = { 1024, 50257 } } }, function(x)
