@@ -1040,7 +1040,7 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
 /* ---- rope ------------------------------------------------------------------------------- */
 
 static lt_status rope_run(const lt_tensor *x, double base, int64_t start, int inverse, lt_tensor **res) {
-  lt_dtype cd = compute_dtype(x->dtype);
+  lt_dtype cd = row_dtype(x->storage->backend, x->dtype);
   int64_t D = x->sizes[x->ndim - 1], Tn = x->sizes[x->ndim - 2];
   int64_t R = (Tn > 0 && D > 0) ? lt_tensor_numel(x) / (Tn * D) : 0;
   lt_tensor *xc = NULL, *y = NULL;

@@ -2,9 +2,8 @@
  * nn.cu: the fused row kernels of kernels/cpu (norm.c, softmax.c, loss.c,
  * rope.c) on the GPU, same formulas and edge rules, on contiguous rows of
  * f32 or f64, or of bf16/f16 read and written as they are and computed in
- * f32 (statistics: mean, rstd, log-sum-exp and losses stay f32; the host
- * converts 16-bit rows for rope only): LayerNorm (Ba et al.
- * 2016) and RMSNorm (Zhang and Sennrich 2019) with saved mean and rstd,
+ * f32 (statistics: mean, rstd, log-sum-exp and losses stay f32): LayerNorm
+ * (Ba et al. 2016) and RMSNorm (Zhang and Sennrich 2019) with saved mean and rstd,
  * softmax and log-softmax (rows of all -inf give zeros), cross-entropy fused
  * with log-softmax (no probabilities stored), and rotary embeddings (Su et
  * al. 2021, the Hugging Face half-split layout).
@@ -726,19 +725,20 @@ __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt,
 
 /* ---- rope ---------------------------------------------------------------------- */
 
-template <typename T>
-__global__ void rope_kernel(const T *x, T *y, int64_t R, int64_t Tn, int64_t D, double base, int64_t start,
+/* Rows of D elements as S computed in A; the angles in f64 (as the CPU's) */
+template <typename S, typename A>
+__global__ void rope_kernel(const S *x, S *y, int64_t R, int64_t Tn, int64_t D, double base, int64_t start,
                             double sign) {
   int64_t h = D / 2;
   LT_GRID_STRIDE(e, R * Tn * h) {
     int64_t i = e % h, rt = e / h, t = rt % Tn;
     double ang = (double)(start + t) * pow(base, -2.0 * (double)i / (double)D);
-    T c = (T)cos(ang), s = (T)(sign * sin(ang));
-    const T *xr = x + rt * D;
-    T *yr = y + rt * D;
-    T a = xr[i], b = xr[i + h];
-    yr[i] = a * c - b * s;
-    yr[i + h] = b * c + a * s;
+    A c = (A)cos(ang), s = (A)(sign * sin(ang));
+    const S *xr = x + rt * D;
+    S *yr = y + rt * D;
+    A a = ld(xr, i), b = ld(xr, i + h);
+    st(yr, i, a * c - b * s);
+    st(yr, i + h, b * c + a * s);
   }
 }
 
@@ -938,17 +938,18 @@ extern "C" lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64
   return lt_cuda_check_launch("ce_bwd_kernel");
 }
 
+template <typename S, typename A>
+static void rope_launch(const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base, int64_t start,
+                        double sign, cudaStream_t cs) {
+  rope_kernel<S, A><<<lt_cuda_blocks(R * Tn * (D / 2), THREADS), THREADS, 0, cs>>>((const S *)x, (S *)y, R, Tn, D,
+                                                                                 base, start, sign);
+}
+
 extern "C" lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                                   int64_t start, int inverse, lt_cuda_stream s) {
   int64_t n = R * Tn * (D / 2);
   if (n == 0)
     return LT_OK;
-  double sign = inverse ? -1.0 : 1.0;
-  if (dt == LT_DTYPE_F64)
-    rope_kernel<double><<<lt_cuda_blocks(n, THREADS), THREADS, 0, (cudaStream_t)s>>>((const double *)x, (double *)y, R,
-                                                                                     Tn, D, base, start, sign);
-  else
-    rope_kernel<float><<<lt_cuda_blocks(n, THREADS), THREADS, 0, (cudaStream_t)s>>>((const float *)x, (float *)y, R,
-                                                                                    Tn, D, base, start, sign);
+  DISPATCH_ROWS(dt, rope_launch, x, y, R, Tn, D, base, start, inverse ? -1.0 : 1.0, (cudaStream_t)s);
   return lt_cuda_check_launch("rope_kernel");
 }

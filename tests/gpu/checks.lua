@@ -684,6 +684,10 @@ grad_check("embedding (50257, 768) with 8192 ids", { { shape = { 8192 }, ids = 5
 grad_check("embedding with repeated ids adds deterministically", { { shape = { 4096 }, ids = 7 },
   { shape = { 7, 64 } } }, function(ids, w) return F.embedding(ids, w) end, { gtol = 1e-5 })
 grad_check("rope (4, 12, 1024, 64)", { { shape = { 4, 12, 1024, 64 } } }, function(x) return F.rope(x) end)
+for _, dt in ipairs { "bf16", "f16" } do
+  grad_check(("rope (2, 4, 100, 64) on %s rows read as they are, from position 7, base 500"):format(dt),
+    { { shape = { 2, 4, 100, 64 }, dtype = dt } }, function(x) return F.rope(x, { start = 7, base = 500 }) end)
+end
 grad_check("gelu, silu and swiglu (1024, 3072)", { { shape = { 1024, 3072 } }, { shape = { 1024, 3072 } } },
   function(a, b) return F.gelu(a) + F.silu(b) + F.swiglu(a, b) end)
 grad_check("scaled causal softmax (2, 12, 256, 300): keys after a cache", { { shape = { 2, 12, 256, 300 } } },
