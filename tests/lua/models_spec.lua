@@ -134,6 +134,41 @@ describe("GPT-2 and Llama shapes", function()
     assert.is_true((after - before * 2):abs():max():item() < 1e-6, "the subclass's forward ran")
     assert.is_true(nn.fuses(nn.Linear(2, 2), "fuses_activation"))
   end)
+  it("a block subclass with its own forward(x, kv) among plain blocks gets the whole stream", function()
+    local idx = lt.tensor({ { 1, 2, 3, 4 } }, "i64")
+    local makers = {
+      { lt.models.gpt2, { n_layer = 3, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16 },
+        function(m) return m.transformer.h end },
+      { lt.models.llama, { n_layers = 3, n_heads = 2, n_kv_heads = 1, dim = 8, ffn_dim = 16, vocab_size = 16,
+        max_seq_len = 8 }, function(m) return m.model.layers end },
+    }
+    for _, mk in ipairs(makers) do
+      local m = mk[1](mk[2], { generator = lt.Generator(7), dtype = "f64" })
+      local ref = m(idx)
+      local blocks = mk[3](m)
+      -- the middle block does what the class does, through the two-argument forward
+      local cls = getmetatable(blocks[2]).class
+      local Sub = cls:extend("TwoArgumentBlock")
+      function Sub:forward(x, kv) return cls.forward(self, x, kv) end
+      setmetatable(blocks[2], Sub._meta)
+      assert.is_true((m(idx) - ref):abs():max():item() < 1e-12, "the block before handed its MLP output on")
+      -- and as the last block, the final norm gets the whole stream
+      setmetatable(blocks[2], cls._meta)
+      setmetatable(blocks[3], Sub._meta)
+      assert.is_true((m(idx) - ref):abs():max():item() < 1e-12, "the last block")
+      -- an attention or MLP that returns nothing is an error, not a zero
+      setmetatable(blocks[3], cls._meta)
+      local attn = blocks[1].attn or blocks[1].self_attn
+      local acls = getmetatable(attn).class
+      local Silent = acls:extend("SilentAttention")
+      function Silent:forward(x, kv) acls.forward(self, x, kv) end
+      setmetatable(attn, Silent._meta)
+      local ok, err = pcall(m, idx)
+      assert.is_false(ok)
+      assert.matches("the attention returned nothing", tostring(err), 1, true)
+    end
+  end)
+
   it("llama3-8b has Llama 3 8B's shapes", function()
     local c = require("lutra.models.llama").configs["llama3-8b"]
     assert.are.same({ 4096, 32, 32, 8, 128256, 14336 }, { c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.ffn_dim })

@@ -145,7 +145,7 @@ function GPT:forward(idx, kv, padded)
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
   local pending -- each block's MLP output, added to the stream inside the next norm
-  for _, block in ipairs(tr.h:list()) do x, pending = block(x, kv, pending, true) end
+  x, pending = residual.run(tr.h:list(), x, kv, Block.forward)
   if kv then kv:advance(T) end
   local _, y = residual.norm(tr.ln_f, x, pending)
   local logits = self.lm_head(y)

@@ -99,8 +99,7 @@ function Llama:forward(idx, kv)
     error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
       self.config.max_seq_len))
   end
-  local x, pending = self.model.embed_tokens(idx), nil
-  for _, layer in ipairs(self.model.layers:list()) do x, pending = layer(x, kv, pending, true) end
+  local x, pending = residual.run(self.model.layers:list(), self.model.embed_tokens(idx), kv, Layer.forward)
   if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(self.model.norm, x, pending)
   return self.lm_head(y)

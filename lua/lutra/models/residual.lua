@@ -24,10 +24,33 @@ end
 -- MLP output) or nil; kv: the KV cache or nil, passed to attn.
 function M.block(norm1, attn, norm2, mlp, x, kv, pending, carry)
   local h, y = M.norm(norm1, x, pending)
-  h, y = M.norm(norm2, h, attn(y, kv))
+  local a = attn(y, kv)
+  if a == nil then error("residual block: the attention returned nothing (a (B, T, C) tensor expected)", 2) end
+  h, y = M.norm(norm2, h, a)
   local m = mlp(y)
+  if m == nil then error("residual block: the MLP returned nothing (a (B, T, C) tensor expected)", 2) end
   if carry then return h, m end
   return h + m
+end
+
+--- residual.run(blocks, x, kv, forward) -> the stream after the blocks and
+-- the last block's MLP output still to add (or nil), for residual.norm.
+-- blocks: a list of modules called as block(x, kv, pending, carry);
+-- forward: the model's own block forward, which takes pending and carry.
+-- A block hands its MLP output on only to a next block whose forward is
+-- that one (a user's block with its own forward(x, kv) gets the whole
+-- stream), and the last block to the final norm.
+function M.run(blocks, x, kv, forward)
+  local pending
+  for i, block in ipairs(blocks) do
+    local next_block = blocks[i + 1]
+    if next_block == nil or next_block.forward == forward then
+      x, pending = block(x, kv, pending, true)
+    else
+      x, pending = block(x, kv, pending), nil
+    end
+  end
+  return x, pending
 end
 
 return M
