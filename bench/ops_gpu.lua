@@ -129,6 +129,21 @@ fwd_bwd("cross_entropy (BT, V)", function()
   local tgt = lt.randint(0, V, { BT }, { device = D })
   return { params = { logits }, f = function() return (F.cross_entropy(logits, tgt)) end }
 end, BT * V * esize)
+-- GPT-2's padded head and its loss: one op (the logits' gradient written over them in the forward) or two
+local head_flops = 2 * BT * C * 50304
+for _, way in ipairs {
+  { "one op (F.linear_cross_entropy)", function(x, w, t) return F.linear_cross_entropy(x, w, t, { classes = V, count = false }) end },
+  { "F.linear, F.cross_entropy", function(x, w, t) return F.cross_entropy(F.linear(x, w), t, { classes = V, count = false }) end },
+} do
+  fwd_bwd("head + loss (BT, C) x (50304, C), " .. way[1], function()
+    -- (GPT-2's scales: a normalised x and N(0, 0.02) weights; unit weights would give logits of
+    -- std 28 and denormal probabilities, which CPUs multiply slowly)
+    local xx, w = randn({ BT, C }, true), (randn({ 50304, C }) * 0.02):detach():requires_grad_()
+    local tgt = lt.randint(0, V, { BT }, { device = D })
+    return { params = { xx, w }, f = function() return way[2](xx, w, tgt) end,
+      flops = { head_flops, 3 * head_flops } }
+  end)
+end
 fwd_bwd("embedding (V, C) with BT ids", function()
   local wte = randn({ V, C }, true)
   local ids = lt.randint(0, V, { BT }, { device = D })

@@ -584,6 +584,17 @@ static lt_status k_ce_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *t
                    lt_cuda_cross_entropy_fwd(dt, x, ldx, targets, tdt, N, V, ignore, loss, lse, words, c->compute),
                    targets, tdt, 1, bad);
 }
+static lt_status k_ce_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                              int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, const void *scale,
+                              void *dx, int64_t *bad) {
+  lt_cuda_ctx *c = current_ctx();
+  unsigned long long *words;
+  LT_TRY(check_begin(c, &words));
+  return check_end(c,
+                   lt_cuda_cross_entropy_fwd_bwd(dt, x, ldx, targets, tdt, N, V, ignore, loss, lse, scale, dx, words,
+                                                 c->compute),
+                   targets, tdt, 1, bad);
+}
 static lt_status k_ce_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N,
                           int64_t V, int64_t ldd, int64_t ignore, const void *lse, const void *scale, void *dx) {
   return lt_cuda_cross_entropy_bwd(dt, x, ldx, targets, tdt, N, V, ldd, ignore, lse, scale, dx, STREAM);
@@ -676,6 +687,7 @@ const lt_backend_i lt_backend_cuda = {
     .softmax_bwd = k_softmax_bwd,
     .cross_entropy_fwd = k_ce_fwd,
     .cross_entropy_bwd = k_ce_bwd,
+    .cross_entropy_fwd_bwd = k_ce_fwd_bwd,
     .rope = k_rope,
     .adamw = k_adamw,
     .sgd = k_sgd,

@@ -11,10 +11,15 @@
  * backward also moves the GELU's gradient into the product that makes it
  * (DGELU_BGRAD: g1 = (dy w2) gelu'(pre) and db1 in one pass, as NVIDIA's
  * Apex FusedDenseGeluDense does), saving the pass over the hidden
- * activations that two linear ops need.
+ * activations that two linear ops need. And a model's head with its loss as
+ * one op, cross_entropy(x w^T, targets), whose forward writes the logits'
+ * gradient over the logits (llm.c's fused classifier), so that no second
+ * (N, V) buffer exists and the backward reads the logits' gradient, not the
+ * logits.
  */
 #include "autograd.h"
 #include "iter.h"
+#include "loss.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -478,4 +483,103 @@ lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, c
   }
   *res = y;
   return LT_OK;
+}
+
+/* ---- the head and its loss as one op ------------------------------------------ */
+
+/* d(loss)/d(x) and d(loss)/d(w) from the logits' gradient for a loss
+   gradient of 1 (g), scaled by the loss's actual gradient go (0-dim):
+   products first, so the scale passes over (N, C) and (V, C), not the
+   logits. Saved: x2 (N, C), w (V, C), g (N, V). */
+static lt_status lce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  lt_tensor *x2, *w, *g;
+  LT_TRY(lt_ag_saved(n, 0, &x2));
+  LT_TRY(lt_ag_saved(n, 1, &w));
+  LT_TRY(lt_ag_saved(n, 2, &g));
+  lt_tensor *d2 = NULL, *s2 = NULL, *dx = NULL, *dw1 = NULL, *dw = NULL;
+  lt_status st = LT_OK;
+  if (n->next[0].node && (st = input_grad(g, w, NULL, 0, &d2, NULL)) == LT_OK) {
+    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, d2, go[0], NULL, &s2));
+    if (st == LT_OK)
+      st = as_input(n, s2, &dx);
+  }
+  if (st == LT_OK && n->next[1].node && (st = weight_grads(g, x2, 1, 0, &dw1, NULL)) == LT_OK)
+    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, dw1, go[0], NULL, &dw));
+  lt_tensor_release(d2);
+  lt_tensor_release(s2);
+  lt_tensor_release(dw1);
+  if (st != LT_OK) {
+    lt_tensor_release(dx);
+    lt_tensor_release(dw);
+    return st;
+  }
+  gi[0] = dx;
+  gi[1] = dw;
+  return LT_OK;
+}
+
+static const lt_node_ops lce_ops = {"LinearCrossEntropyBackward", lce_backward, NULL};
+
+lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const lt_tensor *targets,
+                                  int64_t ignore_index, int reduction, int64_t classes, lt_tensor **loss,
+                                  int64_t *count) {
+  const char *op = "linear_cross_entropy";
+  const lt_tensor *ins[3] = {x, w, targets};
+  static const char *const names[2] = {"input", "weight"};
+  const lt_backend_i *be;
+  char b1[200], b2[200];
+  LT_TRY(lt_same_device(op, 3, ins, &be));
+  LT_TRY(check_dtypes(op, 2, ins, names));
+  if (x->ndim < 2)
+    return lt_fail(LT_ERR_SHAPE, "%s: the input %s needs rows: (N, in) or (B, T, in)", op, lt_tensor_shape_str(x, b1));
+  LT_TRY(check_layer(op, "", "input", x, x->sizes[x->ndim - 1], w, NULL));
+  if (reduction != 0 && reduction != 1)
+    return lt_fail(LT_ERR_ARG, "%s: reduction must be mean or sum (for a loss per row: linear, then cross_entropy)",
+                   op);
+  int64_t N = 1;
+  for (int d = 0; d < x->ndim - 1; d++)
+    N *= x->sizes[d];
+  if (targets->ndim != x->ndim - 1 || memcmp(targets->sizes, x->sizes, sizeof(int64_t) * (size_t)targets->ndim) != 0)
+    return lt_fail(LT_ERR_SHAPE, "%s: targets %s must have the input's leading dims (input %s)", op,
+                   lt_tensor_shape_str(targets, b1), lt_tensor_shape_str(x, b2));
+  int grad = lt_ag_needed(2, ins);
+  lt_tensor *x2 = NULL, *t1 = NULL, *logits = NULL, *none = NULL, *g = NULL;
+  lt_ce_forward c;
+  memset(&c, 0, sizeof c);
+  lt_status st = rows_of(x, &x2);
+  if (st == LT_OK)
+    LT_NO_GRAD(st = lt_tensor_reshape((lt_tensor *)targets, 1, &N, &t1));
+  if (st == LT_OK) /* the logits (N, V): scratch that ends holding their gradient */
+    LT_NO_GRAD(st = forward_rows(be, x2, w, NULL, 0, &logits, &none));
+  if (st == LT_OK)
+    st = lt_ce_forward_run(op, logits, t1, ignore_index, reduction, classes, count != NULL, grad, &c);
+  lt_tensor_release(logits);
+  lt_tensor_release(none);
+  if (st == LT_OK && grad) /* (in x's dtype, as the products take it) */
+    LT_NO_GRAD(st = lt_tensor_to(c.xc, x->dtype, x->storage->device, &g));
+  if (st == LT_OK && grad) {
+    lt_node *n;
+    st = lt_ag_node_new(&lce_ops, 2, ins, &n);
+    if (st == LT_OK) {
+      st = lt_ag_save(n, x2);
+      if (st == LT_OK)
+        st = lt_ag_save(n, w);
+      if (st == LT_OK)
+        st = lt_ag_save(n, g);
+      if (st == LT_OK)
+        st = lt_ag_attach(n, c.loss, 0);
+      lt_node_release(n);
+    }
+  }
+  lt_tensor_release(x2);
+  lt_tensor_release(t1);
+  lt_tensor_release(g);
+  if (st == LT_OK) {
+    *loss = c.loss;
+    c.loss = NULL;
+    if (count)
+      *count = c.counted;
+  }
+  lt_ce_forward_release(&c);
+  return st;
 }

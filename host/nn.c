@@ -11,6 +11,7 @@
  */
 #include "autograd.h"
 #include "iter.h"
+#include "loss.h"
 #include "../kernels/attention_rows.h"
 
 #include <float.h>
@@ -911,12 +912,59 @@ static lt_status inverse_count(const lt_tensor *targets, int64_t ignore, lt_dtyp
   return st;
 }
 
-lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
-                           int reduction, int64_t classes, lt_tensor **loss, int64_t *count) {
-  const char *op = "cross_entropy";
+/* A target outside [0, V) found by a cross-entropy kernel: deferred to the
+   next read (a GPU) or reported now, naming the row and the value */
+static lt_status ce_report(const lt_backend_i *be, lt_status st, int64_t bad, const char *op, int64_t V,
+                           int64_t ignore_index, lt_tensor *tc) {
+  lt_index_report rep;
+  memset(&rep, 0, sizeof rep);
+  rep.kind = LT_REPORT_TARGET, rep.op = op, rep.limit = V, rep.ignore = ignore_index, rep.index = tc;
+  if (st == LT_OK && bad == LT_BAD_LATER)
+    return lt_index_defer(be, &rep);
+  if (st != LT_OK && bad >= 0) {
+    double v = 0;
+    lt_tensor *one = NULL;
+    if (lt_tensor_narrow(tc, 0, bad, 1, &one) == LT_OK)
+      lt_tensor_item(one, &v);
+    lt_tensor_release(one);
+    return lt_index_report_fail(&rep, bad, (int64_t)v);
+  }
+  return st;
+}
+
+/* Each row's gradient scale for a loss gradient of 1: 1 (sum), 1 / count (mean) */
+static lt_status ce_unit_scale(const lt_ce_forward *c, int reduction, lt_tensor **scale) {
+  lt_status st;
+  LT_NO_GRAD({
+    st = lt_tensor_empty(1, &c->N, c->sd, c->xc->storage->device, scale);
+    if (st == LT_OK && reduction == 0 && c->inv)
+      st = lt_tensor_copy_(*scale, c->inv); /* (broadcast from 0-dim) */
+    else if (st == LT_OK)
+      st = lt_tensor_fill_(*scale, reduction == 0 ? (c->counted ? 1.0 / (double)c->counted : 0.0) : 1.0);
+  });
+  return st;
+}
+
+/* c->counted on the host (a wait for a GPU; the read reports a bad target
+   that an earlier kernel left for later), or 1 / count on the device for
+   the mean (count_on_device) */
+static lt_status ce_count(lt_ce_forward *c, const char *op, int64_t ignore_index, int reduction, int count_on_device) {
+  if (count_on_device)
+    return reduction == 0 ? inverse_count(c->tc, ignore_index, c->sd, &c->inv) : LT_OK;
+  double *tv = malloc(sizeof(double) * (size_t)(c->N > 0 ? c->N : 1));
+  lt_status st = tv ? lt_tensor_to_f64(c->tc, tv, c->N) : lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
+  for (int64_t k = 0; st == LT_OK && k < c->N; k++)
+    c->counted += tv[k] != (double)ignore_index;
+  free(tv);
+  return st;
+}
+
+lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
+                            int reduction, int64_t classes, int count_on_host, int grad_in_place, lt_ce_forward *c) {
   const lt_tensor *ins[2] = {logits, targets};
   const lt_backend_i *be;
   char b1[200], b2[200];
+  memset(c, 0, sizeof *c);
   LT_TRY(lt_same_device(op, 2, ins, &be));
   LT_TRY(need_float(op, logits));
   if (targets->dtype != LT_DTYPE_I32 && targets->dtype != LT_DTYPE_I64)
@@ -935,106 +983,117 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
                    (long long)classes, (long long)W);
   int64_t V = classes > 0 ? classes : W; /* the columns past V are padding: no logits, zero gradient */
   lt_dtype cd = row_dtype(be, logits->dtype), sd = compute_dtype(logits->dtype);
-  lt_tensor *xc = NULL, *tc = NULL, *rows = NULL, *lse = NULL, *r = NULL;
+  c->N = N, c->W = W, c->V = V, c->cd = cd, c->sd = sd;
+  lt_tensor *rows = NULL, *scale = NULL;
   lt_status st = LT_OK;
   /* rows read where they lie when they are unit-stride (a narrowed view of
      padded logits costs no copy), else a contiguous copy */
   if (logits->dtype == cd && (W <= 1 || logits->strides[1] == 1) && (N <= 1 || logits->strides[0] >= W)) {
     lt_tensor_retain((lt_tensor *)logits);
-    xc = (lt_tensor *)logits;
+    c->xc = (lt_tensor *)logits;
   } else {
-    st = as_compute(logits, cd, &xc);
+    st = as_compute(logits, cd, &c->xc);
   }
-  int64_t ldx = N > 1 && xc ? xc->strides[0] : W;
+  c->ldx = N > 1 && c->xc ? c->xc->strides[0] : W;
   if (st == LT_OK)
-    LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)targets, &tc));
+    LT_NO_GRAD(st = lt_tensor_contiguous((lt_tensor *)targets, &c->tc));
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &rows);
   if (st == LT_OK)
-    st = lt_tensor_empty(1, &N, sd, logits->storage->device, &lse);
-  int64_t bad = -1;
-  if (st == LT_OK) {
-    st = be->cross_entropy_fwd(cd, lt_tensor_ptr(xc), ldx, lt_tensor_ptr(tc), tc->dtype, N, V, ignore_index,
-                               lt_tensor_ptr(rows), lt_tensor_ptr(lse), &bad);
-    lt_index_report rep;
-    memset(&rep, 0, sizeof rep);
-    rep.kind = LT_REPORT_TARGET, rep.op = op, rep.limit = V, rep.ignore = ignore_index, rep.index = tc;
-    if (st == LT_OK && bad == LT_BAD_LATER) {
-      st = lt_index_defer(be, &rep);
-    } else if (st != LT_OK && bad >= 0) {
-      double v = 0;
-      lt_tensor *one = NULL;
-      if (lt_tensor_narrow(tc, 0, bad, 1, &one) == LT_OK)
-        lt_tensor_item(one, &v);
-      lt_tensor_release(one);
-      st = lt_index_report_fail(&rep, bad, (int64_t)v);
-    }
-  }
+    st = lt_tensor_empty(1, &N, sd, logits->storage->device, &c->lse);
   /* the counted tokens: on the host when asked for (a wait for a GPU), else
-     1 / count stays on the device for the mean */
-  int64_t counted = 0;
-  lt_tensor *inv = NULL;
-  int count_on_device = !count && be->defer_index_report;
-  if (st == LT_OK && count_on_device && reduction == 0)
-    st = inverse_count(tc, ignore_index, sd, &inv);
-  if (st == LT_OK && !count_on_device) {
-    double *tv = malloc(sizeof(double) * (size_t)(N > 0 ? N : 1));
-    /* (the read may report a check an earlier op left for later: its error stands) */
-    st = tv ? lt_tensor_to_f64(tc, tv, N) : lt_fail(LT_ERR_OOM, "%s: out of host memory", op);
-    for (int64_t k = 0; st == LT_OK && k < N; k++)
-      counted += tv[k] != (double)ignore_index;
-    free(tv);
+     1 / count stays on the device for the mean; before the kernels when
+     they make the gradient (its scale), else after them (the host's read
+     then reports a bad target at once) */
+  int count_on_device = !count_on_host && be->defer_index_report;
+  if (st == LT_OK && grad_in_place)
+    st = ce_count(c, op, ignore_index, reduction, count_on_device);
+  if (st == LT_OK && grad_in_place)
+    st = ce_unit_scale(c, reduction, &scale);
+  int64_t bad = -1;
+  void *x = c->xc ? lt_tensor_ptr(c->xc) : NULL, *t = c->tc ? lt_tensor_ptr(c->tc) : NULL;
+  if (st == LT_OK && grad_in_place && be->cross_entropy_fwd_bwd) { /* one kernel: the loss and the gradient */
+    st = be->cross_entropy_fwd_bwd(cd, x, c->ldx, t, c->tc->dtype, N, V, ignore_index, lt_tensor_ptr(rows),
+                                   lt_tensor_ptr(c->lse), lt_tensor_ptr(scale), x, &bad);
+    st = ce_report(be, st, bad, op, V, ignore_index, c->tc);
+  } else if (st == LT_OK) {
+    st = be->cross_entropy_fwd(cd, x, c->ldx, t, c->tc->dtype, N, V, ignore_index, lt_tensor_ptr(rows),
+                               lt_tensor_ptr(c->lse), &bad);
+    st = ce_report(be, st, bad, op, V, ignore_index, c->tc);
+    if (st == LT_OK && grad_in_place) /* (each element read before it is written) */
+      st = be->cross_entropy_bwd(cd, x, c->ldx, t, c->tc->dtype, N, V, c->ldx, ignore_index, lt_tensor_ptr(c->lse),
+                                 lt_tensor_ptr(scale), x);
   }
+  if (st == LT_OK && !grad_in_place)
+    st = ce_count(c, op, ignore_index, reduction, count_on_device);
+  else if (st == LT_OK && !count_on_device && be->synchronize) /* (the count's wait: a bad target reported now) */
+    st = be->synchronize(c->xc->storage->device);
   if (st == LT_OK) {
     LT_NO_GRAD({
       if (reduction == 2) {
         lt_tensor_retain(rows);
-        r = rows;
+        c->loss = rows;
       } else {
         lt_tensor *s = NULL;
         st = lt_reduce(LT_REDUCE_SUM, rows, 0, NULL, 0, 0, &s);
-        if (st == LT_OK && reduction == 0 && inv) { /* (rows that do not count are 0) */
-          st = lt_binary(LT_BINARY_MUL, s, inv, NULL, &r);
+        if (st == LT_OK && reduction == 0 && c->inv) { /* (rows that do not count are 0) */
+          st = lt_binary(LT_BINARY_MUL, s, c->inv, NULL, &c->loss);
           lt_tensor_release(s);
         } else if (st == LT_OK && reduction == 0) { /* mean over counted tokens; 0 when none count */
-          st = lt_binary_scalar(LT_BINARY_MUL, s, counted ? 1.0 / (double)counted : 0.0, 0, NULL, &r);
+          st = lt_binary_scalar(LT_BINARY_MUL, s, c->counted ? 1.0 / (double)c->counted : 0.0, 0, NULL, &c->loss);
           lt_tensor_release(s);
         } else if (st == LT_OK) {
-          r = s;
+          c->loss = s;
         }
       }
     });
   }
-  if (st == LT_OK && lt_ag_needed(1, &logits)) {
+  RELEASE_ALL(rows, scale);
+  if (st != LT_OK)
+    lt_ce_forward_release(c);
+  return st;
+}
+
+void lt_ce_forward_release(lt_ce_forward *c) {
+  RELEASE_ALL(c->xc, c->tc, c->lse, c->inv, c->loss);
+  c->xc = c->tc = c->lse = c->inv = c->loss = NULL;
+}
+
+lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
+                           int reduction, int64_t classes, lt_tensor **loss, int64_t *count) {
+  const lt_tensor *ins[2] = {logits, targets};
+  lt_ce_forward c;
+  LT_TRY(lt_ce_forward_run("cross_entropy", logits, targets, ignore_index, reduction, classes, count != NULL, 0, &c));
+  lt_status st = LT_OK;
+  if (lt_ag_needed(1, &logits)) {
     lt_node *n;
     st = lt_ag_node_new(&ce_ops, 2, ins, &n);
     if (st == LT_OK) {
       n->i[0] = reduction;
       n->i[1] = ignore_index;
-      n->i[2] = inv != NULL;
-      n->i[3] = V;
-      n->f[0] = (double)counted;
-      st = lt_ag_save(n, xc);
+      n->i[2] = c.inv != NULL;
+      n->i[3] = c.V;
+      n->f[0] = (double)c.counted;
+      st = lt_ag_save(n, c.xc);
       if (st == LT_OK)
-        st = lt_ag_save(n, tc);
+        st = lt_ag_save(n, c.tc);
       if (st == LT_OK)
-        st = lt_ag_save(n, lse);
-      if (st == LT_OK && inv)
-        st = lt_ag_save(n, inv);
+        st = lt_ag_save(n, c.lse);
+      if (st == LT_OK && c.inv)
+        st = lt_ag_save(n, c.inv);
       if (st == LT_OK)
-        st = lt_ag_attach(n, r, 0);
+        st = lt_ag_attach(n, c.loss, 0);
       lt_node_release(n);
     }
   }
-  RELEASE_ALL(xc, tc, rows, lse, inv);
-  if (st != LT_OK) {
-    lt_tensor_release(r);
-    return st;
+  if (st == LT_OK) {
+    *loss = c.loss;
+    c.loss = NULL;
+    if (count)
+      *count = c.counted;
   }
-  *loss = r;
-  if (count)
-    *count = counted;
-  return LT_OK;
+  lt_ce_forward_release(&c);
+  return st;
 }
 
 /* ---- rope ------------------------------------------------------------------------------- */

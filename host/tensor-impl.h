@@ -291,6 +291,12 @@ typedef struct lt_backend_i {
   lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
                                  int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
                                  const void *scale, void *dx);
+  /* optional: the forward and, into dx (rows ldx apart; may be x itself),
+     the backward with per-row scales, in one pass over each row; NULL: the
+     two above */
+  lt_status (*cross_entropy_fwd_bwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                     int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, const void *scale,
+                                     void *dx, int64_t *bad);
   lt_status (*rope)(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                     int64_t start, int inverse);
   lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);

@@ -86,6 +86,10 @@ lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, con
 lt_status lt_cuda_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
                                     int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
                                     const void *scale, void *dx, lt_cuda_stream s);
+/* both in one kernel, dx rows ldx apart (dx may be x) */
+lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
+                                        int64_t N, int64_t V, int64_t ignore, void *loss, void *lse,
+                                        const void *scale, void *dx, unsigned long long *bad, lt_cuda_stream s);
 lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
                        int64_t start, int inverse, lt_cuda_stream s);
 

@@ -441,7 +441,7 @@ static void norm_dw_launch(const void *dy, const void *x, const void *mean, cons
    weight gradient wanted, f32 or 16-bit rows of at most FUSED_MAX_C
    elements in 16-byte pieces */
 template <typename S> static bool fused_norm_bwd(bool wide, bool dx, bool dw, int64_t C) {
-  return dx && dw && wide && sizeof(S) <= 4 && C <= FUSED_MAX_C;
+  return dx && dw && wide && sizeof(S) <= 4 && C > 0 && C <= FUSED_MAX_C;
 }
 
 /* dx, dw (and db) of a norm in one pass and a sum of the blocks' partials */
@@ -635,13 +635,37 @@ template <typename A> __device__ __forceinline__ void lse_push(A x, A &m, double
     s += t_exp(x - m);
 }
 
-/* One pass over each row (each logit read once from memory), in 16-byte
-   pieces where the rows are aligned (vec); each thread's (m, s) combine in a
-   fixed order: lse = M + log(sum of s exp(m - M)), M the row's maximum. */
+/* The log-sum-exp of row xr's V logits in one pass (each logit read once
+   from memory), in 16-byte pieces where the rows are aligned (vec); each
+   thread's (m, s) combine in a fixed order: lse = M + log(sum of s exp(m -
+   M)), M the row's maximum. Every thread of the block gets it. */
+template <typename S, typename A>
+__device__ __forceinline__ A ce_row_lse(const S *xr, int64_t V, int vec, double *sh) {
+  const int W = 16 / sizeof(S);
+  A m = (A)-CUDART_INF;
+  double s = 0;
+  int64_t c0 = 0;
+  if (vec) {
+    int64_t np = V / W;
+    for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
+      piece<S> p;
+      p.raw = ((const uint4 *)xr)[i];
+#pragma unroll
+      for (int j = 0; j < W; j++)
+        lse_push(ld(p.e, j), m, s);
+    }
+    c0 = np * W;
+  }
+  for (int64_t c = c0 + threadIdx.x; c < V; c += blockDim.x)
+    lse_push(ld(xr, c), m, s);
+  A mx = (A)lt_block_max((double)m, sh);
+  s = lt_block_sum(s * exp((double)m - (double)mx), sh);
+  return mx + (A)log(s);
+}
+
 template <typename S, typename A>
 __global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
                               A *loss, A *lse, const unsigned long long *bad, int vec) {
-  const int W = 16 / sizeof(S);
   __shared__ double sh[32];
   if (*bad != ~0ULL)
     return;
@@ -653,26 +677,8 @@ __global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt,
         loss[r] = lse[r] = 0;
       continue;
     }
-    A m = (A)-CUDART_INF;
-    double s = 0;
-    int64_t c0 = 0;
-    if (vec) {
-      int64_t np = V / W;
-      for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
-        piece<S> p;
-        p.raw = ((const uint4 *)xr)[i];
-#pragma unroll
-        for (int j = 0; j < W; j++)
-          lse_push(ld(p.e, j), m, s);
-      }
-      c0 = np * W;
-    }
-    for (int64_t c = c0 + threadIdx.x; c < V; c += blockDim.x)
-      lse_push(ld(xr, c), m, s);
-    A mx = (A)lt_block_max((double)m, sh);
-    s = lt_block_sum(s * exp((double)m - (double)mx), sh);
+    A l = ce_row_lse<S, A>(xr, V, vec, sh);
     if (threadIdx.x == 0) {
-      A l = mx + (A)log(s);
       lse[r] = l;
       loss[r] = l - ld(xr, t);
     }
@@ -685,41 +691,77 @@ template <typename A> __device__ __forceinline__ A ce_grad(A x, int64_t c, int64
   return t_exp(x - l) * s - (c == t ? s : (A)0);
 }
 
+/* Row dr = s (softmax(xr) - onehot(t)) from its log-sum-exp l; zeros past
+   V, and everywhere when the row does not count (live false). Each
+   element of xr is read by the thread that then writes it in dr, so dr
+   may be xr. */
+template <typename S, typename A>
+__device__ __forceinline__ void ce_row_grad(const S *xr, S *dr, int64_t t, int64_t V, int64_t ldd, bool live, A l,
+                                            A s, int vec) {
+  const int W = 16 / sizeof(S);
+  int64_t c0 = 0;
+  if (vec) {
+    int64_t np = ldd / W;
+    for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
+      int64_t base = i * W;
+      piece<S> in, out;
+      bool whole = live && base + W <= V; /* (a piece past the classes is not read) */
+      if (whole)
+        in.raw = ((const uint4 *)xr)[i];
+#pragma unroll
+      for (int j = 0; j < W; j++) {
+        int64_t c = base + j;
+        A v = (A)0;
+        if (whole)
+          v = ce_grad<A>(ld(in.e, j), c, t, l, s);
+        else if (live && c < V)
+          v = ce_grad<A>(ld(xr, c), c, t, l, s);
+        st(out.e, j, v);
+      }
+      ((uint4 *)dr)[i] = out.raw;
+    }
+    c0 = np * W;
+  }
+  for (int64_t c = c0 + threadIdx.x; c < ldd; c += blockDim.x)
+    st(dr, c, live && c < V ? ce_grad<A>(ld(xr, c), c, t, l, s) : (A)0);
+}
+
 template <typename S, typename A>
 __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ldd,
                               int64_t ignore, const A *lse, const A *scale, S *dx, int vec) {
-  const int W = 16 / sizeof(S);
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    int64_t t = target_at(tgt, tdt, r);
+    bool live = t != ignore; /* (an ignored row's gradient is zeros) */
+    ce_row_grad<S, A>(x + r * ldx, dx + r * ldd, t, V, ldd, live, live ? lse[r] : (A)0, live ? scale[r] : (A)0, vec);
+  }
+}
+
+/* The forward and the backward in one kernel (llm.c's fused classifier):
+   each row's log-sum-exp and loss, then its gradient with scale[r], the row
+   read a second time while the GPU's caches still hold it; dx (rows ldx
+   apart) may be x. vec_x: x's rows aligned; vec: x's and dx's. */
+template <typename S, typename A>
+__global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V,
+                                  int64_t ignore, A *loss, A *lse, const A *scale, S *dx,
+                                  const unsigned long long *bad, int vec_x, int vec) {
+  __shared__ double sh[32];
+  if (*bad != ~0ULL)
+    return;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
     const S *xr = x + r * ldx;
-    S *dr = dx + r * ldd;
-    bool live = t != ignore; /* (an ignored row's gradient is zeros) */
-    A l = live ? lse[r] : (A)0, s = live ? scale[r] : (A)0;
-    int64_t c0 = 0;
-    if (vec) {
-      int64_t np = ldd / W;
-      for (int64_t i = threadIdx.x; i < np; i += blockDim.x) {
-        int64_t base = i * W;
-        piece<S> in, out;
-        bool whole = live && base + W <= V; /* (a piece past the classes is not read) */
-        if (whole)
-          in.raw = ((const uint4 *)xr)[i];
-#pragma unroll
-        for (int j = 0; j < W; j++) {
-          int64_t c = base + j;
-          A v = (A)0;
-          if (whole)
-            v = ce_grad<A>(ld(in.e, j), c, t, l, s);
-          else if (live && c < V)
-            v = ce_grad<A>(ld(xr, c), c, t, l, s);
-          st(out.e, j, v);
-        }
-        ((uint4 *)dr)[i] = out.raw;
-      }
-      c0 = np * W;
+    bool live = t != ignore;
+    A l = 0, xt = 0;
+    if (live) {
+      if (threadIdx.x == 0)
+        xt = ld(xr, t); /* (before any thread writes the row: the lse's barriers come first) */
+      l = ce_row_lse<S, A>(xr, V, vec_x, sh);
     }
-    for (int64_t c = c0 + threadIdx.x; c < ldd; c += blockDim.x)
-      st(dr, c, live && c < V ? ce_grad<A>(ld(xr, c), c, t, l, s) : (A)0);
+    if (threadIdx.x == 0) {
+      lse[r] = l;
+      loss[r] = live ? l - xt : (A)0;
+    }
+    ce_row_grad<S, A>(xr, dx + r * ldx, t, V, ldx, live, l, live ? scale[r] : (A)0, vec);
   }
 }
 
@@ -918,6 +960,30 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64
     return st;
   DISPATCH_ROWS(dt, ce_fwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, bad, cs);
   return lt_cuda_check_launch("ce_fwd_kernel");
+}
+
+template <typename S, typename A>
+static void ce_fwd_bwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
+                              int64_t ignore, void *loss, void *lse, const void *scale, void *dx,
+                              unsigned long long *bad, cudaStream_t cs) {
+  int vec_x = rows_aligned16<S>(x, ldx), vec = vec_x && rows_aligned16<S>(dx, ldx);
+  ce_fwd_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ignore, (A *)loss,
+                                                           (A *)lse, (const A *)scale, (S *)dx, bad, vec_x, vec);
+}
+
+extern "C" lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
+                                                   lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
+                                                   void *lse, const void *scale, void *dx, unsigned long long *bad,
+                                                   lt_cuda_stream s) {
+  if (N == 0)
+    return LT_OK;
+  cudaStream_t cs = (cudaStream_t)s;
+  ce_check_kernel<<<lt_cuda_blocks(N, THREADS), THREADS, 0, cs>>>(targets, tdt, N, V, ignore, bad);
+  lt_status st = lt_cuda_check_launch("cross_entropy check");
+  if (st != LT_OK)
+    return st;
+  DISPATCH_ROWS(dt, ce_fwd_bwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, scale, dx, bad, cs);
+  return lt_cuda_check_launch("cross_entropy forward and backward");
 }
 
 template <typename S, typename A>

@@ -12,7 +12,10 @@
 -- counts the targets that count (not ignore_index) over all of them first,
 -- and backpropagates each micro-batch's summed token loss divided by that
 -- total: the step's loss is the mean over every counted token of the step
--- and its gradients those of one large batch. Then it clips by global norm,
+-- and its gradients those of one large batch (a model with a loss method,
+-- as lt.models' GPT-2 and Llama, computes it: model:loss(x, y, opts) with
+-- F.cross_entropy's options and meaning, the head and loss as one op;
+-- otherwise F.cross_entropy(model(x), y)). Then it clips by global norm,
 -- sets the schedule's rate for this optimizer step, and steps. A step whose
 -- loss or gradient norm is not finite stops training with a message naming
 -- the step, or, with skip_nonfinite, is skipped and counted (the schedule
@@ -357,8 +360,8 @@ function M.run(settings)
     local loss_sum, tokens, sums = 0, 0, nil
     for k = 1, o.accum do
       if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
-      local logits = model(xs[k])
-      local l = F.cross_entropy(logits, ys[k], { reduction = "sum", ignore_index = o.ignore_index, count = false })
+      local lo = { reduction = "sum", ignore_index = o.ignore_index, count = false }
+      local l = type(model.loss) == "function" and model:loss(xs[k], ys[k], lo) or F.cross_entropy(model(xs[k]), ys[k], lo)
       if total > 0 then (l / total):backward() end
       -- the micro-batches' losses add up where they are; one read per step (a GPU syncs once)
       local ld = l:detach():to("f64")

@@ -587,6 +587,20 @@ grad_check("cross_entropy over GPT-2's padded head (2048, 50304), classes 50257,
   for i = 1, 2048 do ids[i] = (i * 977) % 50257 end
   return F.cross_entropy(x, lt.tensor(ids, { dtype = "i64", device = x.device }), { classes = 50257, count = false })
 end)
+-- the head and its loss as one op: the loss and the logits' gradient in one kernel, written over the logits
+grad_check("linear_cross_entropy over GPT-2's padded head (2, 64, 768) x (50304, 768), classes 50257, bf16",
+  { { shape = { 2, 64, 768 }, dtype = "bf16" }, { shape = { 50304, 768 }, dtype = "bf16" } }, function(x, w)
+    local ids = {}
+    for i = 1, 128 do ids[i] = i % 9 == 0 and -100 or (i * 977) % 50257 end
+    local t = lt.tensor(ids, { dtype = "i64", device = x.device }):view(2, 64)
+    return F.linear_cross_entropy(x, w, t, { classes = 50257, count = false })
+  end)
+grad_check("linear_cross_entropy summed, rows off 16-byte boundaries (300, 40) x (1001, 40)",
+  { { shape = { 300, 40 } }, { shape = { 1001, 40 } } }, function(x, w)
+    local ids = {}
+    for i = 1, 300 do ids[i] = i % 7 == 0 and -100 or (i * 31) % 1001 end
+    return F.linear_cross_entropy(x, w, lt.tensor(ids, { dtype = "i64", device = x.device }), { reduction = "sum" })
+  end, { gtol = 1e-4 })
 grad_check("cross_entropy over narrowed logits, rows read where they lie (512, 1000 of 1024)", { { shape = { 512, 1024 } } },
   function(x)
     local ids = {}

@@ -152,7 +152,7 @@ grep -h "^BAD\|cases bad" "$OUT/attention-sweep.txt" 2>/dev/null | tail -6
 grep -h "^lutra: " "$OUT/gpu-run.log" 2>/dev/null | sort | uniq -c | head -10 # fallbacks noted once (cuDNN, cuBLASLt)
 grep -h "attention\|dtype \|^bf16\|largest" "$OUT/bench-lutra.txt" 2>/dev/null
 grep -h "ratio" "$OUT/gpu-run.log" 2>/dev/null | tail -2
-grep -h "causal attention\|linear\|GELU\|MLP\|layer_norm\|cross_entropy" "$OUT/bench-ops.txt" 2>/dev/null | head -20
+grep -h "causal attention\|linear\|GELU\|MLP\|layer_norm\|cross_entropy\|head + loss" "$OUT/bench-ops.txt" 2>/dev/null | head -24
 
 step "done: GPU checks exit $gpu_status, tests exit $test_status"
 [ $gpu_status -eq 0 ] && [ $test_status -eq 0 ]

@@ -1,7 +1,7 @@
 -- tests/gpu/smoke.lua: the newest CUDA paths once each, small, printing what
 -- ran: cuDNN attention (forward and backward, causal, from one qkv tensor),
--- lutra's tensor-core attention, cuBLASLt's bias/GELU epilogues, bf16 row kernels and a deferred index
--- check. tests/gpu/run.sh runs it first, and again with cuDNN's and
+-- lutra's tensor-core attention, cuBLASLt's bias/GELU epilogues, bf16 row kernels, the head and its
+-- loss in one op, and a deferred index check. tests/gpu/run.sh runs it first, and again with cuDNN's and
 -- cuBLASLt's own logs on when it fails. Exits 1 on the first failure.
 local lt = require "lutra"
 local F = lt.F
@@ -62,6 +62,23 @@ step("bf16 layer_norm with the residual, and cross-entropy over padded logits", 
   local l = F.cross_entropy(logits, lt.randint(0, 200, { 64 }, { device = "cuda" }), { classes = 200, count = false })
   local v = l:item()
   assert(v == v and v > 0)
+end)
+
+step("the head and its loss in one op (bf16, padded head), its gradients against F.linear + F.cross_entropy", function()
+  local x = lt.randn({ 2, 64, 128 }, { dtype = "bf16", device = "cuda" })
+  local w = (lt.randn({ 320, 128 }, { device = "cuda" }) * 0.05):to("bf16")
+  local t = lt.randint(0, 300, { 2, 64 }, { device = "cuda" })
+  local grads = {}
+  for k, f in ipairs { function(a, b) return F.linear_cross_entropy(a, b, t, { classes = 300, count = false }) end,
+    function(a, b) return F.cross_entropy(F.linear(a, b), t, { classes = 300, count = false }) end } do
+    local a, b = x:detach():requires_grad_(), w:detach():requires_grad_()
+    f(a, b):backward()
+    grads[k] = { a.grad:to("f32"), b.grad:to("f32") }
+  end
+  for i = 1, 2 do
+    local err = (grads[1][i] - grads[2][i]):abs():max():item() / grads[2][i]:abs():max():item()
+    assert(err < 0.02, ("gradient %d: relative error %g"):format(i, err))
+  end
 end)
 
 step("a bad index is reported at the next read", function()

@@ -277,6 +277,73 @@ describe("lt.F edge cases", function()
     loss:backward()
     assert.are.equal(0, x.grad:abs():sum():item())
   end)
+  it("linear_cross_entropy: finite differences; F.cross_entropy of F.linear to rounding; counts, eval, errors", function()
+    local g = lt.Generator(21)
+    local function r(shape, dtype) return lt.randn(shape, { dtype = dtype or "f64", generator = g }) end
+    local t = lt.tensor({ { 3, -100, 0 }, { 10, 5, 7 } }, "i64")
+    local x, w = r({ 2, 3, 6 }):requires_grad_(), r({ 13, 6 }):requires_grad_()
+    for _, red in ipairs { "mean", "sum" } do
+      lt.autograd.gradcheck(function(x, w) return F.linear_cross_entropy(x, w, t, { reduction = red }) * 1.7 end,
+        { x, w })
+    end
+    lt.autograd.gradcheck(function(x, w) return F.linear_cross_entropy(x, w, t, { classes = 11, count = false }) end,
+      { x, w })
+    lt.autograd.gradcheck(function(w) return F.linear_cross_entropy(x:detach(), w, t) end, { w })
+    lt.autograd.gradcheck(function(x) return F.linear_cross_entropy(x, w:detach(), t) end, { x })
+    -- against the two ops in f32 and bf16, outputs, counts and gradients (one rounding more in bf16)
+    for _, dt in ipairs { "f32", "bf16" } do
+      local function leaves() return x:detach():to(dt):requires_grad_(), w:detach():to(dt):requires_grad_() end
+      local x1, w1 = leaves()
+      local x2, w2 = leaves()
+      local l1, n1 = F.linear_cross_entropy(x1, w1, t)
+      local l2, n2 = F.cross_entropy(F.linear(x2, w2), t)
+      assert.are.equal("LinearCrossEntropyBackward", l1.grad_fn)
+      assert.are.equal(n2, n1)
+      assert.are.equal(5, n1)
+      assert.is_true(math.abs(l1:item() - l2:item()) <= 1e-6 * math.abs(l2:item()))
+      ;(l1 * 0.3):backward()
+      ;(l2 * 0.3):backward()
+      local tol = dt == "f32" and 1e-6 or 1e-2
+      for _, p in ipairs { { x1.grad, x2.grad }, { w1.grad, w2.grad } } do
+        assert.are.equal(dt, p[1].dtype)
+        local scale = p[2]:to("f64"):abs():max():item()
+        assert.is_true((p[1]:to("f64") - p[2]:to("f64")):abs():max():item() <= tol * scale)
+      end
+    end
+    -- retain_graph: a second backward gives the same gradients (the saved gradient of the logits is not changed)
+    local x3, w3 = x:detach():requires_grad_(), w:detach():requires_grad_()
+    local l3 = F.linear_cross_entropy(x3, w3, t)
+    l3:backward(nil, { retain_graph = true })
+    local gx = x3.grad:clone()
+    x3.grad = nil
+    l3:backward(nil, { retain_graph = true })
+    assert.are.equal(0, (x3.grad - gx):abs():max():item())
+    -- no gradient wanted: the loss alone, no node
+    local l4 = lt.no_grad(function() return F.linear_cross_entropy(x, w, t) end)
+    assert.is_nil(l4.grad_fn)
+    assert.are.equal(l3:item(), l4:item())
+    -- every target ignored: 0 with zero gradients
+    local x5, w5 = x:detach():requires_grad_(), w:detach():requires_grad_()
+    local l5, n5 = F.linear_cross_entropy(x5, w5, lt.full({ 2, 3 }, -100, { dtype = "i64" }))
+    assert.are.equal(0, n5)
+    assert.are.equal(0, l5:item())
+    l5:backward()
+    assert.are.equal(0, x5.grad:abs():max():item())
+    -- errors
+    H.assert_error(function() F.linear_cross_entropy(x, w, t, { reduction = "none" }) end,
+      "reduction must be 'mean' or 'sum'")
+    H.assert_error(function() F.linear_cross_entropy(x, w, lt.tensor({ 1, 2, 3 }, "i64")) end,
+      "linear_cross_entropy: targets [3] must have the input's leading dims (input [2, 3, 6])")
+    H.assert_error(function() F.linear_cross_entropy(x, r({ 13, 5 }), t) end,
+      "linear_cross_entropy: input [2, 3, 6] does not fit weight [13, 5]")
+    H.assert_error(function() F.linear_cross_entropy(x, w:to("f32"), t) end, "the weight f32")
+    H.assert_error(function() F.linear_cross_entropy(x, w, lt.tensor({ { 3, 13, 0 }, { 1, 1, 1 } }, "i64")) end,
+      "linear_cross_entropy", "target 13", "position 2")
+    H.assert_error(function() F.linear_cross_entropy(x, w, t, { classes = 14 }) end, "classes 14")
+    H.assert_error(function() F.linear_cross_entropy(r({ 6 }), w, lt.tensor(1, "i64")) end, "needs rows")
+    H.assert_error(function() F.linear_cross_entropy(x, w, t:to("f32")) end, "integer class ids")
+  end)
+
   it("cross_entropy counts targets and rejects bad ones by position", function()
     local x = lt.randn(4, 5)
     local _, n = F.cross_entropy(x, lt.tensor({ 1, 2, -1, 4 }, "i64"), { ignore_index = -1 })

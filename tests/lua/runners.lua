@@ -59,6 +59,9 @@ local NN = {
   add_rms_norm = function(a, x, r, w) return lt.stack({ F.add_rms_norm(x, r, w, a.eps) }) end,
   log_softmax = function(a, x) return F.log_softmax(x, a.dim) end,
   cross_entropy = function(a, x, t) return (F.cross_entropy(x, t, { reduction = a.reduction })) end,
+  linear_cross_entropy = function(a, x, w, t)
+    return (F.linear_cross_entropy(x, w, t, { reduction = a.reduction, classes = a.classes }))
+  end,
   gelu = function(_, x) return F.gelu(x) end,
   silu = function(_, x) return F.silu(x) end,
   swiglu = function(_, a, b) return F.swiglu(a, b) end,

@@ -186,5 +186,20 @@ for dt in ["f32", "f64"]:
     case(f"mlp no first bias {dt}", "mlp_nofcbias", [(x, True), (w1, False), (w2, True), (b2, True)],
          lambda x, w1, w2, b2: F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2, b2))
 
+# a model's head and its loss as one op (lt_linear_cross_entropy): cross_entropy(x w^T, targets), the
+# targets with x's leading dims, some ignored; a padded head whose first 11 rows are the classes
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    x, w = torch.randn(2, 3, 6, dtype=d), torch.randn(13, 6, dtype=d)
+    tg = torch.tensor([[3, -100, 0], [10, 5, 7]])
+    for red in ["mean", "sum"]:
+        case(f"linear_cross_entropy {dt} {red}", "linear_cross_entropy", [(x, True), (w, True), (tg, False)],
+             lambda x, w, t, red=red: F.cross_entropy(F.linear(x, w).reshape(-1, 13), t.reshape(-1),
+                                                      ignore_index=-100, reduction=red), {"reduction": red})
+    case(f"linear_cross_entropy {dt} padded head, classes 11", "linear_cross_entropy",
+         [(x, True), (w, True), (tg, False)],
+         lambda x, w, t: F.cross_entropy(F.linear(x, w)[..., :11].reshape(-1, 11), t.reshape(-1), ignore_index=-100),
+         {"reduction": "mean", "classes": 11})
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

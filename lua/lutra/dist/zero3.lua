@@ -230,6 +230,8 @@ function Z:_wrap(u)
   end
   rawset(m, "_zero3", self)
   local forward = m.forward
+  -- (it passes arguments and results through: nn.fuses looks through it to the forward it wraps)
+  rawset(m, "_wrapped_forward", forward)
   rawset(m, "forward", function(mod, ...)
     self:_pre_forward(u)
     local outs = { forward(mod, ...) }

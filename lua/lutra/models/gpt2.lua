@@ -12,6 +12,7 @@
 local lt = require "lutra"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
+local head = require "lutra.models.head"
 local F = lt.F
 
 local M = {}
@@ -84,6 +85,7 @@ end
 function Block:forward(x, kv, pending, carry)
   return residual.block(self.ln_1, self.attn, self.ln_2, self.mlp, x, kv, pending, carry)
 end
+Block.fuses_carry = Block.forward -- (it takes pending and carry: lutra.models.residual)
 
 local Transformer = nn.Module:extend("Transformer")
 function Transformer:init(cfg, o)
@@ -127,15 +129,14 @@ function GPT:init_weights(generator)
   end)
 end
 
---- model(idx[, kv[, padded]]) -> logits (B, T, V) for ids idx (B, T) (i32
--- or i64, 0-based). With a KV cache (lt.models.KVCache) the ids continue the
--- cached ones: positions start at kv.len, attention sees the cached keys
--- and values, and the cache grows by T. padded = true returns the head's
--- padded_vocab_size columns (model:loss uses them with F.cross_entropy's
--- classes, so neither the logits nor their gradient are copied).
-function GPT:forward(idx, kv, padded)
+--- model:hidden(idx[, kv]) -> the final norm's output (B, T, C) for ids idx
+-- (B, T) (i32 or i64, 0-based): what the head multiplies. With a KV cache
+-- (lt.models.KVCache) the ids continue the cached ones: positions start at
+-- kv.len, attention sees the cached keys and values, and the cache grows
+-- by T.
+function GPT:hidden(idx, kv)
   local cfg = self.config
-  local B, T = idx:size(1), idx:size(2)
+  local T = idx:size(2)
   local start = kv and kv.len or 0
   if start + T > cfg.block_size then
     error(("GPT: sequence length %d is longer than the block size %d"):format(start + T, cfg.block_size))
@@ -145,21 +146,32 @@ function GPT:forward(idx, kv, padded)
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
   local pending -- each block's MLP output, added to the stream inside the next norm
-  x, pending = residual.run(tr.h:list(), x, kv, Block.forward)
+  x, pending = residual.run(tr.h:list(), x, kv)
   if kv then kv:advance(T) end
   local _, y = residual.norm(tr.ln_f, x, pending)
-  local logits = self.lm_head(y)
+  return y
+end
+
+--- model(idx[, kv[, padded]]) -> logits (B, T, V) for ids idx (B, T), as
+-- model:hidden. padded = true returns the head's padded_vocab_size columns.
+function GPT:forward(idx, kv, padded)
+  local cfg = self.config
+  local logits = self.lm_head(self:hidden(idx, kv))
   if cfg.padded_vocab_size ~= cfg.vocab_size and not padded then logits = logits:narrow(3, 1, cfg.vocab_size) end
   return logits
 end
 
---- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count (opts as F.cross_entropy's).
+--- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their
+-- count (opts as F.cross_entropy's), over the padded head's first
+-- vocab_size columns: the head and the loss as one op where the head is
+-- plain (lutra.models.head) and the model's forward its own (one wrapped,
+-- as lt.dist.Zero's stage 3 does, or overridden runs as model(idx)).
 function GPT:loss(idx, targets, opts)
   local cfg = self.config
-  if cfg.padded_vocab_size == cfg.vocab_size then return F.cross_entropy(self(idx), targets, opts) end
-  local o = { classes = cfg.vocab_size }
+  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
   for k, v in pairs(opts or {}) do o[k] = v end
-  return F.cross_entropy(self(idx, nil, true), targets, o)
+  if self.forward ~= GPT.forward then return F.cross_entropy(self(idx, nil, true), targets, o) end
+  return head.loss(self.lm_head, self:hidden(idx), targets, o)
 end
 
 --- lt.models.gpt2(name or config[, overrides]): a GPT-2. Overrides and

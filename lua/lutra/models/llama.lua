@@ -9,6 +9,7 @@
 local lt = require "lutra"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
+local head = require "lutra.models.head"
 local F = lt.F
 
 local M = {}
@@ -67,6 +68,7 @@ function Layer:forward(x, kv, pending, carry)
   return residual.block(self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp, x, kv,
     pending, carry)
 end
+Layer.fuses_carry = Layer.forward -- (it takes pending and carry: lutra.models.residual)
 
 local Body = nn.Module:extend("LlamaModel")
 function Body:init(cfg, o)
@@ -91,22 +93,33 @@ function Llama:init(cfg, o)
   end)
 end
 
---- model(idx[, kv]) -> logits (B, T, V); with a KV cache (lt.models.KVCache)
--- the ids continue the cached ones (rotary positions from kv.len).
-function Llama:forward(idx, kv)
+--- model:hidden(idx[, kv]) -> the final norm's output (B, T, dim): what the
+-- head multiplies; with a KV cache (lt.models.KVCache) the ids continue the
+-- cached ones (rotary positions from kv.len).
+function Llama:hidden(idx, kv)
   local start = kv and kv.len or 0
   if start + idx:size(2) > self.config.max_seq_len then
     error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
       self.config.max_seq_len))
   end
-  local x, pending = residual.run(self.model.layers:list(), self.model.embed_tokens(idx), kv, Layer.forward)
+  local x, pending = residual.run(self.model.layers:list(), self.model.embed_tokens(idx), kv)
   if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(self.model.norm, x, pending)
-  return self.lm_head(y)
+  return y
 end
 
---- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their count.
-function Llama:loss(idx, targets, opts) return F.cross_entropy(self(idx), targets, opts) end
+--- model(idx[, kv]) -> logits (B, T, V), as model:hidden.
+function Llama:forward(idx, kv) return self.lm_head(self:hidden(idx, kv)) end
+
+--- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their
+-- count (opts as F.cross_entropy's): the head and the loss as one op where
+-- the head is plain (lutra.models.head) and the model's forward its own
+-- (one wrapped, as lt.dist.Zero's stage 3 does, or overridden runs as
+-- model(idx)).
+function Llama:loss(idx, targets, opts)
+  if self.forward ~= Llama.forward then return F.cross_entropy(self(idx), targets, opts) end
+  return head.loss(self.lm_head, self:hidden(idx), targets, opts)
+end
 
 --- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,

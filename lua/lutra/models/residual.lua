@@ -33,18 +33,18 @@ function M.block(norm1, attn, norm2, mlp, x, kv, pending, carry)
   return h + m
 end
 
---- residual.run(blocks, x, kv, forward) -> the stream after the blocks and
--- the last block's MLP output still to add (or nil), for residual.norm.
--- blocks: a list of modules called as block(x, kv, pending, carry);
--- forward: the model's own block forward, which takes pending and carry.
--- A block hands its MLP output on only to a next block whose forward is
--- that one (a user's block with its own forward(x, kv) gets the whole
--- stream), and the last block to the final norm.
-function M.run(blocks, x, kv, forward)
+--- residual.run(blocks, x, kv) -> the stream after the blocks and the last
+-- block's MLP output still to add (or nil), for residual.norm. blocks: a
+-- list of modules called as block(x, kv, pending, carry). A block hands its
+-- MLP output on only to a next block that takes it (nn.fuses(block,
+-- "fuses_carry"): the models' own blocks; a user's block with its own
+-- forward(x, kv) gets the whole stream), and the last block to the final
+-- norm.
+function M.run(blocks, x, kv)
   local pending
   for i, block in ipairs(blocks) do
     local next_block = blocks[i + 1]
-    if next_block == nil or next_block.forward == forward then
+    if next_block == nil or nn.fuses(next_block, "fuses_carry") then
       x, pending = block(x, kv, pending, true)
     else
       x, pending = block(x, kv, pending), nil

@@ -249,6 +249,40 @@ function F.cross_entropy(logits, targets, opts)
   return loss, tonumber(count_out[0])
 end
 
+--- F.linear_cross_entropy(x, weight, targets, {ignore_index = -100, reduction = "mean", count = true, classes = V})
+-- -> loss, count: F.cross_entropy(F.linear(x, weight), targets) as one op,
+-- for a model's head (as Apple's Cut Cross-Entropy names it). x (N, in) or
+-- (B, T, in), weight (V, in) without bias, targets x's leading dims;
+-- reduction "mean" or "sum"; the other options as F.cross_entropy's. The
+-- logits are never returned: when a gradient is needed the forward writes
+-- their gradient over them (llm.c's fused classifier: one pass over the
+-- logits on a GPU, no second (N, V) buffer), and the backward scales the
+-- two products by the loss's gradient.
+function F.linear_cross_entropy(x, weight, targets, opts)
+  need("linear_cross_entropy", x, 1)
+  need("linear_cross_entropy", weight, 2)
+  need("linear_cross_entropy", targets, 3)
+  opts = opts_arg("linear_cross_entropy", opts, 4)
+  local red = REDUCTIONS[opts.reduction or "mean"]
+  if red ~= 0 and red ~= 1 then
+    error("linear_cross_entropy: reduction must be 'mean' or 'sum' (for a loss per row: F.linear, then F.cross_entropy)", 2)
+  end
+  local ignore = opts.ignore_index or -100
+  whole_arg("linear_cross_entropy", "ignore_index", ignore)
+  if opts.count ~= nil and type(opts.count) ~= "boolean" then
+    error("linear_cross_entropy: count must be true or false", 2)
+  end
+  local want_count = opts.count ~= false
+  local classes = opts.classes or 0
+  whole_arg("linear_cross_entropy", "classes", classes)
+  if C.lt_linear_cross_entropy(x, weight, targets, ignore, red, classes, box, want_count and count_out or nil) ~= 0 then
+    fail(2)
+  end
+  local loss = take()
+  if not want_count then return loss end
+  return loss, tonumber(count_out[0])
+end
+
 --- F.rope(x, {base = 10000, start = 0}): rotary embeddings on x (..., T, D).
 function F.rope(x, opts)
   need("rope", x, 1)

@@ -363,10 +363,12 @@ nn.Linear.fuses_activation = nn.Linear.forward
 -- ("fuses_activation": Linear's m(x, "gelu"); "fuses_residual": a norm's
 -- m(x, residual) -> h, y). A class says so by setting the field to the
 -- forward that takes it, so a subclass that overrides forward does not
--- inherit the claim (it falls back to the unfused ops).
+-- inherit the claim (it falls back to the unfused ops). A wrapper that
+-- passes a module's arguments and results through (lt.dist.Zero's stage 3)
+-- records the forward it wraps as m._wrapped_forward, and is seen through.
 function nn.fuses(m, what)
   local f = m[what]
-  return f ~= nil and f ~= false and (f == true or f == m.forward)
+  return f ~= nil and f ~= false and (f == true or f == (rawget(m, "_wrapped_forward") or m.forward))
 end
 function nn.Linear:extra_repr()
   return ("%d, %d, bias=%s"):format(self.in_features, self.out_features, tostring(self._params.by_name.bias ~= nil))
