@@ -324,7 +324,10 @@ static lt_status check_layer(const char *op, const char *which, const char *from
 
 /* Every input of one float dtype (x's); names[j] says what ins[j] is. */
 static lt_status check_dtypes(const char *op, int n, const lt_tensor *const *ins, const char *const *names) {
-  for (int j = 0; j < n; j++)
+  if (!lt_dtype_is_float(ins[0]->dtype))
+    return lt_fail(LT_ERR_DTYPE, "%s: the %s must be a float tensor, got %s", op, names[0],
+                   lt_dtype_name(ins[0]->dtype));
+  for (int j = 1; j < n; j++)
     if (!lt_dtype_is_float(ins[j]->dtype) || ins[j]->dtype != ins[0]->dtype)
       return lt_fail(LT_ERR_DTYPE, "%s: the input and the weights and biases must share one float dtype; the input is "
                      "%s, the %s %s", op, lt_dtype_name(ins[0]->dtype), names[j], lt_dtype_name(ins[j]->dtype));
@@ -487,24 +490,41 @@ lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, c
 
 /* ---- the head and its loss as one op ------------------------------------------ */
 
-/* d(loss)/d(x) and d(loss)/d(w) from the logits' gradient for a loss
-   gradient of 1 (g), scaled by the loss's actual gradient go (0-dim):
-   products first, so the scale passes over (N, C) and (V, C), not the
-   logits. Saved: x2 (N, C), w (V, C), g (N, V). */
+/* d(loss)/d(x) and d(loss)/d(w) from g, the gradient of the summed row
+   losses with respect to the logits: the products g w and g^T x2, then
+   scaled by the loss's gradient go (0-dim) and, for the mean, 1 / count
+   (so the scale passes over (N, C) and (V, C), not the logits, and g keeps
+   its size in a 16-bit dtype). i[0] reduction, i[1] 1 / count saved (on the
+   device), f[0] the count otherwise; saved: x2 (N, C), w (V, C), g (N, V),
+   [1 / count]. */
 static lt_status lce_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
-  lt_tensor *x2, *w, *g;
+  lt_tensor *x2, *w, *g, *inv = NULL;
   LT_TRY(lt_ag_saved(n, 0, &x2));
   LT_TRY(lt_ag_saved(n, 1, &w));
   LT_TRY(lt_ag_saved(n, 2, &g));
-  lt_tensor *d2 = NULL, *s2 = NULL, *dx = NULL, *dw1 = NULL, *dw = NULL;
-  lt_status st = LT_OK;
-  if (n->next[0].node && (st = input_grad(g, w, NULL, 0, &d2, NULL)) == LT_OK) {
-    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, d2, go[0], NULL, &s2));
+  if (n->i[1])
+    LT_TRY(lt_ag_saved(n, 3, &inv));
+  lt_tensor *scale = NULL, *d2 = NULL, *s2 = NULL, *dx = NULL, *dw1 = NULL, *dw = NULL;
+  lt_status st;
+  LT_NO_GRAD({
+    if (n->i[0] != 0) { /* sum */
+      lt_tensor_retain(go[0]);
+      scale = go[0];
+      st = LT_OK;
+    } else if (inv) {
+      st = lt_binary(LT_BINARY_MUL, go[0], inv, NULL, &scale);
+    } else {
+      st = lt_binary_scalar(LT_BINARY_MUL, go[0], n->f[0] > 0 ? 1.0 / n->f[0] : 0.0, 0, NULL, &scale);
+    }
+  });
+  if (st == LT_OK && n->next[0].node && (st = input_grad(g, w, NULL, 0, &d2, NULL)) == LT_OK) {
+    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, d2, scale, NULL, &s2));
     if (st == LT_OK)
       st = as_input(n, s2, &dx);
   }
   if (st == LT_OK && n->next[1].node && (st = weight_grads(g, x2, 1, 0, &dw1, NULL)) == LT_OK)
-    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, dw1, go[0], NULL, &dw));
+    LT_NO_GRAD(st = lt_binary(LT_BINARY_MUL, dw1, scale, NULL, &dw));
+  lt_tensor_release(scale);
   lt_tensor_release(d2);
   lt_tensor_release(s2);
   lt_tensor_release(dw1);
@@ -539,9 +559,14 @@ lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const 
   int64_t N = 1;
   for (int d = 0; d < x->ndim - 1; d++)
     N *= x->sizes[d];
-  if (targets->ndim != x->ndim - 1 || memcmp(targets->sizes, x->sizes, sizeof(int64_t) * (size_t)targets->ndim) != 0)
-    return lt_fail(LT_ERR_SHAPE, "%s: targets %s must have the input's leading dims (input %s)", op,
-                   lt_tensor_shape_str(targets, b1), lt_tensor_shape_str(x, b2));
+  int leading = targets->ndim == x->ndim - 1 &&
+                memcmp(targets->sizes, x->sizes, sizeof(int64_t) * (size_t)targets->ndim) == 0;
+  if (!leading && !(targets->ndim == 1 && targets->sizes[0] == N))
+    return lt_fail(LT_ERR_SHAPE, "%s: targets %s must have the input's leading dims, or be one row of %lld (input %s)",
+                   op, lt_tensor_shape_str(targets, b1), (long long)N, lt_tensor_shape_str(x, b2));
+  if (classes < 0 || classes > w->sizes[0])
+    return lt_fail(LT_ERR_ARG, "%s: classes %lld is outside [1, %lld] (the weight's rows; 0 takes them all)", op,
+                   (long long)classes, (long long)w->sizes[0]);
   int grad = lt_ag_needed(2, ins);
   lt_tensor *x2 = NULL, *t1 = NULL, *logits = NULL, *none = NULL, *g = NULL;
   lt_ce_forward c;
@@ -561,11 +586,16 @@ lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const 
     lt_node *n;
     st = lt_ag_node_new(&lce_ops, 2, ins, &n);
     if (st == LT_OK) {
+      n->i[0] = reduction;
+      n->i[1] = c.inv != NULL;
+      n->f[0] = (double)c.counted;
       st = lt_ag_save(n, x2);
       if (st == LT_OK)
         st = lt_ag_save(n, w);
       if (st == LT_OK)
         st = lt_ag_save(n, g);
+      if (st == LT_OK && c.inv)
+        st = lt_ag_save(n, c.inv);
       if (st == LT_OK)
         st = lt_ag_attach(n, c.loss, 0);
       lt_node_release(n);

@@ -22,10 +22,11 @@ typedef struct {
    mean over counted rows, 1 sum, 2 none; classes as lt_cross_entropy's).
    count_on_host: count the rows on the host (a GPU waits). grad_in_place:
    logits are the caller's own scratch (xc is then logits itself or a
-   converted copy): xc is overwritten with d(loss)/d(logits) for a loss
-   gradient of 1 (mean: 1 / count per row; zeros in ignored rows and padding
-   columns), in one kernel where the backend has cross_entropy_fwd_bwd. On
-   error c holds nothing. Errors as lt_cross_entropy's, named by op. */
+   converted copy): xc is overwritten with the gradient of the summed row
+   losses, softmax - onehot per row (zeros in ignored rows and padding
+   columns), in one kernel where the backend has cross_entropy_fwd_bwd;
+   the caller scales by 1 / count (mean) and the loss's gradient. On error
+   c holds nothing. Errors as lt_cross_entropy's, named by op. */
 lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
                             int reduction, int64_t classes, int count_on_host, int grad_in_place, lt_ce_forward *c);
 void lt_ce_forward_release(lt_ce_forward *c);

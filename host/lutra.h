@@ -388,13 +388,14 @@ lt_status lt_cross_entropy(const lt_tensor *logits, const lt_tensor *targets, in
                            int64_t classes, lt_tensor **loss, int64_t *count);
 /* A model's head and its loss in one op: cross_entropy(x w^T, targets) for
    x (..., in) with rows, w (V, in) (no bias), targets (...) with x's leading
-   dims; ignore_index, classes and count as lt_cross_entropy's; reduction 0
-   mean, 1 sum. The logits (N, V) are never returned: when a gradient is
-   needed the forward overwrites them with their gradient for a loss
-   gradient of 1 (one kernel on a GPU: llm.c's fused classifier), and the
-   backward multiplies (that x w, that^T x) by the loss's gradient. Errors:
-   devices, dtypes (x's and w's float dtype), shapes, reduction, and those
-   of lt_cross_entropy. */
+   dims (or flat, one per row); ignore_index, classes (of w's rows) and count
+   as lt_cross_entropy's; reduction 0 mean, 1 sum. The logits (N, V) are
+   never returned: when a gradient is needed the forward overwrites them
+   with the gradient of the summed row losses, softmax - onehot (one kernel
+   with the loss on a GPU: llm.c's fused classifier), and the backward
+   scales the products (that w, that^T x) by 1 / count (mean) and the loss's
+   gradient. Errors: devices, dtypes (x's and w's float dtype), shapes,
+   reduction, classes, and those of lt_cross_entropy. */
 lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const lt_tensor *targets,
                                   int64_t ignore_index, int reduction, int64_t classes, lt_tensor **loss,
                                   int64_t *count);

@@ -932,19 +932,6 @@ static lt_status ce_report(const lt_backend_i *be, lt_status st, int64_t bad, co
   return st;
 }
 
-/* Each row's gradient scale for a loss gradient of 1: 1 (sum), 1 / count (mean) */
-static lt_status ce_unit_scale(const lt_ce_forward *c, int reduction, lt_tensor **scale) {
-  lt_status st;
-  LT_NO_GRAD({
-    st = lt_tensor_empty(1, &c->N, c->sd, c->xc->storage->device, scale);
-    if (st == LT_OK && reduction == 0 && c->inv)
-      st = lt_tensor_copy_(*scale, c->inv); /* (broadcast from 0-dim) */
-    else if (st == LT_OK)
-      st = lt_tensor_fill_(*scale, reduction == 0 ? (c->counted ? 1.0 / (double)c->counted : 0.0) : 1.0);
-  });
-  return st;
-}
-
 /* c->counted on the host (a wait for a GPU; the read reports a bad target
    that an earlier kernel left for later), or 1 / count on the device for
    the mean (count_on_device) */
@@ -1001,15 +988,13 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &rows);
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &c->lse);
-  /* the counted tokens: on the host when asked for (a wait for a GPU), else
-     1 / count stays on the device for the mean; before the kernels when
-     they make the gradient (its scale), else after them (the host's read
-     then reports a bad target at once) */
-  int count_on_device = !count_on_host && be->defer_index_report;
-  if (st == LT_OK && grad_in_place)
-    st = ce_count(c, op, ignore_index, reduction, count_on_device);
-  if (st == LT_OK && grad_in_place)
-    st = ce_unit_scale(c, reduction, &scale);
+  /* the rows' gradient: d(row loss)/d(logits), scale 1 (the count and the
+     loss's gradient are the caller's to apply) */
+  if (st == LT_OK && grad_in_place) {
+    LT_NO_GRAD(st = lt_tensor_empty(1, &N, sd, logits->storage->device, &scale));
+    if (st == LT_OK)
+      st = lt_tensor_fill_(scale, 1.0);
+  }
   int64_t bad = -1;
   void *x = c->xc ? lt_tensor_ptr(c->xc) : NULL, *t = c->tc ? lt_tensor_ptr(c->tc) : NULL;
   if (st == LT_OK && grad_in_place && be->cross_entropy_fwd_bwd) { /* one kernel: the loss and the gradient */
@@ -1024,10 +1009,11 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
       st = be->cross_entropy_bwd(cd, x, c->ldx, t, c->tc->dtype, N, V, c->ldx, ignore_index, lt_tensor_ptr(c->lse),
                                  lt_tensor_ptr(scale), x);
   }
-  if (st == LT_OK && !grad_in_place)
-    st = ce_count(c, op, ignore_index, reduction, count_on_device);
-  else if (st == LT_OK && !count_on_device && be->synchronize) /* (the count's wait: a bad target reported now) */
-    st = be->synchronize(c->xc->storage->device);
+  /* the counted tokens: on the host when asked for (a wait for a GPU, whose
+     read reports a bad target at once), else 1 / count stays on the device
+     for the mean */
+  if (st == LT_OK)
+    st = ce_count(c, op, ignore_index, reduction, !count_on_host && be->defer_index_report);
   if (st == LT_OK) {
     LT_NO_GRAD({
       if (reduction == 2) {

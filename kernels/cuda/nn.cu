@@ -941,6 +941,13 @@ extern "C" lt_status lt_cuda_softmax_bwd(lt_dtype dt, const void *y, const void 
   return lt_cuda_check_launch("softmax_bwd_kernel");
 }
 
+/* the targets' check: *bad ends as the first row whose target is outside [0, V) and not ignore */
+static lt_status ce_check(const char *targets, lt_dtype tdt, int64_t N, int64_t V, int64_t ignore,
+                          unsigned long long *bad, cudaStream_t cs) {
+  ce_check_kernel<<<lt_cuda_blocks(N, THREADS), THREADS, 0, cs>>>(targets, tdt, N, V, ignore, bad);
+  return lt_cuda_check_launch("cross_entropy check");
+}
+
 template <typename S, typename A>
 static void ce_fwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                           int64_t ignore, void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
@@ -954,8 +961,7 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64
   if (N == 0)
     return LT_OK;
   cudaStream_t cs = (cudaStream_t)s;
-  ce_check_kernel<<<lt_cuda_blocks(N, THREADS), THREADS, 0, cs>>>(targets, tdt, N, V, ignore, bad);
-  lt_status st = lt_cuda_check_launch("cross_entropy check");
+  lt_status st = ce_check(targets, tdt, N, V, ignore, bad, cs);
   if (st != LT_OK)
     return st;
   DISPATCH_ROWS(dt, ce_fwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, bad, cs);
@@ -978,8 +984,7 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, i
   if (N == 0)
     return LT_OK;
   cudaStream_t cs = (cudaStream_t)s;
-  ce_check_kernel<<<lt_cuda_blocks(N, THREADS), THREADS, 0, cs>>>(targets, tdt, N, V, ignore, bad);
-  lt_status st = lt_cuda_check_launch("cross_entropy check");
+  lt_status st = ce_check(targets, tdt, N, V, ignore, bad, cs);
   if (st != LT_OK)
     return st;
   DISPATCH_ROWS(dt, ce_fwd_bwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, scale, dx, bad, cs);

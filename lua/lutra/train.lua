@@ -12,9 +12,10 @@
 -- counts the targets that count (not ignore_index) over all of them first,
 -- and backpropagates each micro-batch's summed token loss divided by that
 -- total: the step's loss is the mean over every counted token of the step
--- and its gradients those of one large batch (a model with a loss method,
--- as lt.models' GPT-2 and Llama, computes it: model:loss(x, y, opts) with
--- F.cross_entropy's options and meaning, the head and loss as one op;
+-- and its gradients those of one large batch (a model whose class says its
+-- loss method is F.cross_entropy(model(x), y, opts) computed its own way,
+-- model.loss_is_cross_entropy == model.loss as for lt.models' GPT-2 and
+-- Llama, computes it with model:loss: the head and the loss as one op;
 -- otherwise F.cross_entropy(model(x), y)). Then it clips by global norm,
 -- sets the schedule's rate for this optimizer step, and steps. A step whose
 -- loss or gradient norm is not finite stops training with a message naming
@@ -341,6 +342,8 @@ function M.run(settings)
   local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
     or function(m) return lt.optim.clip_grad_norm(params, m) end
 
+  -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
+  local own_loss = model.loss ~= nil and model.loss_is_cross_entropy == model.loss
   local job_signal = 0 -- a job's preemption signal, agreed by every rank at each step
   local function one_step(step)
     local t0 = lt.clock()
@@ -361,7 +364,7 @@ function M.run(settings)
     for k = 1, o.accum do
       if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
       local lo = { reduction = "sum", ignore_index = o.ignore_index, count = false }
-      local l = type(model.loss) == "function" and model:loss(xs[k], ys[k], lo) or F.cross_entropy(model(xs[k]), ys[k], lo)
+      local l = own_loss and model:loss(xs[k], ys[k], lo) or F.cross_entropy(model(xs[k]), ys[k], lo)
       if total > 0 then (l / total):backward() end
       -- the micro-batches' losses add up where they are; one read per step (a GPU syncs once)
       local ld = l:detach():to("f64")

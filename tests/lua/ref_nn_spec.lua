@@ -126,7 +126,8 @@ describe("lt.F edge cases", function()
     local e = H.assert_error(function() F.mlp(x, w1, b1:to("f32"), w2, b2) end, "the first bias f32")
     assert(e:find("ref_nn_spec.lua", 1, true), "the error points at the caller: " .. e)
     H.assert_error(function() F.mlp(x, w1, b1, "w2", b2) end, "bad argument #4 to 'mlp' (tensor expected, got string)")
-    H.assert_error(function() F.mlp(lt.tensor({ 1, 2 }, "i64"), w1, b1, w2, b2) end, "the input is i64")
+    H.assert_error(function() F.mlp(lt.tensor({ 1, 2 }, "i64"), w1, b1, w2, b2) end,
+      "mlp: the input must be a float tensor, got i64")
     H.assert_error(function() F.mlp(x, r({ 2, 10, 6 }), b1, w2, b2) end, "mlp: weight [2, 10, 6] must be 2-D (out, in)")
     H.assert_error(function() F.mlp(r({}), w1, b1, w2, b2) end, "mlp: the input is a scalar")
   end)
@@ -333,13 +334,32 @@ describe("lt.F edge cases", function()
     H.assert_error(function() F.linear_cross_entropy(x, w, t, { reduction = "none" }) end,
       "reduction must be 'mean' or 'sum'")
     H.assert_error(function() F.linear_cross_entropy(x, w, lt.tensor({ 1, 2, 3 }, "i64")) end,
-      "linear_cross_entropy: targets [3] must have the input's leading dims (input [2, 3, 6])")
+      "linear_cross_entropy: targets [3] must have the input's leading dims, or be one row of 6 (input [2, 3, 6])")
+    H.assert_error(function() F.linear_cross_entropy(x:to("i64"), w:to("i64"), t) end,
+      "linear_cross_entropy: the input must be a float tensor, got i64")
     H.assert_error(function() F.linear_cross_entropy(x, r({ 13, 5 }), t) end,
       "linear_cross_entropy: input [2, 3, 6] does not fit weight [13, 5]")
     H.assert_error(function() F.linear_cross_entropy(x, w:to("f32"), t) end, "the weight f32")
     H.assert_error(function() F.linear_cross_entropy(x, w, lt.tensor({ { 3, 13, 0 }, { 1, 1, 1 } }, "i64")) end,
       "linear_cross_entropy", "target 13", "position 2")
-    H.assert_error(function() F.linear_cross_entropy(x, w, t, { classes = 14 }) end, "classes 14")
+    H.assert_error(function() F.linear_cross_entropy(x, w, t, { classes = 14 }) end,
+      "classes 14 is outside [1, 13] (the weight's rows")
+    -- targets flat, one per row, as F.cross_entropy takes them
+    assert.are.equal(F.linear_cross_entropy(x, w, t):item(), F.linear_cross_entropy(x, w, t:reshape(-1)):item())
+    -- f16 with a scaled-up loss (as mixed precision scales it): the logits' gradient is kept unscaled by
+    -- the count, so the mean over many rows does not underflow in f16 before the scale applies
+    local xs, ws = r({ 8192, 8 }), (r({ 64, 8 }) * 0.5):detach()
+    local ts = lt.randint(0, 64, { 8192 }, { generator = g })
+    local function xgrad(dt, fused)
+      local a, b = xs:to(dt):detach():requires_grad_(), ws:to(dt):detach():requires_grad_()
+      local l = fused and F.linear_cross_entropy(a, b, ts) or F.cross_entropy(F.linear(a, b), ts)
+      ;(l * 8192):backward()
+      return a.grad:to("f64") / 8192
+    end
+    local ref = xgrad("f64", true)
+    local function rel(dt, fused) return ((xgrad(dt, fused) - ref):abs() / ref:abs()):mean():item() end
+    assert.is_true(rel("f16", true) < 1.5 * rel("f16", false) + 1e-4, ("f16 %g vs %g"):format(rel("f16", true),
+      rel("f16", false)))
     H.assert_error(function() F.linear_cross_entropy(r({ 6 }), w, lt.tensor(1, "i64")) end, "needs rows")
     H.assert_error(function() F.linear_cross_entropy(x, w, t:to("f32")) end, "integer class ids")
   end)

@@ -54,6 +54,31 @@ describe("lt.train", function()
     end
   end)
 
+  it("computes the loss with the model's own loss method only where its class says it is the cross-entropy", function()
+    local data = batches(1, 2, 16)
+    -- lt.models' GPT-2 (the head and the loss as one op): the same step as F.cross_entropy of the logits
+    local m1, m2 = tiny(4), tiny(4)
+    local s1 = lt.train { model = m1, optimizer = lt.optim.SGD(m1, { lr = 0.1 }), train = list_loader(data), steps = 1,
+      out_dir = OUT, quiet = true }
+    local x, y = data[1][1], data[1][2]
+    local l = lt.F.cross_entropy(m2(x), y)
+    assert(math.abs(s1.loss - l:item()) < 1e-6, ("losses %.7f and %.7f"):format(s1.loss, l:item()))
+    l:backward()
+    lt.optim.SGD(m2, { lr = 0.1 }):step()
+    local p1, p2 = m1:parameters(), m2:parameters()
+    for i = 1, #p1 do assert((p1[i] - p2[i]):abs():max():item() < 1e-6, "parameter " .. i) end
+    -- a user's model with a loss method of its own meaning (here a mean): not used
+    local Sub = getmetatable(m1).class:extend("MeanLossGPT")
+    function Sub:loss(idx, targets) return lt.F.cross_entropy(self(idx), targets) * 1000 end
+    local m3, m4 = tiny(4), tiny(4)
+    setmetatable(m3, Sub._meta)
+    local s3 = lt.train { model = m3, optimizer = lt.optim.SGD(m3, { lr = 0.1 }), train = list_loader(data), steps = 1,
+      out_dir = OUT, quiet = true }
+    local s4 = lt.train { model = m4, optimizer = lt.optim.SGD(m4, { lr = 0.1 }), train = list_loader(data), steps = 1,
+      out_dir = OUT, quiet = true }
+    assert.are.equal(s4.loss, s3.loss)
+  end)
+
   it("advances the schedule once per optimizer step and not on skipped steps", function()
     local seen = {}
     local sched = function(step)

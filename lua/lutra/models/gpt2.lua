@@ -173,6 +173,8 @@ function GPT:loss(idx, targets, opts)
   if self.forward ~= GPT.forward then return F.cross_entropy(self(idx, nil, true), targets, o) end
   return head.loss(self.lm_head, self:hidden(idx), targets, o)
 end
+-- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
+GPT.loss_is_cross_entropy = GPT.loss
 
 --- lt.models.gpt2(name or config[, overrides]): a GPT-2. Overrides and
 -- configs take n_layer, n_head, n_embd, block_size, vocab_size, dropout,

@@ -120,6 +120,8 @@ function Llama:loss(idx, targets, opts)
   if self.forward ~= Llama.forward then return F.cross_entropy(self(idx), targets, opts) end
   return head.loss(self.lm_head, self:hidden(idx), targets, opts)
 end
+-- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
+Llama.loss_is_cross_entropy = Llama.loss
 
 --- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,

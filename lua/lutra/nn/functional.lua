@@ -107,9 +107,9 @@ local function number_arg(op, name, v)
   end
 end
 
-local function whole_arg(op, name, v)
+local function whole_arg(op, name, v, deeper)
   if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or math.abs(v) > 2 ^ 53) then
-    error(("%s: %s must be a whole number, got %s"):format(op, name, tostring(v)), 3)
+    error(("%s: %s must be a whole number, got %s"):format(op, name, tostring(v)), 3 + (deeper or 0))
   end
 end
 
@@ -213,6 +213,16 @@ function F.log_softmax(x, dim) return softmax("log_softmax", x, dim, 1) end
 local REDUCTIONS = { mean = 0, sum = 1, none = 2 }
 local count_out = ffi.new("int64_t[1]")
 
+-- a cross-entropy's ignore_index, whether to count, and classes, checked (errors at the op's caller)
+local function ce_options(op, opts)
+  local ignore = opts.ignore_index or -100
+  whole_arg(op, "ignore_index", ignore, 1)
+  if opts.count ~= nil and type(opts.count) ~= "boolean" then error(op .. ": count must be true or false", 3) end
+  local classes = opts.classes or 0
+  whole_arg(op, "classes", classes, 1)
+  return ignore, opts.count ~= false, classes
+end
+
 --- F.cross_entropy(logits, targets, {ignore_index = -100, reduction = "mean", count = true, classes = V})
 -- -> loss, count. logits (N, V) (or (B, T, V) with targets (B, T)); targets
 -- hold integer class ids. count is the number of targets that count (not
@@ -227,19 +237,12 @@ function F.cross_entropy(logits, targets, opts)
   opts = opts_arg("cross_entropy", opts, 3)
   local red = REDUCTIONS[opts.reduction or "mean"]
   if not red then error("cross_entropy: reduction must be 'mean', 'sum' or 'none'", 2) end
-  local ignore = opts.ignore_index or -100
-  whole_arg("cross_entropy", "ignore_index", ignore)
+  local ignore, want_count, classes = ce_options("cross_entropy", opts)
   local shape = targets:shape()
   if logits:dim() > 2 then
     logits = logits:reshape(-1, logits:size(-1))
     targets = targets:reshape(-1)
   end
-  if opts.count ~= nil and type(opts.count) ~= "boolean" then
-    error("cross_entropy: count must be true or false", 2)
-  end
-  local want_count = opts.count ~= false
-  local classes = opts.classes or 0
-  whole_arg("cross_entropy", "classes", classes)
   if C.lt_cross_entropy(logits, targets, ignore, red, classes, box, want_count and count_out or nil) ~= 0 then
     fail(2)
   end
@@ -267,14 +270,7 @@ function F.linear_cross_entropy(x, weight, targets, opts)
   if red ~= 0 and red ~= 1 then
     error("linear_cross_entropy: reduction must be 'mean' or 'sum' (for a loss per row: F.linear, then F.cross_entropy)", 2)
   end
-  local ignore = opts.ignore_index or -100
-  whole_arg("linear_cross_entropy", "ignore_index", ignore)
-  if opts.count ~= nil and type(opts.count) ~= "boolean" then
-    error("linear_cross_entropy: count must be true or false", 2)
-  end
-  local want_count = opts.count ~= false
-  local classes = opts.classes or 0
-  whole_arg("linear_cross_entropy", "classes", classes)
+  local ignore, want_count, classes = ce_options("linear_cross_entropy", opts)
   if C.lt_linear_cross_entropy(x, weight, targets, ignore, red, classes, box, want_count and count_out or nil) ~= 0 then
     fail(2)
   end
