@@ -663,28 +663,6 @@ __device__ __forceinline__ A ce_row_lse(const S *xr, int64_t V, int vec, double 
   return mx + (A)log(s);
 }
 
-template <typename S, typename A>
-__global__ void ce_fwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
-                              A *loss, A *lse, const unsigned long long *bad, int vec) {
-  __shared__ double sh[32];
-  if (*bad != ~0ULL)
-    return;
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    int64_t t = target_at(tgt, tdt, r);
-    const S *xr = x + r * ldx;
-    if (t == ignore) {
-      if (threadIdx.x == 0)
-        loss[r] = lse[r] = 0;
-      continue;
-    }
-    A l = ce_row_lse<S, A>(xr, V, vec, sh);
-    if (threadIdx.x == 0) {
-      lse[r] = l;
-      loss[r] = l - ld(xr, t);
-    }
-  }
-}
-
 /* dx rows are ldd apart; their columns V..ldd-1 (padding past the classes)
    get 0. In 16-byte pieces where x's and dx's rows are aligned (vec). */
 template <typename A> __device__ __forceinline__ A ce_grad(A x, int64_t c, int64_t t, A l, A s) {
@@ -736,10 +714,11 @@ __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt,
   }
 }
 
-/* The forward and the backward in one kernel (llm.c's fused classifier):
-   each row's log-sum-exp and loss, then its gradient with scale[r], the row
-   read a second time while the GPU's caches still hold it; dx (rows ldx
-   apart) may be x. vec_x: x's rows aligned; vec: x's and dx's. */
+/* Each row's log-sum-exp and loss; with dx (else NULL), the backward in
+   the same kernel (llm.c's fused classifier): the row's gradient with
+   scale[r], the row read a second time while the GPU's caches still hold
+   it; dx (rows ldx apart) may be x. vec_x: x's rows aligned; vec: x's and
+   dx's. */
 template <typename S, typename A>
 __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V,
                                   int64_t ignore, A *loss, A *lse, const A *scale, S *dx,
@@ -761,7 +740,8 @@ __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int 
       lse[r] = l;
       loss[r] = live ? l - xt : (A)0;
     }
-    ce_row_grad<S, A>(xr, dx + r * ldx, t, V, ldx, live, l, live ? scale[r] : (A)0, vec);
+    if (dx)
+      ce_row_grad<S, A>(xr, dx + r * ldx, t, V, ldx, live, l, live ? scale[r] : (A)0, vec);
   }
 }
 
@@ -948,39 +928,19 @@ static lt_status ce_check(const char *targets, lt_dtype tdt, int64_t N, int64_t 
   return lt_cuda_check_launch("cross_entropy check");
 }
 
-template <typename S, typename A>
-static void ce_fwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
-                          int64_t ignore, void *loss, void *lse, unsigned long long *bad, cudaStream_t cs) {
-  ce_fwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ignore, (A *)loss,
-                                                       (A *)lse, bad, (int)rows_aligned16<S>(x, ldx));
-}
-
-extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
-                                               lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
-                                               void *lse, unsigned long long *bad, lt_cuda_stream s) {
-  if (N == 0)
-    return LT_OK;
-  cudaStream_t cs = (cudaStream_t)s;
-  lt_status st = ce_check(targets, tdt, N, V, ignore, bad, cs);
-  if (st != LT_OK)
-    return st;
-  DISPATCH_ROWS(dt, ce_fwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, bad, cs);
-  return lt_cuda_check_launch("ce_fwd_kernel");
-}
-
+/* the forward, and with dx (else NULL) the backward in the same kernel */
 template <typename S, typename A>
 static void ce_fwd_bwd_launch(const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N, int64_t V,
                               int64_t ignore, void *loss, void *lse, const void *scale, void *dx,
                               unsigned long long *bad, cudaStream_t cs) {
-  int vec_x = rows_aligned16<S>(x, ldx), vec = vec_x && rows_aligned16<S>(dx, ldx);
+  int vec_x = rows_aligned16<S>(x, ldx), vec = vec_x && (!dx || rows_aligned16<S>(dx, ldx));
   ce_fwd_bwd_kernel<S, A><<<rows_grid(N), THREADS, 0, cs>>>((const S *)x, ldx, targets, tdt, N, V, ignore, (A *)loss,
                                                            (A *)lse, (const A *)scale, (S *)dx, bad, vec_x, vec);
 }
 
-extern "C" lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
-                                                   lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
-                                                   void *lse, const void *scale, void *dx, unsigned long long *bad,
-                                                   lt_cuda_stream s) {
+static lt_status ce_fwd_run(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt, int64_t N,
+                            int64_t V, int64_t ignore, void *loss, void *lse, const void *scale, void *dx,
+                            unsigned long long *bad, lt_cuda_stream s) {
   if (N == 0)
     return LT_OK;
   cudaStream_t cs = (cudaStream_t)s;
@@ -988,7 +948,20 @@ extern "C" lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, i
   if (st != LT_OK)
     return st;
   DISPATCH_ROWS(dt, ce_fwd_bwd_launch, x, ldx, targets, tdt, N, V, ignore, loss, lse, scale, dx, bad, cs);
-  return lt_cuda_check_launch("cross_entropy forward and backward");
+  return lt_cuda_check_launch(dx ? "cross_entropy forward and backward" : "cross_entropy forward");
+}
+
+extern "C" lt_status lt_cuda_cross_entropy_fwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
+                                               lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
+                                               void *lse, unsigned long long *bad, lt_cuda_stream s) {
+  return ce_fwd_run(dt, x, ldx, targets, tdt, N, V, ignore, loss, lse, NULL, NULL, bad, s);
+}
+
+extern "C" lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *targets,
+                                                   lt_dtype tdt, int64_t N, int64_t V, int64_t ignore, void *loss,
+                                                   void *lse, const void *scale, void *dx, unsigned long long *bad,
+                                                   lt_cuda_stream s) {
+  return ce_fwd_run(dt, x, ldx, targets, tdt, N, V, ignore, loss, lse, scale, dx, bad, s);
 }
 
 template <typename S, typename A>
