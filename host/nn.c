@@ -971,7 +971,7 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
   int64_t V = classes > 0 ? classes : W; /* the columns past V are padding: no logits, zero gradient */
   lt_dtype cd = row_dtype(be, logits->dtype), sd = compute_dtype(logits->dtype);
   c->N = N, c->W = W, c->V = V, c->cd = cd, c->sd = sd;
-  lt_tensor *rows = NULL, *scale = NULL;
+  lt_tensor *rows = NULL;
   lt_status st = LT_OK;
   /* rows read where they lie when they are unit-stride (a narrowed view of
      padded logits costs no copy), else a contiguous copy */
@@ -988,18 +988,13 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &rows);
   if (st == LT_OK)
     st = lt_tensor_empty(1, &N, sd, logits->storage->device, &c->lse);
-  /* the rows' gradient: d(row loss)/d(logits), scale 1 (the count and the
-     loss's gradient are the caller's to apply) */
-  if (st == LT_OK && grad_in_place) {
-    LT_NO_GRAD(st = lt_tensor_empty(1, &N, sd, logits->storage->device, &scale));
-    if (st == LT_OK)
-      st = lt_tensor_fill_(scale, 1.0);
-  }
+  /* with grad_in_place, the rows' gradient d(row loss)/d(logits): scale NULL
+     (1; the count and the loss's gradient are the caller's to apply) */
   int64_t bad = -1;
   void *x = c->xc ? lt_tensor_ptr(c->xc) : NULL, *t = c->tc ? lt_tensor_ptr(c->tc) : NULL;
   if (st == LT_OK && grad_in_place && be->cross_entropy_fwd_bwd) { /* one kernel: the loss and the gradient */
     st = be->cross_entropy_fwd_bwd(cd, x, c->ldx, t, c->tc->dtype, N, V, ignore_index, lt_tensor_ptr(rows),
-                                   lt_tensor_ptr(c->lse), lt_tensor_ptr(scale), x, &bad);
+                                   lt_tensor_ptr(c->lse), NULL, x, &bad);
     st = ce_report(be, st, bad, op, V, ignore_index, c->tc);
   } else if (st == LT_OK) {
     st = be->cross_entropy_fwd(cd, x, c->ldx, t, c->tc->dtype, N, V, ignore_index, lt_tensor_ptr(rows),
@@ -1007,7 +1002,7 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
     st = ce_report(be, st, bad, op, V, ignore_index, c->tc);
     if (st == LT_OK && grad_in_place) /* (each element read before it is written) */
       st = be->cross_entropy_bwd(cd, x, c->ldx, t, c->tc->dtype, N, V, c->ldx, ignore_index, lt_tensor_ptr(c->lse),
-                                 lt_tensor_ptr(scale), x);
+                                 NULL, x);
   }
   /* the counted tokens: on the host when asked for (a wait for a GPU, whose
      read reports a bad target at once), else 1 / count stays on the device
@@ -1034,7 +1029,7 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
       }
     });
   }
-  RELEASE_ALL(rows, scale);
+  lt_tensor_release(rows);
   if (st != LT_OK)
     lt_ce_forward_release(c);
   return st;

@@ -285,7 +285,8 @@ typedef struct lt_backend_i {
   lt_status (*sdpa_fwd)(const lt_sdpa_desc *d);
   lt_status (*sdpa_bwd)(const lt_sdpa_desc *d);
   /* cross-entropy over logits rows ldx apart (V <= ldx); backward writes
-     rows ldd apart, zeros in columns V..ldd-1 (padding past the classes) */
+     rows ldd apart, zeros in columns V..ldd-1 (padding past the classes),
+     each row times its scale (scale NULL: 1) */
   lt_status (*cross_entropy_fwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,
                                  int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, int64_t *bad);
   lt_status (*cross_entropy_bwd)(lt_dtype dt, const void *x, int64_t ldx, const char *targets, lt_dtype tdt,

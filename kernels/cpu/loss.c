@@ -45,7 +45,7 @@
         for (int64_t c = 0; c < V; c++) dr[c] = 0;                                              \
         continue;                                                                               \
       }                                                                                         \
-      T l = lse[r], s = scale[r];                                                               \
+      T l = lse[r], s = scale ? scale[r] : (T)1;                                                \
       EXPSCALE(xr, dr, V, l, s);                                                                \
       dr[t] -= s;                                                                               \
     }                                                                                           \

@@ -45,6 +45,17 @@ __device__ __forceinline__ int64_t lt_f2i(double x) {
   return (int64_t)x;
 }
 
+/* Element i of a typed float array in its compute type (f64 for f64, else
+   f32), and back: 16-bit values round to nearest even when stored. */
+__device__ __forceinline__ float lt_ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ double lt_ld(const double *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float lt_ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float lt_ld(const __half *p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void lt_st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void lt_st(double *p, int64_t i, double v) { p[i] = v; }
+__device__ __forceinline__ void lt_st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void lt_st(__half *p, int64_t i, float v) { p[i] = __float2half(v); }
+
 /* Element i (an element offset) of an array of dtype dt, as T. */
 template <typename T> __device__ __forceinline__ T lt_load(const char *p, int dt, int64_t i);
 

@@ -30,20 +30,12 @@ __device__ __forceinline__ float t_exp(float x) { return expf(x); }
 __device__ __forceinline__ double t_exp(double x) { return exp(x); }
 
 /* Rows are stored as S (f32, f64, or bf16/f16) and computed in A (f64 for
-   f64, else f32); 16-bit values round to nearest even when stored. */
-__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
-__device__ __forceinline__ double ld(const double *p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float ld(const __half *p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(double *p, int64_t i, double v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
-__device__ __forceinline__ void st(__half *p, int64_t i, float v) { p[i] = __float2half(v); }
-/* v as an S holds it (rounded as st rounds), back in the compute type */
+   f64, else f32): lt_ld and lt_st (common.cuh). */
+/* v as an S holds it (rounded as lt_st rounds), back in the compute type */
 template <typename S, typename A> __device__ __forceinline__ A ld_rounded(A v) {
   S t;
-  st(&t, 0, v);
-  return ld(&t, 0);
+  lt_st(&t, 0, v);
+  return lt_ld(&t, 0);
 }
 
 /* W = 16 / sizeof(S) consecutive elements of a row, loaded or stored as one
@@ -62,24 +54,24 @@ template <typename S> static bool rows_aligned16(const void *p, int64_t ld) {
    W = 1 one element, W = 16 / sizeof(S) one aligned 16-byte access. */
 template <int W, typename S, typename A> __device__ __forceinline__ void ld_piece(const S *row, int64_t k, A (&v)[W]) {
   if constexpr (W == 1) {
-    v[0] = ld(row, k);
+    v[0] = lt_ld(row, k);
   } else {
     piece<S> p;
     p.raw = ((const uint4 *)row)[k];
 #pragma unroll
     for (int j = 0; j < W; j++)
-      v[j] = ld(p.e, j);
+      v[j] = lt_ld(p.e, j);
   }
 }
 
 template <int W, typename S, typename A> __device__ __forceinline__ void st_piece(S *row, int64_t k, const A (&v)[W]) {
   if constexpr (W == 1) {
-    st(row, k, v[0]);
+    lt_st(row, k, v[0]);
   } else {
     piece<S> p;
 #pragma unroll
     for (int j = 0; j < W; j++)
-      st(p.e, j, v[j]);
+      lt_st(p.e, j, v[j]);
     ((uint4 *)row)[k] = p.raw;
   }
 }
@@ -333,6 +325,21 @@ static int dw_chunks(int64_t N) {
   return (int)(y < 1 ? 1 : (y > (int64_t)DW_CHUNKS ? (int64_t)DW_CHUNKS : y));
 }
 
+/* Adds the PY stripes of sw and sb into stripe 0 in a fixed tree, for this
+   thread's N columns from col (ty its stripe) */
+template <int PY, int X, int N>
+__device__ __forceinline__ void stripes_sum(double (&sw)[PY][X], double (&sb)[PY][X], int ty, int col) {
+  for (int h = PY / 2; h > 0; h >>= 1) {
+    __syncthreads();
+    if (ty < h)
+#pragma unroll
+      for (int j = 0; j < N; j++) {
+        sw[ty][col + j] += sw[ty + h][col + j];
+        sb[ty][col + j] += sb[ty + h][col + j];
+      }
+  }
+}
+
 template <typename S, typename A, int W>
 __global__ void norm_dw_partial_kernel(const S *dy, const S *x, const A *mean, const A *rstd, double *pw, double *pb,
                                        int64_t N, int64_t C, int64_t rows) {
@@ -361,15 +368,7 @@ __global__ void norm_dw_partial_kernel(const S *dy, const S *x, const A *mean, c
     sw[ty][tx * W + j] = aw[j];
     sb[ty][tx * W + j] = ab[j];
   }
-  for (int h = PY / 2; h > 0; h >>= 1) {
-    __syncthreads();
-    if (ty < h)
-#pragma unroll
-      for (int j = 0; j < W; j++) {
-        sw[ty][tx * W + j] += sw[ty + h][tx * W + j];
-        sb[ty][tx * W + j] += sb[ty + h][tx * W + j];
-      }
-  }
+  stripes_sum<PY, DW_X, W>(sw, sb, ty, tx * W);
   if (ty == 0)
 #pragma unroll
     for (int j = 0; j < W; j++)
@@ -396,18 +395,12 @@ __global__ void norm_dw_finish_kernel(const double *pw, const double *pb, int ch
     }
   sw[ty][tx] = w;
   sb[ty][tx] = b;
-  for (int h = PY / 2; h > 0; h >>= 1) {
-    __syncthreads();
-    if (ty < h) {
-      sw[ty][tx] += sw[ty + h][tx];
-      sb[ty][tx] += sb[ty + h][tx];
-    }
-  }
+  stripes_sum<PY, DW_X, 1>(sw, sb, ty, tx);
   if (ty == 0 && c < C) {
     if (dw)
-      st(dw, c, (A)sw[0][tx]);
+      lt_st(dw, c, (A)sw[0][tx]);
     if (db)
-      st(db, c, (A)sb[0][tx]);
+      lt_st(db, c, (A)sb[0][tx]);
   }
 }
 
@@ -488,6 +481,46 @@ static lt_status dw_scratch_ok(void *dw, void *db, int64_t N, int64_t C, void *s
    a row below `limit` elements, each of its elements c < limit. */
 #define ROW_PIECES(k, limit) for (int64_t k = threadIdx.x; k < ((limit) + W - 1) / W; k += blockDim.x)
 
+/* f(v) for each of this thread's elements v of row xr below L */
+template <int W, typename S, typename A, typename F>
+__device__ __forceinline__ void each_below(const S *xr, int64_t L, F f) {
+  ROW_PIECES(k, L) {
+    A e[W];
+    ld_piece<W>(xr, k, e);
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      if (k * W + j < L)
+        f(e[j]);
+  }
+}
+
+/* For each of this thread's element pairs (u, v) of rows a and b (C
+   elements, whole pieces): f(u, v) (each_pair), or out's element = f(u, v)
+   (map_pair) */
+template <int W, typename S, typename A, typename F>
+__device__ __forceinline__ void each_pair(const S *a, const S *b, int64_t C, F f) {
+  ROW_PIECES(k, C) {
+    A u[W], v[W];
+    ld_piece<W>(a, k, u);
+    ld_piece<W>(b, k, v);
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      f(u[j], v[j]);
+  }
+}
+template <int W, typename S, typename A, typename F>
+__device__ __forceinline__ void map_pair(const S *a, const S *b, S *out, int64_t C, F f) {
+  ROW_PIECES(k, C) {
+    A u[W], v[W];
+    ld_piece<W>(a, k, u);
+    ld_piece<W>(b, k, v);
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      v[j] = f(u[j], v[j]);
+    st_piece<W>(out, k, v);
+  }
+}
+
 template <typename S, typename A, int W>
 __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int logsm, A scale, int64_t causal) {
   __shared__ double sh[32];
@@ -501,24 +534,11 @@ __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int l
       L = L < 0 ? 0 : (L > C ? C : L);
     }
     double mloc = -CUDART_INF;
-    ROW_PIECES(k, L) {
-      A e[W];
-      ld_piece<W>(xr, k, e);
-#pragma unroll
-      for (int j = 0; j < W; j++)
-        if (k * W + j < L)
-          mloc = fmax(mloc, (double)(e[j] * scale));
-    }
+    each_below<W, S, A>(xr, L, [&](A v) { mloc = fmax(mloc, (double)(v * scale)); });
     A m = (A)lt_block_max(mloc, sh);
     if (m == ninf) { /* all masked, or all NaN (the maximum skips NaN) */
       double nan = 0;
-      ROW_PIECES(k, L) {
-        A e[W];
-        ld_piece<W>(xr, k, e);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-          nan += k * W + j < L && e[j] != e[j];
-      }
+      each_below<W, S, A>(xr, L, [&](A v) { nan += v != v; });
       bool any_nan = lt_block_sum(nan, sh) > 0;
       ROW_PIECES(k, C) {
         A e[W];
@@ -530,14 +550,7 @@ __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int l
       continue;
     }
     double sum = 0;
-    ROW_PIECES(k, L) {
-      A e[W];
-      ld_piece<W>(xr, k, e);
-#pragma unroll
-      for (int j = 0; j < W; j++)
-        if (k * W + j < L)
-          sum += t_exp(e[j] * scale - m);
-    }
+    each_below<W, S, A>(xr, L, [&](A v) { sum += t_exp(v * scale - m); });
     sum = lt_block_sum(sum, sh);
     A lse = m + (A)log(sum), inv = (A)(1.0 / sum);
     ROW_PIECES(k, C) {
@@ -562,47 +575,18 @@ __global__ void softmax_bwd_kernel(const S *y, const S *dy, S *dx, int64_t N, in
     S *xr = dx + r * C;
     if (logsm) {
       double live = 0, s = 0; /* live: entries that are not -inf */
-      ROW_PIECES(k, C) {
-        A yv[W], g[W];
-        ld_piece<W>(yr, k, yv);
-        ld_piece<W>(gr, k, g);
-#pragma unroll
-        for (int j = 0; j < W; j++) {
-          live += yv[j] != ninf;
-          s += g[j];
-        }
-      }
+      each_pair<W, S, A>(yr, gr, C, [&](A yv, A g) {
+        live += yv != ninf;
+        s += g;
+      });
       bool dead = lt_block_sum(live, sh) == 0;
       A sg = (A)lt_block_sum(s, sh);
-      ROW_PIECES(k, C) {
-        A yv[W], g[W];
-        ld_piece<W>(yr, k, yv);
-        ld_piece<W>(gr, k, g);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-          g[j] = dead ? (A)0 : scale * (g[j] - t_exp(yv[j]) * sg);
-        st_piece<W>(xr, k, g);
-      }
+      map_pair<W, S, A>(yr, gr, xr, C, [&](A yv, A g) { return dead ? (A)0 : scale * (g - t_exp(yv) * sg); });
     } else {
       double s = 0;
-      ROW_PIECES(k, C) {
-        A yv[W], g[W];
-        ld_piece<W>(yr, k, yv);
-        ld_piece<W>(gr, k, g);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-          s += (double)g[j] * yv[j];
-      }
+      each_pair<W, S, A>(yr, gr, C, [&](A yv, A g) { s += (double)g * yv; });
       A sg = (A)lt_block_sum(s, sh);
-      ROW_PIECES(k, C) {
-        A yv[W], g[W];
-        ld_piece<W>(yr, k, yv);
-        ld_piece<W>(gr, k, g);
-#pragma unroll
-        for (int j = 0; j < W; j++)
-          g[j] = scale * yv[j] * (g[j] - sg);
-        st_piece<W>(xr, k, g);
-      }
+      map_pair<W, S, A>(yr, gr, xr, C, [&](A yv, A g) { return scale * yv * (g - sg); });
     }
   }
 }
@@ -652,12 +636,12 @@ __device__ __forceinline__ A ce_row_lse(const S *xr, int64_t V, int vec, double 
       p.raw = ((const uint4 *)xr)[i];
 #pragma unroll
       for (int j = 0; j < W; j++)
-        lse_push(ld(p.e, j), m, s);
+        lse_push(lt_ld(p.e, j), m, s);
     }
     c0 = np * W;
   }
   for (int64_t c = c0 + threadIdx.x; c < V; c += blockDim.x)
-    lse_push(ld(xr, c), m, s);
+    lse_push(lt_ld(xr, c), m, s);
   A mx = (A)lt_block_max((double)m, sh);
   s = lt_block_sum(s * exp((double)m - (double)mx), sh);
   return mx + (A)log(s);
@@ -691,17 +675,17 @@ __device__ __forceinline__ void ce_row_grad(const S *xr, S *dr, int64_t t, int64
         int64_t c = base + j;
         A v = (A)0;
         if (whole)
-          v = ce_grad<A>(ld(in.e, j), c, t, l, s);
+          v = ce_grad<A>(lt_ld(in.e, j), c, t, l, s);
         else if (live && c < V)
-          v = ce_grad<A>(ld(xr, c), c, t, l, s);
-        st(out.e, j, v);
+          v = ce_grad<A>(lt_ld(xr, c), c, t, l, s);
+        lt_st(out.e, j, v);
       }
       ((uint4 *)dr)[i] = out.raw;
     }
     c0 = np * W;
   }
   for (int64_t c = c0 + threadIdx.x; c < ldd; c += blockDim.x)
-    st(dr, c, live && c < V ? ce_grad<A>(ld(xr, c), c, t, l, s) : (A)0);
+    lt_st(dr, c, live && c < V ? ce_grad<A>(lt_ld(xr, c), c, t, l, s) : (A)0);
 }
 
 template <typename S, typename A>
@@ -710,15 +694,16 @@ __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt,
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
     int64_t t = target_at(tgt, tdt, r);
     bool live = t != ignore; /* (an ignored row's gradient is zeros) */
-    ce_row_grad<S, A>(x + r * ldx, dx + r * ldd, t, V, ldd, live, live ? lse[r] : (A)0, live ? scale[r] : (A)0, vec);
+    A s = scale ? scale[r] : (A)1;
+    ce_row_grad<S, A>(x + r * ldx, dx + r * ldd, t, V, ldd, live, live ? lse[r] : (A)0, live ? s : (A)0, vec);
   }
 }
 
 /* Each row's log-sum-exp and loss; with dx (else NULL), the backward in
-   the same kernel (llm.c's fused classifier): the row's gradient with
-   scale[r], the row read a second time while the GPU's caches still hold
-   it; dx (rows ldx apart) may be x. vec_x: x's rows aligned; vec: x's and
-   dx's. */
+   the same kernel (llm.c's fused classifier): the row's gradient times
+   scale[r] (1 when scale is NULL), the row read a second time while the
+   GPU's caches still hold it; dx (rows ldx apart) may be x. vec_x: x's rows
+   aligned; vec: x's and dx's. */
 template <typename S, typename A>
 __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V,
                                   int64_t ignore, A *loss, A *lse, const A *scale, S *dx,
@@ -733,7 +718,7 @@ __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int 
     A l = 0, xt = 0;
     if (live) {
       if (threadIdx.x == 0)
-        xt = ld(xr, t); /* (before any thread writes the row: the lse's barriers come first) */
+        xt = lt_ld(xr, t); /* (before any thread writes the row: the lse's barriers come first) */
       l = ce_row_lse<S, A>(xr, V, vec_x, sh);
     }
     if (threadIdx.x == 0) {
@@ -741,7 +726,7 @@ __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int 
       loss[r] = live ? l - xt : (A)0;
     }
     if (dx)
-      ce_row_grad<S, A>(xr, dx + r * ldx, t, V, ldx, live, l, live ? scale[r] : (A)0, vec);
+      ce_row_grad<S, A>(xr, dx + r * ldx, t, V, ldx, live, l, live ? (scale ? scale[r] : (A)1) : (A)0, vec);
   }
 }
 
@@ -758,9 +743,9 @@ __global__ void rope_kernel(const S *x, S *y, int64_t R, int64_t Tn, int64_t D, 
     A c = (A)cos(ang), s = (A)(sign * sin(ang));
     const S *xr = x + rt * D;
     S *yr = y + rt * D;
-    A a = ld(xr, i), b = ld(xr, i + h);
-    st(yr, i, a * c - b * s);
-    st(yr, i + h, b * c + a * s);
+    A a = lt_ld(xr, i), b = lt_ld(xr, i + h);
+    lt_st(yr, i, a * c - b * s);
+    lt_st(yr, i + h, b * c + a * s);
   }
 }
 

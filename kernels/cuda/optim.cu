@@ -73,7 +73,8 @@ __device__ __forceinline__ void adamw_elems(const lt_optim_tensor &t, const adam
   }
 }
 
-/* Four 16-bit values (8 bytes) or f32 values (16 bytes) as floats, and back */
+/* Four 16-bit values (8 bytes) or f32 values (16 bytes): one wide load or
+   store, the elements read and written through lt_ld and lt_st */
 template <typename E> struct quad {
   typedef typename std::conditional<sizeof(E) == 2, uint2, uint4>::type raw_t;
   union {
@@ -81,15 +82,6 @@ template <typename E> struct quad {
     E e[4];
   };
 };
-template <typename E> __device__ __forceinline__ float q_get(E x);
-template <> __device__ __forceinline__ float q_get<float>(float x) { return x; }
-template <> __device__ __forceinline__ float q_get<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float q_get<__half>(__half x) { return __half2float(x); }
-template <typename E> __device__ __forceinline__ E q_put(float x);
-template <> __device__ __forceinline__ float q_put<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 q_put<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half q_put<__half>(float x) { return __float2half_rn(x); }
-
 /* adamw_elems over elements lo..hi (lo a multiple of 4) four at a time, for
    E-typed parameters and gradients whose arrays all allow it (quads_ok):
    one wide load or store per array instead of four */
@@ -111,10 +103,10 @@ __device__ __forceinline__ void adamw_quads(const lt_optim_tensor &t, const adam
       p.raw = ((const typename Q::raw_t *)t.param)[q];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      float pj = half ? w.e[j] : q_get<E>(p.e[j]);
-      adamw_one(c, q_get<E>(g.e[j]), pj, m.e[j], v.e[j]);
+      float pj = half ? w.e[j] : lt_ld(p.e, j);
+      adamw_one(c, lt_ld(g.e, j), pj, m.e[j], v.e[j]);
       w.e[j] = pj;
-      p.e[j] = q_put<E>(pj);
+      lt_st(p.e, j, pj);
     }
     ((uint4 *)t.m)[q] = m.raw;
     ((uint4 *)t.v)[q] = v.raw;
