@@ -101,7 +101,10 @@ typedef struct lt_cuda_block {
 static void release_cached(lt_cuda_ctx *c) {
   if (!c->free_lists)
     return;
-  cudaStreamSynchronize(c->compute); /* the blocks' last users must be done */
+  /* the blocks' last users must be done; if the wait fails they may not be
+     (a fault loses the context: the next call reports it), so keep them */
+  if (cudaStreamSynchronize(c->compute) != cudaSuccess)
+    return;
   for (int k = 0; k < NCLASSES; k++) {
     while (c->free_lists[k]) {
       cblock *b = c->free_lists[k];

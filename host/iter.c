@@ -168,8 +168,10 @@ lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, cons
   for (int i = 1; i < n; i++)
     if (ts[i]->storage->device != dev) {
       char d1[16], d2[16];
-      return lt_fail(LT_ERR_DEVICE, "%s: tensors are on different devices (%s and %s); move one with :to()",
-                     op, lt_device_name(dev, d1), lt_device_name(ts[i]->storage->device, d2));
+      return lt_fail(LT_ERR_DEVICE,
+                     "%s: tensors are on different devices (argument 1 on %s, argument %d on %s); "
+                     "move one with :to()",
+                     op, lt_device_name(dev, d1), i + 1, lt_device_name(ts[i]->storage->device, d2));
     }
   *be = ts[0]->storage->backend;
   return lt_check_interrupt(op);

@@ -19,7 +19,8 @@ lt_status lt_broadcast_shape(const char *op, int n, const lt_tensor *const *ts, 
 lt_status lt_prepare_out(const char *op, int ndim, const int64_t *shape, lt_dtype dtype,
                          lt_device device, lt_tensor *out, lt_tensor **res);
 
-/* All tensors on one device, and a backend for it; fails naming the devices. */
+/* All tensors on one device, and a backend for it; fails (LT_ERR_DEVICE) naming
+   the first argument on another device by its position (1-based) and both devices. */
 lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be);
 
 /* When out shares storage with in but is not the same view, *safe is a copy

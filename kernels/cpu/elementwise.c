@@ -221,8 +221,9 @@ typedef struct {
   case LT_BINARY_GELU_GRAD: /* s = sigmoid(2u) = (1 + tanh u) / 2, 1 - tanh^2 u = 4 s (1 - s) */ \
     for (int64_t i = 0; i < n; i++) {                                                \
       T x = a[i], s = SIGMOID2U(T, GEXP, x);                                         \
-      T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x);                            \
-      o[i] = b[i] * (s + (T)2 * x * s * (ONE - s) * du);                             \
+      T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x), t = s * (ONE - s);         \
+      /* t is 0 where tanh u is +-1 (|x| > ~10): du may then be inf, the term 0 */  \
+      o[i] = b[i] * (s + (t != 0 ? (T)2 * x * t * du : (T)0));                       \
     }                                                                                \
     break;                                                                           \
   case LT_BINARY_SILU_GRAD:                                                          \

@@ -74,7 +74,8 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
   case LT_BINARY_GELU_GRAD: {
     T u = (T)GELU_K * (a + (T)GELU_C * a * a * a), t = m_tanh(u);
     T du = (T)GELU_K * (one + (T)(3 * GELU_C) * a * a);
-    return b * ((T)0.5 * (one + t) + (T)0.5 * a * (one - t * t) * du);
+    T d = one - t * t; /* 0 where tanh u is +-1: du may then be inf (|a| > ~1e19 in f32), the term 0 */
+    return b * ((T)0.5 * (one + t) + (d != (T)0 ? (T)0.5 * a * d * du : (T)0));
   }
   case LT_BINARY_SILU_GRAD: {
     T sg = one / (one + m_exp(-a));

@@ -166,8 +166,9 @@ end, true)
 
 check("mixing devices in one op names both", function()
   local a, b = lt.ones(3), lt.ones({ 3 }, { device = CUDA })
-  H.assert_error(function() return a + b end, "cpu", "cuda:0", "different devices")
+  H.assert_error(function() return a + b end, "argument 1 on cpu, argument 2 on cuda:0", "different devices")
   H.assert_error(function() return lt.matmul(a:view(1, 3), b:view(3, 1)) end, "different devices")
+  H.assert_error(function() return lt.where(a:gt(0), a, b) end, "where", "argument 3 on cuda:0")
   -- backward's gradient on the other device: an error naming both (torch's rule), not a silent copy
   local w = lt.ones({ 3 }, { device = CUDA }):requires_grad_()
   H.assert_error(function() (w * 2):backward(lt.ones(3)) end, "backward", "gradient is on cpu", "cuda:0")
@@ -454,6 +455,14 @@ for _, dt in ipairs { "f32", "bf16", "f16" } do
     close(F.gelu(g), F.gelu(c), "gelu")
     close(F.silu(g), F.silu(c), "silu")
     close(F.relu(g), F.relu(c), "relu")
+  end)
+  check("gelu's gradient at huge |x| is 1 or 0, not NaN " .. dt, function()
+    local x = lt.tensor({ 1e20, -1e20, 3e19, -3e19, 30, -30, 0 }):to(dt):to(CUDA):requires_grad_()
+    F.gelu(x):sum():backward()
+    local got = x.grad:to("cpu"):totable()
+    for i, want in ipairs { 1, 0, 1, 0, 1, 0, 0.5 } do
+      assert(got[i] == want, ("%s: gradient %d is %s, not %s"):format(dt, i, tostring(got[i]), want))
+    end
   end)
   check("binary ops with broadcasting and strides " .. dt, function()
     local ca, ga = pair({ 257, 1, 300 }, dt)

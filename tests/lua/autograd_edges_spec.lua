@@ -17,6 +17,14 @@ describe("gradients at the edges", function()
     y:std(2):sum():backward()
     assert.are.same({ { 0, 0, 0 } }, y.grad:totable())
   end)
+  it("gelu's gradient at huge |x| is 1 or 0, not NaN (its cubic's derivative overflows there)", function()
+    for _, case in ipairs({ { "f32", 1e20 }, { "f32", 3e19 }, { "f64", 1e160 } }) do
+      local big = case[2]
+      local x = lt.tensor({ big, -big, 30, -30, 0 }, case[1]):requires_grad_()
+      lt.F.gelu(x):sum():backward()
+      assert.are.same({ 1, 0, 1, 0, 0.5 }, x.grad:totable(), case[1] .. " " .. big)
+    end
+  end)
   it("max sends the gradient to a NaN it returns, and max(dim) to its position", function()
     local x = lt.tensor({ 1, 0 / 0, 3 }, "f64"):requires_grad_()
     x:max():backward()
