@@ -558,17 +558,23 @@ int lt_autograd_take_dead_custom(int64_t *ids, int max);
    masters[i] is the f32 master copy of a bf16/f16 parameter, which the step
    updates and rounds into the parameter (masters may be NULL when no
    parameter is 16-bit). step is this update's 1-based count (for the bias
-   corrections 1 - beta^step). Errors name the parameter by position: a
-   missing gradient or state, shapes, dtypes, devices, bad settings. */
+   corrections 1 - beta^step). grad_scale (finite, >= 0; 1 for none)
+   multiplies each gradient as the step reads it, in the compute type (f32,
+   f64 for f64 parameters), and leaves the gradients as they are: a global-
+   norm clip's factor taken into the update, as llm.c's AdamW takes its
+   grad_scale, instead of a pass over every gradient. Errors name the
+   parameter by position: a missing gradient or state, shapes, dtypes,
+   devices, bad settings. */
 lt_status lt_adamw_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
                         lt_tensor *const *exp_avg, lt_tensor *const *exp_avg_sq, double lr, double beta1,
-                        double beta2, double eps, double weight_decay, int64_t step);
+                        double beta2, double eps, double weight_decay, int64_t step, double grad_scale);
 /* One SGD step as torch.optim.SGD: weight decay added to the gradient,
    momentum with dampening (buffers as exp_avg above; NULL without momentum),
-   Nesterov; first_step starts each buffer at the gradient. */
+   Nesterov; first_step starts each buffer at the gradient. grad_scale as
+   lt_adamw_step's (applied before the weight decay is added). */
 lt_status lt_sgd_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
                       lt_tensor *const *momentum_buffers, double lr, double momentum, double dampening,
-                      double weight_decay, int nesterov, int first_step);
+                      double weight_decay, int nesterov, int first_step, double grad_scale);
 /* The sum of squares of every element of n float tensors on one device,
    accumulated in f64 (the square of the global gradient norm). */
 lt_status lt_grad_sum_squares(int n, lt_tensor *const *grads, double *out);

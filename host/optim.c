@@ -131,6 +131,13 @@ static lt_status run_group(const char *op, int n, lt_tensor *const *params, lt_t
   return st;
 }
 
+/* A gradient scale must be a finite number >= 0 (a NaN would pass every comparison below it). */
+static lt_status check_grad_scale(const char *op, double grad_scale) {
+  if (!(grad_scale >= 0) || isinf(grad_scale))
+    return lt_fail(LT_ERR_ARG, "%s: grad_scale must be a finite number >= 0, got %g", op, grad_scale);
+  return LT_OK;
+}
+
 static lt_status adamw_fn(const lt_backend_i *be, int n, const lt_optim_tensor *ts, const void *h) {
   if (!be->adamw)
     return lt_fail(LT_ERR_UNSUPPORTED, "adamw: not implemented on the %s backend", be->name);
@@ -145,27 +152,29 @@ static lt_status sgd_fn(const lt_backend_i *be, int n, const lt_optim_tensor *ts
 
 lt_status lt_adamw_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
                         lt_tensor *const *exp_avg, lt_tensor *const *exp_avg_sq, double lr, double beta1,
-                        double beta2, double eps, double weight_decay, int64_t step) {
+                        double beta2, double eps, double weight_decay, int64_t step, double grad_scale) {
   if (!(lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps >= 0) ||
       !(weight_decay >= 0))
     return lt_fail(LT_ERR_ARG, "adamw: needs lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0; got lr=%g "
                    "betas=(%g, %g) eps=%g weight_decay=%g", lr, beta1, beta2, eps, weight_decay);
   if (step < 1)
     return lt_fail(LT_ERR_ARG, "adamw: the step count starts at 1, got %lld", (long long)step);
+  LT_TRY(check_grad_scale("adamw", grad_scale));
   lt_adamw_hparams h = {lr, beta1, beta2, eps, weight_decay, 1.0 - pow(beta1, (double)step),
-                        1.0 - pow(beta2, (double)step)};
+                        1.0 - pow(beta2, (double)step), grad_scale};
   return run_group("adamw", n, params, grads, masters, exp_avg, exp_avg_sq, 1, 1, adamw_fn, &h);
 }
 
 lt_status lt_sgd_step(int n, lt_tensor *const *params, lt_tensor *const *grads, lt_tensor *const *masters,
                       lt_tensor *const *momentum_buffers, double lr, double momentum, double dampening,
-                      double weight_decay, int nesterov, int first_step) {
+                      double weight_decay, int nesterov, int first_step, double grad_scale) {
   if (!(lr >= 0) || !(momentum >= 0) || !(dampening >= 0 && dampening <= 1) || !(weight_decay >= 0))
     return lt_fail(LT_ERR_ARG, "sgd: needs lr >= 0, momentum >= 0, dampening in [0, 1], weight_decay >= 0; got "
                    "lr=%g momentum=%g dampening=%g weight_decay=%g", lr, momentum, dampening, weight_decay);
   if (nesterov && (momentum <= 0 || dampening != 0))
     return lt_fail(LT_ERR_ARG, "sgd: Nesterov momentum needs momentum > 0 and dampening 0");
-  lt_sgd_hparams h = {lr, momentum, dampening, weight_decay, nesterov != 0, first_step != 0};
+  LT_TRY(check_grad_scale("sgd", grad_scale));
+  lt_sgd_hparams h = {lr, momentum, dampening, weight_decay, grad_scale, nesterov != 0, first_step != 0};
   return run_group("sgd", n, params, grads, masters, momentum_buffers, NULL, momentum > 0, 0, sgd_fn, &h);
 }
 

@@ -152,13 +152,14 @@ typedef struct lt_optim_tensor {
   lt_dtype dtype;
 } lt_optim_tensor;
 
-/* AdamW's settings for one step; bias corrections are 1 - beta^step. */
+/* AdamW's settings for one step; bias corrections are 1 - beta^step;
+   grad_scale multiplies every gradient as it is read (1: none). */
 typedef struct lt_adamw_hparams {
-  double lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+  double lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale;
 } lt_adamw_hparams;
 
 typedef struct lt_sgd_hparams {
-  double lr, momentum, dampening, weight_decay;
+  double lr, momentum, dampening, weight_decay, grad_scale;
   int nesterov, first_step; /* first_step: the momentum buffer starts as the gradient */
 } lt_sgd_hparams;
 

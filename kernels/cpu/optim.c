@@ -1,7 +1,8 @@
 /*
  * optim.c: fused optimizer updates on the CPU, one call for a whole group
  * of parameters, with PyTorch's formulas (torch.optim.AdamW and SGD, the
- * single-tensor forms):
+ * single-tensor forms), each gradient read times the step's grad_scale
+ * (a global-norm clip's factor; 1 for none):
  *
  *   AdamW (Loshchilov and Hutter 2019):  p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);
  *     v = b2 v + (1 - b2) g^2;  p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
@@ -36,11 +37,11 @@ static inline uint16_t store16(float x, lt_dtype dt) {
   {                                                                                                \
     T lr = (T)h->lr, b1 = (T)h->beta1, b2 = (T)h->beta2, eps = (T)h->eps;                          \
     T decay = (T)(1.0 - h->lr * h->weight_decay), step_size = (T)(h->lr / h->bias_correction1);    \
-    T bc2_sqrt = (T)sqrt(h->bias_correction2), w1 = 1 - b1;                                         \
+    T bc2_sqrt = (T)sqrt(h->bias_correction2), w1 = 1 - b1, gs = (T)h->grad_scale;                 \
     (void)lr;                                                                                      \
     _Pragma("omp parallel for schedule(static) if (t->numel >= LT_CPU_PARALLEL_MIN)")              \
     for (int64_t i = 0; i < t->numel; i++) {                                                       \
-      T g = G_LOAD(i), p = P_LOAD(i);                                                              \
+      T g = G_LOAD(i) * gs, p = P_LOAD(i);                                                         \
       p *= decay;                                                                                  \
       T mi = LERP(m[i], g, w1);                                                                    \
       T vi = b2 * v[i] + (1 - b2) * g * g;                                                         \
@@ -96,9 +97,10 @@ lt_status lt_cpu_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams 
 #define SGD_BODY(T, P_LOAD, G_LOAD, P_STORE)                                                       \
   {                                                                                                \
     T lr = (T)h->lr, mom = (T)h->momentum, damp = (T)(1.0 - h->dampening), wd = (T)h->weight_decay; \
+    T gs = (T)h->grad_scale;                                                                       \
     _Pragma("omp parallel for schedule(static) if (t->numel >= LT_CPU_PARALLEL_MIN)")              \
     for (int64_t i = 0; i < t->numel; i++) {                                                       \
-      T p = P_LOAD(i), d = G_LOAD(i);                                                              \
+      T p = P_LOAD(i), d = G_LOAD(i) * gs;                                                         \
       if (wd != 0)                                                                                 \
         d += wd * p;                                                                               \
       if (buf) {                                                                                   \

@@ -2,8 +2,9 @@
  * optim.cu: AdamW and SGD updates and gradient sums of squares on the GPU,
  * with the formulas of kernels/cpu/optim.c (torch.optim's single-tensor
  * forms; 16-bit parameters update an f32 master copy and take its
- * rounding). AdamW updates up to 48 tensors per launch (multi-tensor, as
- * torch's fused AdamW); SGD launches per tensor.
+ * rounding; each gradient is read times the step's grad_scale). AdamW
+ * updates up to 48 tensors per launch (multi-tensor, as torch's fused
+ * AdamW); SGD launches per tensor.
  * Sums of squares too go 48 tensors per launch, deterministic: each chunk's
  * block writes its sum, and one thread per tensor adds its chunks in order.
  */
@@ -38,16 +39,19 @@ __device__ __forceinline__ int mt_find(const mt_tensors &a, int64_t b, int64_t *
 
 /* AdamW's constants for one step, in the compute type T */
 template <typename T> struct adamw_consts {
-  T b1, b2, eps, w1, decay, step_size, bc2_sqrt;
+  T b1, b2, eps, w1, decay, step_size, bc2_sqrt, grad_scale;
   __device__ explicit adamw_consts(const lt_adamw_hparams &h)
       : b1((T)h.beta1), b2((T)h.beta2), eps((T)h.eps), w1(1 - (T)h.beta1), decay((T)(1.0 - h.lr * h.weight_decay)),
-        step_size((T)(h.lr / h.bias_correction1)), bc2_sqrt((T)sqrt(h.bias_correction2)) {}
+        step_size((T)(h.lr / h.bias_correction1)), bc2_sqrt((T)sqrt(h.bias_correction2)),
+        grad_scale((T)h.grad_scale) {}
 };
 
 /* One element's update: p (the parameter, or its f32 master), m and v from
-   the gradient g (torch.optim.AdamW's single-tensor form) */
+   the gradient g times the step's grad_scale (torch.optim.AdamW's
+   single-tensor form) */
 template <typename T>
 __device__ __forceinline__ void adamw_one(const adamw_consts<T> &c, T g, T &p, T &m, T &v) {
+  g *= c.grad_scale;
   p *= c.decay;
   m = c.w1 < (T)0.5 ? m + c.w1 * (g - m) : g - (g - m) * (1 - c.w1);
   v = c.b2 * v + (1 - c.b2) * g * g;
@@ -148,10 +152,11 @@ template <typename T> __global__ void adamw_mt_kernel(mt_tensors a, lt_adamw_hpa
 template <typename T>
 __global__ void sgd_kernel(lt_optim_tensor t, lt_sgd_hparams h) {
   T lr = (T)h.lr, mom = (T)h.momentum, damp = (T)(1.0 - h.dampening), wd = (T)h.weight_decay;
+  T gs = (T)h.grad_scale;
   T *buf = (T *)t.m;
   bool half = t.master != NULL;
   LT_GRID_STRIDE(i, t.numel) {
-    T d = lt_load<T>((const char *)t.grad, t.dtype, i);
+    T d = lt_load<T>((const char *)t.grad, t.dtype, i) * gs;
     T p = half ? ((const float *)t.master)[i] : lt_load<T>((const char *)t.param, t.dtype, i);
     if (wd != 0)
       d += wd * p;

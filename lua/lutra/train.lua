@@ -16,8 +16,10 @@
 -- loss method is F.cross_entropy(model(x), y, opts) computed its own way,
 -- model.loss_is_cross_entropy == model.loss as for lt.models' GPT-2 and
 -- Llama, computes it with model:loss: the head and the loss as one op;
--- otherwise F.cross_entropy(model(x), y)). Then it clips by global norm,
--- sets the schedule's rate for this optimizer step, and steps. A step whose
+-- otherwise F.cross_entropy(model(x), y)). Then it clips by global norm
+-- (lt.optim's optimizers take the clip's factor into the update:
+-- opt:step{grad_scale}; others clip the gradients), sets the schedule's
+-- rate for this optimizer step, and steps. A step whose
 -- loss or gradient norm is not finite stops training with a message naming
 -- the step, or, with skip_nonfinite, is skipped and counted (the schedule
 -- does not advance). Ctrl-C stops cleanly after a message. Each evaluation
@@ -338,9 +340,22 @@ function M.run(settings)
     return path
   end
 
-  -- a sharded optimizer (lt.dist.Zero) clips its own chunks by the norm over all ranks
-  local clip = opt.clip_grad_norm and function(m) return opt:clip_grad_norm(m) end
-    or function(m) return lt.optim.clip_grad_norm(params, m) end
+  -- a sharded optimizer (lt.dist.Zero) clips its own chunks by the norm over
+  -- all ranks; lt.optim's optimizers take the clip's factor into their fused
+  -- update (grad_scale: no pass over the gradients, no launch per parameter)
+  local grad_scale = 1
+  local clip
+  if opt.clip_grad_norm then
+    clip = function(m) return opt:clip_grad_norm(m) end
+  elseif opt.takes_grad_scale then
+    clip = function(m)
+      local norm = lt.optim.grad_norm(params)
+      grad_scale = lt.optim.clip_scale(norm, m)
+      return norm
+    end
+  else
+    clip = function(m) return lt.optim.clip_grad_norm(params, m) end
+  end
 
   -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
   local own_loss = model.loss ~= nil and model.loss_is_cross_entropy == model.loss
@@ -404,7 +419,8 @@ function M.run(settings)
         lr = o.schedule(opt_step)
         opt:set_lr(lr)
       end
-      opt:step()
+      if grad_scale ~= 1 then opt:step { grad_scale = grad_scale } else opt:step() end
+      grad_scale = 1
       lr = lr or opt.groups[1].lr
     end
     local dt = lt.clock() - t0

@@ -358,7 +358,7 @@ check("every nn.json case on cuda matches PyTorch, gradients included", function
 end)
 
 local optim_fixture = H.load_json("tests/ref/optim.json")
-check("every optim.json case (AdamW, SGD, bf16 master weights, clipping) on cuda matches PyTorch", function()
+check("every optim.json case (AdamW, SGD, bf16 master weights, clipping, steps after a clip) on cuda matches PyTorch", function()
   local failures = {}
   for _, case in ipairs(optim_fixture.cases) do
     local ok, err = pcall(function()
@@ -391,11 +391,28 @@ check("every optim.json case (AdamW, SGD, bf16 master weights, clipping) on cuda
     end)
     if not ok then failures[#failures + 1] = "clip case " .. n .. ": " .. tostring(err) end
   end
+  -- torch clips then steps; lutra takes the clip's factor into the step (grad_scale)
+  for _, case in ipairs(optim_fixture.clip_steps) do
+    local ok, err = pcall(function()
+      local params = {}
+      for i, spec in ipairs(case.start) do params[i] = H.build(spec, CUDA):requires_grad_() end
+      local opt = lt.optim[case.kind]({ { params = params } }, case.settings)
+      for step, grads in ipairs(case.grads) do
+        for i, g in ipairs(grads) do params[i].grad = H.build(g, CUDA) end
+        opt:step { grad_scale = lt.optim.clip_scale(lt.optim.grad_norm(params), case.max_norm) }
+        for i, want in ipairs(case.after[step]) do
+          H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
+            case.dtype == "f32" and 2 or 1)
+        end
+      end
+    end)
+    if not ok then failures[#failures + 1] = case.name .. ": " .. tostring(err) end
+  end
   assert(#failures == 0, table.concat(failures, " || "))
 end)
 
 -- (the update runs four elements at a time where the arrays allow: 1003 and 3 elements leave a tail)
-check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 and bf16)", function()
+check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 and bf16; the second with a grad_scale)", function()
   for _, dt in ipairs { "f32", "bf16" } do
     lt.manual_seed(11)
     local shapes = { { 3072, 768 }, { 768 }, { 50304, 64 }, { 1003 }, { 3 } }
@@ -413,8 +430,9 @@ check("AdamW at GPT-2 sizes: cuda and cpu parameters agree after 3 steps (f32 an
         cps[i].grad = grads[i][s]
         gps[i].grad = grads[i][s]:to(CUDA)
       end
-      co:step()
-      go:step()
+      local o = s == 2 and { grad_scale = 0.3 } or nil
+      co:step(o)
+      go:step(o)
     end
     for i = 1, #shapes do close(gps[i]:detach(), cps[i]:detach(), dt .. " parameter " .. i, dt == "f32" and 1e-5 or 1e-2) end
     local cn = lt.optim.clip_grad_norm(cps, 1e9)
@@ -433,11 +451,12 @@ check("AdamW four elements at a time gives the element-wise update bit for bit (
     b:requires_grad_()                                               -- one element in: element by element
     local oa = lt.optim.AdamW({ a }, { lr = 1e-2, weight_decay = 0.1 })
     local ob = lt.optim.AdamW({ b }, { lr = 1e-2, weight_decay = 0.1 })
-    for _ = 1, 3 do
+    for step = 1, 3 do
       local g = lt.randn({ 1001 }):to(dt):to(CUDA)
       a.grad, b.grad = g, g:clone()
-      oa:step()
-      ob:step()
+      local o = step == 2 and { grad_scale = 0.7 } or nil
+      oa:step(o)
+      ob:step(o)
     end
     assert((a:detach():to("f64") - b:detach():to("f64")):abs():max():item() == 0, dt .. ": the two paths differ")
   end

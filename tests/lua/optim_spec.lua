@@ -32,6 +32,81 @@ describe("optimizers against PyTorch (" .. fixture.torch .. ")", function()
   end
 end)
 
+describe("steps after a global-norm clip against PyTorch (clip_grad_norm_, then step)", function()
+  for _, case in ipairs(fixture.clip_steps) do
+    -- folded: the clip's factor taken into the update (the gradients left as
+    -- they are); in place: clip_grad_norm scales the gradients, then a step
+    for _, way in ipairs { "folded", "in place" } do
+      it(case.name .. ", " .. way, function()
+        local params = {}
+        for i, s in ipairs(case.start) do params[i] = build(s):requires_grad_() end
+        local opt = lt.optim[case.kind]({ { params = params } }, case.settings)
+        for step, grads in ipairs(case.grads) do
+          for i, g in ipairs(grads) do params[i].grad = build(g) end
+          local norm, want_norm = nil, case.norms[step]
+          if way == "folded" then
+            norm = lt.optim.grad_norm(opt)
+            local scale = lt.optim.clip_scale(norm, case.max_norm)
+            assert.are.equal(want_norm > case.max_norm, scale < 1, "step " .. step .. " clips")
+            opt:step { grad_scale = scale }
+            H.assert_matches(params[1].grad, grads[1], "the gradient is left as it was")
+          else
+            norm = lt.optim.clip_grad_norm(params, case.max_norm)
+            opt:step()
+          end
+          assert(math.abs(norm - want_norm) <= 1e-5 * want_norm, ("norm %.9g, torch %.9g"):format(norm, want_norm))
+          for i, want in ipairs(case.after[step]) do
+            H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
+              case.dtype == "f32" and 2 or 1)
+          end
+        end
+      end)
+    end
+  end
+  it("grad_scale s equals gradients times s; 0 leaves only the decay; bad values named", function()
+    for _, kind in ipairs { "AdamW", "SGD" } do
+      local function fresh()
+        local p = lt.arange(1, 7, { dtype = "f64" }):view(2, 3):requires_grad_()
+        local o = { lr = 0.1, weight_decay = 0.1 }
+        if kind == "SGD" then o.momentum = 0.9 end
+        return p, lt.optim[kind]({ p }, o)
+      end
+      local g = lt.tensor({ { 0.5, -1, 2 }, { 0.25, 3, -0.75 } }, "f64")
+      local a, oa = fresh()
+      local b, ob = fresh()
+      for _ = 1, 3 do
+        a.grad = g:clone()
+        oa:step { grad_scale = 0.375 }
+        b.grad = g * 0.375
+        ob:step()
+      end
+      assert.are.same(b:detach():totable(), a:detach():totable(), kind .. ": folded and scaled gradients differ")
+      local z, oz = fresh()
+      local d, od = fresh()
+      z.grad = g:clone()
+      oz:step { grad_scale = 0 }
+      d.grad = lt.zeros_like(g)
+      od:step()
+      assert.are.same(d:detach():totable(), z:detach():totable(), kind .. ": grad_scale 0")
+      for _, bad in ipairs { -1, 0 / 0, math.huge, "2" } do
+        H.assert_error(function() oz:step { grad_scale = bad } end, "grad_scale must be a finite number >= 0")
+      end
+      H.assert_error(function() oz:step { scale = 2 } end, "unknown option 'scale'")
+      H.assert_error(function() oz:step(2) end, "options must be a table")
+      assert.are.equal(1, oz.step_count, "refused steps are not counted")
+    end
+  end)
+  it("clip_scale is torch's factor, 1 at or below max_norm and for NaN or inf", function()
+    assert.are.equal(1, lt.optim.clip_scale(0.5, 1))
+    assert.are.equal(1, lt.optim.clip_scale(1, 1))
+    assert.are.equal(1 / (4 + 1e-6), lt.optim.clip_scale(4, 1))
+    assert.are.equal(1, lt.optim.clip_scale(0 / 0, 1))
+    assert.are.equal(1, lt.optim.clip_scale(math.huge, 1))
+    H.assert_error(function() lt.optim.clip_scale(2, 0) end, "max_norm must be a number > 0")
+    H.assert_error(function() lt.optim.clip_scale(nil, 1) end, "norm must be a number")
+  end)
+end)
+
 describe("clip_grad_norm against PyTorch", function()
   for n, case in ipairs(fixture.clip) do
     it(("case %d (max_norm %g)"):format(n, case.max_norm), function()

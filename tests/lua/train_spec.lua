@@ -108,6 +108,29 @@ describe("lt.train", function()
     assert.are.same({ 1, 1, 2, 3 }, seen)
   end)
 
+  it("clips through the optimizer's update (grad_scale): the steps of clipping the gradients in place", function()
+    local data = batches(3, 2, 8)
+    local runs = {}
+    for _, folded in ipairs { true, false } do
+      local m = tiny(6):to("f64")
+      local o = lt.optim.AdamW(m, { lr = 1e-2, weight_decay = 0.1 })
+      -- an optimizer whose step takes no grad_scale: lt.train clips the gradients themselves
+      if not folded then o.takes_grad_scale = false end
+      local norms = {}
+      lt.train { model = m, optimizer = o, train = list_loader(data), steps = 3, clip = 0.05, out_dir = OUT,
+        quiet = true, on_step = function(rec) norms[#norms + 1] = rec.grad_norm end }
+      runs[folded] = { m = m, norms = norms }
+    end
+    for i = 1, 3 do
+      assert(runs[true].norms[i] > 0.05, "the clip applies at step " .. i)
+      assert.are.equal(runs[false].norms[i], runs[true].norms[i], "the norm logged at step " .. i)
+    end
+    local pa, pb = runs[true].m:parameters(), runs[false].m:parameters()
+    for i = 1, #pa do
+      assert.are.same(pb[i]:totable(), pa[i]:totable(), "parameter " .. i .. " after 3 clipped steps")
+    end
+  end)
+
   it("stops on a non-finite loss with a message naming the step", function()
     local m = tiny(2)
     local o = lt.optim.SGD(m, { lr = 0.01 })

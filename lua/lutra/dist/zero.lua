@@ -142,7 +142,7 @@ function Zero:clip_grad_norm(max_norm)
   if not self.reduced then self:reduce_gradients() end
   local shards = {}
   for _, f in ipairs(self.flats) do shards[#shards + 1] = f.shard end
-  local mine = lt.optim.clip_grad_norm(shards, math.huge) -- this rank's part, summed in f64
+  local mine = lt.optim.grad_norm(shards) -- this rank's part, summed in f64
   local t = lt.tensor({ mine * mine }, { dtype = "f64" })
   lt.dist.all_reduce(t, { group = self.comm })
   local norm = math.sqrt(t:item())

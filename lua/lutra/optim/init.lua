@@ -175,8 +175,23 @@ local function carray(list, n)
   return arr
 end
 
---- opt:step(): one update of every parameter that has a gradient; returns the step count.
-function Optimizer:step()
+--- opt:step([{grad_scale = 1}]): one update of every parameter that has a
+-- gradient; returns the step count. grad_scale (a finite number >= 0)
+-- multiplies each gradient as the fused update reads it, the .grad tensors
+-- left as they are: a global-norm clip taken into the step (llm.c's AdamW
+-- grad_scale) instead of a pass over every gradient, as lt.train clips.
+function Optimizer:step(opts)
+  local grad_scale = 1
+  if opts ~= nil then
+    if type(opts) ~= "table" then error("step: options must be a table {grad_scale = s}, got " .. type(opts), 2) end
+    for k in pairs(opts) do
+      if k ~= "grad_scale" then error(("step: unknown option '%s' (known: grad_scale)"):format(tostring(k)), 2) end
+    end
+    grad_scale = opts.grad_scale == nil and 1 or opts.grad_scale
+    if type(grad_scale) ~= "number" or not (grad_scale >= 0 and grad_scale < math.huge) then
+      error("step: grad_scale must be a finite number >= 0, got " .. tostring(opts.grad_scale), 2)
+    end
+  end
   self.step_count = self.step_count + 1
   for _, g in ipairs(self.groups) do
     self:check_group(g)
@@ -188,9 +203,9 @@ function Optimizer:step()
       local st
       if self.kind == "AdamW" then
         st = C.lt_adamw_step(n, keep[1], keep[2], keep[3], keep[4], keep[5], g.lr, g.betas[1], g.betas[2], g.eps,
-          g.weight_decay, self.step_count)
+          g.weight_decay, self.step_count, grad_scale)
       elseif g.momentum == 0 then
-        st = C.lt_sgd_step(n, keep[1], keep[2], keep[3], nil, g.lr, 0, g.dampening, g.weight_decay, 0, 0)
+        st = C.lt_sgd_step(n, keep[1], keep[2], keep[3], nil, g.lr, 0, g.dampening, g.weight_decay, 0, 0, grad_scale)
       else
         -- buffers start as the gradient at each parameter's first update: two calls when some are new
         st = 0
@@ -209,7 +224,7 @@ function Optimizer:step()
             end
             local sp, sg, sm, sb = sub(e.params), sub(e.grads), sub(e.masters), sub(e.a)
             st = C.lt_sgd_step(#idx, sp, sg, sm, sb, g.lr, g.momentum, g.dampening, g.weight_decay,
-              g.nesterov and 1 or 0, first and 1 or 0)
+              g.nesterov and 1 or 0, first and 1 or 0, grad_scale)
             if st == 0 then
               for _, i in ipairs(idx) do self.state[e.params[i]].started = true end
             end
@@ -378,15 +393,8 @@ function M.SGD(what, opts)
   return new("SGD", what, opts, { lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false })
 end
 
---- lt.optim.clip_grad_norm(params or module, max_norm) -> norm, clipped:
--- the L2 norm of all gradients together (f64 sums of squares, one per
--- device); when it is above max_norm every gradient is scaled by
--- max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). A NaN or
--- infinite norm scales nothing: the caller skips the step.
-function M.clip_grad_norm(what, max_norm)
-  if type(max_norm) ~= "number" or not (max_norm > 0) then
-    error("clip_grad_norm: max_norm must be a number > 0, got " .. tostring(max_norm), 2)
-  end
+-- the gradients of params (a module, a list, or an optimizer's), grouped by device
+local function grads_by_device(what)
   local params = is_module(what) and what:parameters() or what
   if getmetatable(params) == Optimizer then params = params:parameters() end
   local by_dev, order = {}, {}
@@ -401,18 +409,58 @@ function M.clip_grad_norm(what, max_norm)
       by_dev[d][#by_dev[d] + 1] = g
     end
   end
+  return by_dev, order
+end
+
+-- the norm of the gradients grads_by_device found (errors raised at level)
+local function norm_of(by_dev, order, level)
   local total = 0
   local out = ffi.new("double[1]")
   for _, d in ipairs(order) do
     local gs = by_dev[d]
-    local arr = carray(gs, #gs)
-    if C.lt_grad_sum_squares(#gs, arr, out) ~= 0 then fail(2) end
+    if C.lt_grad_sum_squares(#gs, carray(gs, #gs), out) ~= 0 then fail(level + 1) end
     total = total + out[0]
   end
-  local norm = math.sqrt(total)
-  if norm ~= norm or norm == math.huge then return norm, false end
-  if norm <= max_norm then return norm, false end
-  local scale = max_norm / (norm + 1e-6)
+  return math.sqrt(total)
+end
+
+local function check_max_norm(max_norm, level)
+  if type(max_norm) ~= "number" or not (max_norm > 0) then
+    error("clip_grad_norm: max_norm must be a number > 0, got " .. tostring(max_norm), level + 1)
+  end
+end
+
+--- lt.optim.grad_norm(params or module or optimizer) -> norm: the L2 norm
+-- of all gradients together (f64 sums of squares, one call per device,
+-- read on the host); parameters without a gradient count as zero.
+function M.grad_norm(what)
+  local by_dev, order = grads_by_device(what)
+  return norm_of(by_dev, order, 2)
+end
+
+--- lt.optim.clip_scale(norm, max_norm) -> scale: what global-norm clipping
+-- multiplies the gradients by: max_norm / (norm + 1e-6) when norm is above
+-- max_norm, else 1 (torch.nn.utils.clip_grad_norm_'s factor); 1 for a NaN
+-- or infinite norm (the caller skips that step).
+function M.clip_scale(norm, max_norm)
+  check_max_norm(max_norm, 2)
+  if type(norm) ~= "number" then error("clip_scale: norm must be a number, got " .. type(norm), 2) end
+  if norm ~= norm or norm == math.huge or norm <= max_norm then return 1 end
+  return max_norm / (norm + 1e-6)
+end
+
+--- lt.optim.clip_grad_norm(params or module, max_norm) -> norm, clipped:
+-- the L2 norm of all gradients together (lt.optim.grad_norm); when it is
+-- above max_norm every gradient is scaled by max_norm / (norm + 1e-6)
+-- (torch.nn.utils.clip_grad_norm_). A NaN or infinite norm scales nothing:
+-- the caller skips the step. (lt.optim's optimizers can take the scale into
+-- their update instead: opt:step{grad_scale = lt.optim.clip_scale(norm, m)}.)
+function M.clip_grad_norm(what, max_norm)
+  check_max_norm(max_norm, 2)
+  local by_dev, order = grads_by_device(what)
+  local norm = norm_of(by_dev, order, 2)
+  local scale = M.clip_scale(norm, max_norm)
+  if scale == 1 then return norm, false end
   lt.no_grad(function()
     for _, d in ipairs(order) do
       for _, g in ipairs(by_dev[d]) do g:mul_(scale) end
@@ -420,6 +468,10 @@ function M.clip_grad_norm(what, max_norm)
   end)
   return norm, true
 end
+
+--- opt.takes_grad_scale: true for lt.optim's optimizers, whose step takes
+-- {grad_scale = s} (lt.train clips through it).
+Optimizer.takes_grad_scale = true
 
 M.schedules = require "lutra.optim.schedules"
 
