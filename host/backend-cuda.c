@@ -40,10 +40,35 @@ static int size_class(size_t nbytes, size_t *rounded) {
   return lt_size_class(nbytes, SMALL_STEP, SMALL_LIMIT, rounded);
 }
 
+const char *lt_cuda_error_note(int e) {
+  switch (e) {
+  /* the errors cudaError_t's documentation says leave the process "in an
+     inconsistent state": any further CUDA work returns the same error */
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchTimeout:
+  case cudaErrorAssert:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorLaunchFailure:
+#ifdef LT_CUDA_EMU
+    return "; on a GPU this loses the CUDA context (the emulator's faults are not sticky)";
+#else
+    return "; a kernel faulted and this process's CUDA context is lost: every later CUDA call fails the same "
+           "way until lutra restarts (tensors on the CPU are intact; CUDA_LAUNCH_BLOCKING=1 names the kernel)";
+#endif
+  default:
+    return "";
+  }
+}
+
 lt_status lt_cuda_error_at(const char *file, int line, const char *what, int device_index, cudaError_t e) {
   cudaGetLastError(); /* clear a non-sticky error so later calls can work */
-  return lt_fail(e == cudaErrorMemoryAllocation ? LT_ERR_OOM : LT_ERR_DEVICE, "cuda:%d: %s: %s (%s) [%s:%d]",
-                 device_index, what, cudaGetErrorString(e), cudaGetErrorName(e), file, line);
+  return lt_fail(e == cudaErrorMemoryAllocation ? LT_ERR_OOM : LT_ERR_DEVICE, "cuda:%d: %s: %s (%s) [%s:%d]%s",
+                 device_index, what, cudaGetErrorString(e), cudaGetErrorName(e), file, line,
+                 lt_cuda_error_note(e));
 }
 
 lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {

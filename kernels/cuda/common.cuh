@@ -21,7 +21,8 @@ extern "C" lt_status lt_fail(lt_status st, const char *fmt, ...);
 static inline lt_status lt_cuda_check_launch_at(const char *file, int line, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
-    return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]", what, cudaGetErrorString(e), file, line);
+    return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]%s", what, cudaGetErrorString(e), file, line,
+                   lt_cuda_error_note(e));
   if (lt_cuda_profiling()) /* lt.cuda.profile_start: the launch named for the profile */
     lt_cuda_profile_mark(what);
   return LT_OK;

@@ -15,6 +15,11 @@ extern "C" {
 
 typedef struct CUstream_st *lt_cuda_stream;
 
+/* "" or, for a CUDA error that loses the process's context (an illegal
+   address, a kernel's assert or fault: sticky, cudaError_t's documentation),
+   a note that says so, to append to the error's message (host/backend-cuda.c) */
+const char *lt_cuda_error_note(int cuda_error);
+
 lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s);
 lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_stream s);
 lt_status lt_cuda_unary(lt_unary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s);

@@ -277,7 +277,8 @@ extern "C" lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const 
     cudaError_t e = cub::DeviceRadixSort::SortPairs(tmp, cub_bytes, keys, skeys, pos, spos, (int)n, 0, end_bit, cs);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return lt_fail(LT_ERR_DEVICE, "cuda: index_add: sorting the indices failed: %s", cudaGetErrorString(e));
+      return lt_fail(LT_ERR_DEVICE, "cuda: index_add: sorting the indices failed: %s%s", cudaGetErrorString(e),
+                     lt_cuda_error_note(e));
     }
     lt_cuda_profile_mark("index_add sort (CUB)");
     dim3 grid((unsigned)n, (unsigned)d->outer);
