@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh: the one script for the accelerator machine. Unpacks the
 # Debian packages carried in .deps (LuaJIT, OpenBLAS, libedit, cJSON,
-# pkgconf, busted, PCRE2; see ../shared/device/README.md) into a sysroot
-# when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
+# pkgconf, busted, PCRE2: tools/fetch-gpu-debs downloads them beforehand and
+# checks they hold all the build takes; see ../shared/device/README.md) into
+# a sysroot when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
 # the GPT-2 benchmark, a per-kernel profile of one of its steps
 # (lt.cuda.profile_start), PyTorch's benchmark (when the machine has a CUDA
 # torch), the ops benchmark, an nsys kernel summary, random shapes of the
@@ -12,7 +13,8 @@
 # has a time limit and runs only while a budget of 450 s allows: the whole
 # stays under 8 minutes.
 #
-#   (on the device) bash tests/gpu/run.sh
+#   (here, once) tools/fetch-gpu-debs; make data
+#   (on the device, carrying .deps, data/gpt2.tiktoken and data/pydocs) bash tests/gpu/run.sh
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lutra-gpu}
