@@ -558,7 +558,7 @@ int lt_autograd_take_dead_custom(int64_t *ids, int max);
    masters[i] is the f32 master copy of a bf16/f16 parameter, which the step
    updates and rounds into the parameter (masters may be NULL when no
    parameter is 16-bit). step is this update's 1-based count (for the bias
-   corrections 1 - beta^step). grad_scale (finite, >= 0; 1 for none)
+   corrections 1 - beta^step). grad_scale (in [0, FLT_MAX]; 1 for none)
    multiplies each gradient as the step reads it, in the compute type (f32,
    f64 for f64 parameters), and leaves the gradients as they are: a global-
    norm clip's factor taken into the update, as llm.c's AdamW takes its

@@ -9,6 +9,7 @@
 #include "iter.h"
 #include "status.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,10 +132,12 @@ static lt_status run_group(const char *op, int n, lt_tensor *const *params, lt_t
   return st;
 }
 
-/* A gradient scale must be a finite number >= 0 (a NaN would pass every comparison below it). */
+/* A gradient scale must be a number in [0, FLT_MAX]: the kernels apply it in
+   f32 to f32 and 16-bit parameters (and a NaN fails every comparison). */
 static lt_status check_grad_scale(const char *op, double grad_scale) {
-  if (!(grad_scale >= 0) || isinf(grad_scale))
-    return lt_fail(LT_ERR_ARG, "%s: grad_scale must be a finite number >= 0, got %g", op, grad_scale);
+  if (!(grad_scale >= 0 && grad_scale <= FLT_MAX))
+    return lt_fail(LT_ERR_ARG, "%s: grad_scale must be a number in [0, %g] (f32's largest), got %g", op,
+                   (double)FLT_MAX, grad_scale);
   return LT_OK;
 }
 

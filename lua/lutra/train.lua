@@ -347,7 +347,7 @@ function M.run(settings)
   local clip
   if opt.clip_grad_norm then
     clip = function(m) return opt:clip_grad_norm(m) end
-  elseif opt.takes_grad_scale then
+  elseif lt.optim.takes_grad_scale(opt) then
     clip = function(m)
       local norm = lt.optim.grad_norm(params)
       grad_scale = lt.optim.clip_scale(norm, m)

@@ -88,8 +88,9 @@ describe("steps after a global-norm clip against PyTorch (clip_grad_norm_, then 
       d.grad = lt.zeros_like(g)
       od:step()
       assert.are.same(d:detach():totable(), z:detach():totable(), kind .. ": grad_scale 0")
-      for _, bad in ipairs { -1, 0 / 0, math.huge, "2" } do
-        H.assert_error(function() oz:step { grad_scale = bad } end, "grad_scale must be a finite number >= 0")
+      for _, bad in ipairs { -1, 0 / 0, math.huge, 1e39, "2" } do
+        H.assert_error(function() oz:step { grad_scale = bad } end, "grad_scale must be a number in [0, 3.40282e+38]",
+          type(bad) == "string" and "(string)" or "(number)")
       end
       H.assert_error(function() oz:step { scale = 2 } end, "unknown option 'scale'")
       H.assert_error(function() oz:step(2) end, "options must be a table")
@@ -102,8 +103,14 @@ describe("steps after a global-norm clip against PyTorch (clip_grad_norm_, then 
     assert.are.equal(1 / (4 + 1e-6), lt.optim.clip_scale(4, 1))
     assert.are.equal(1, lt.optim.clip_scale(0 / 0, 1))
     assert.are.equal(1, lt.optim.clip_scale(math.huge, 1))
-    H.assert_error(function() lt.optim.clip_scale(2, 0) end, "max_norm must be a number > 0")
+    H.assert_error(function() lt.optim.clip_scale(2, 0) end, "clip_scale: max_norm must be a number > 0")
     H.assert_error(function() lt.optim.clip_scale(nil, 1) end, "norm must be a number")
+    H.assert_error(function() lt.optim.grad_norm(nil) end, "grad_norm: expected a module, an optimizer or a list")
+    local p = lt.ones(2):requires_grad_()
+    local opt = lt.optim.SGD({ p })
+    assert.is_true(lt.optim.takes_grad_scale(opt))
+    assert.is_false(lt.optim.takes_grad_scale(setmetatable({ step = function() end }, { __index = opt })))
+    assert.is_false(lt.optim.takes_grad_scale(nil))
   end)
 end)
 

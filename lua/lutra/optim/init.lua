@@ -175,11 +175,14 @@ local function carray(list, n)
   return arr
 end
 
+local FLT_MAX = 3.4028234663852886e38
+
 --- opt:step([{grad_scale = 1}]): one update of every parameter that has a
--- gradient; returns the step count. grad_scale (a finite number >= 0)
--- multiplies each gradient as the fused update reads it, the .grad tensors
--- left as they are: a global-norm clip taken into the step (llm.c's AdamW
--- grad_scale) instead of a pass over every gradient, as lt.train clips.
+-- gradient; returns the step count. grad_scale (a number in [0, FLT_MAX]:
+-- the update applies it in f32 except to f64 parameters) multiplies each
+-- gradient as the fused update reads it, the .grad tensors left as they
+-- are: a global-norm clip taken into the step (llm.c's AdamW grad_scale)
+-- instead of a pass that scales every gradient, as lt.train clips.
 function Optimizer:step(opts)
   local grad_scale = 1
   if opts ~= nil then
@@ -188,8 +191,9 @@ function Optimizer:step(opts)
       if k ~= "grad_scale" then error(("step: unknown option '%s' (known: grad_scale)"):format(tostring(k)), 2) end
     end
     grad_scale = opts.grad_scale == nil and 1 or opts.grad_scale
-    if type(grad_scale) ~= "number" or not (grad_scale >= 0 and grad_scale < math.huge) then
-      error("step: grad_scale must be a finite number >= 0, got " .. tostring(opts.grad_scale), 2)
+    if type(grad_scale) ~= "number" or not (grad_scale >= 0 and grad_scale <= FLT_MAX) then
+      error(("step: grad_scale must be a number in [0, %g], got %s (%s)"):format(FLT_MAX, tostring(opts.grad_scale),
+        type(opts.grad_scale)), 2)
     end
   end
   self.step_count = self.step_count + 1
@@ -394,9 +398,12 @@ function M.SGD(what, opts)
 end
 
 -- the gradients of params (a module, a list, or an optimizer's), grouped by device
-local function grads_by_device(what)
+local function grads_by_device(what, op, level)
   local params = is_module(what) and what:parameters() or what
   if getmetatable(params) == Optimizer then params = params:parameters() end
+  if type(params) ~= "table" then
+    error(("%s: expected a module, an optimizer or a list of parameters, got %s"):format(op, type(what)), level + 1)
+  end
   local by_dev, order = {}, {}
   for _, p in ipairs(params) do
     local g = p.grad
@@ -424,9 +431,9 @@ local function norm_of(by_dev, order, level)
   return math.sqrt(total)
 end
 
-local function check_max_norm(max_norm, level)
+local function check_max_norm(op, max_norm, level)
   if type(max_norm) ~= "number" or not (max_norm > 0) then
-    error("clip_grad_norm: max_norm must be a number > 0, got " .. tostring(max_norm), level + 1)
+    error(op .. ": max_norm must be a number > 0, got " .. tostring(max_norm), level + 1)
   end
 end
 
@@ -434,7 +441,7 @@ end
 -- of all gradients together (f64 sums of squares, one call per device,
 -- read on the host); parameters without a gradient count as zero.
 function M.grad_norm(what)
-  local by_dev, order = grads_by_device(what)
+  local by_dev, order = grads_by_device(what, "grad_norm", 2)
   return norm_of(by_dev, order, 2)
 end
 
@@ -443,7 +450,7 @@ end
 -- max_norm, else 1 (torch.nn.utils.clip_grad_norm_'s factor); 1 for a NaN
 -- or infinite norm (the caller skips that step).
 function M.clip_scale(norm, max_norm)
-  check_max_norm(max_norm, 2)
+  check_max_norm("clip_scale", max_norm, 2)
   if type(norm) ~= "number" then error("clip_scale: norm must be a number, got " .. type(norm), 2) end
   if norm ~= norm or norm == math.huge or norm <= max_norm then return 1 end
   return max_norm / (norm + 1e-6)
@@ -456,8 +463,8 @@ end
 -- the caller skips the step. (lt.optim's optimizers can take the scale into
 -- their update instead: opt:step{grad_scale = lt.optim.clip_scale(norm, m)}.)
 function M.clip_grad_norm(what, max_norm)
-  check_max_norm(max_norm, 2)
-  local by_dev, order = grads_by_device(what)
+  check_max_norm("clip_grad_norm", max_norm, 2)
+  local by_dev, order = grads_by_device(what, "clip_grad_norm", 2)
   local norm = norm_of(by_dev, order, 2)
   local scale = M.clip_scale(norm, max_norm)
   if scale == 1 then return norm, false end
@@ -469,9 +476,13 @@ function M.clip_grad_norm(what, max_norm)
   return norm, true
 end
 
---- opt.takes_grad_scale: true for lt.optim's optimizers, whose step takes
--- {grad_scale = s} (lt.train clips through it).
-Optimizer.takes_grad_scale = true
+--- lt.optim.takes_grad_scale(opt) -> whether opt:step is lt.optim's own
+-- (AdamW's and SGD's), which takes {grad_scale = s}; false for any other
+-- optimizer, a wrapper around one of these included (its step may not pass
+-- the option on). lt.train clips through grad_scale only where this is true.
+function M.takes_grad_scale(opt)
+  return type(opt) == "table" and opt.step == Optimizer.step
+end
 
 M.schedules = require "lutra.optim.schedules"
 
