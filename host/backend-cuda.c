@@ -122,7 +122,8 @@ typedef struct lt_cuda_block {
   struct lt_cuda_block *next;
 } cblock;
 
-/* Returns every cached block of c to the driver (with the lock held). */
+/* Returns every cached block of c to the driver (with the lock held), once
+   the compute stream's work is done; keeps them if that wait fails. */
 static void release_cached(lt_cuda_ctx *c) {
   if (!c->free_lists)
     return;
@@ -169,14 +170,18 @@ static lt_status cuda_alloc(lt_device device, size_t nbytes, void **ptr) {
       e = cudaMalloc(ptr, rounded);
     }
     if (e != cudaSuccess) {
+      pthread_mutex_unlock(&lock);
+      *ptr = NULL;
+      if (e != cudaErrorMemoryAllocation) { /* not the memory: a lost context, a bad device */
+        char what[80];
+        snprintf(what, sizeof what, "allocating %zu bytes", nbytes);
+        return lt_cuda_error(what, c->index, e);
+      }
       char line[300];
       cudaGetLastError();
       stats_line(c, line, sizeof line);
-      pthread_mutex_unlock(&lock);
-      *ptr = NULL;
-      return lt_fail(LT_ERR_OOM, "cuda:%d: out of memory allocating %zu bytes (%.1f MiB): %s%s", c->index, nbytes,
-                     nbytes / 1048576.0, line,
-                     e == cudaErrorMemoryAllocation ? "" : cudaGetErrorString(e));
+      return lt_fail(LT_ERR_OOM, "cuda:%d: out of memory allocating %zu bytes (%.1f MiB): %s", c->index, nbytes,
+                     nbytes / 1048576.0, line);
     }
     c->reserved += rounded;
     if (c->reserved > c->peak_reserved)

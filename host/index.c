@@ -118,8 +118,9 @@ static void outer_inner(const lt_tensor *t, int dim, int64_t *outer, int64_t *in
 static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_tensor *t, int dim,
                                  const lt_tensor *index, lt_tensor **res) {
   const lt_tensor *ins[2] = {t, index};
+  static const char *const embedding_names[2] = {"weight", "ids"}, *const select_names[2] = {"input", "index"};
   const lt_backend_i *be;
-  LT_TRY(lt_same_device(op, 2, ins, &be));
+  LT_TRY(lt_same_device_named(op, 2, ins, kind == LT_REPORT_IDS ? embedding_names : select_names, &be));
   LT_TRY(check_dim(op, t, dim));
   LT_TRY(check_index_dtype(op, index));
   if (index->ndim != 1) {
@@ -177,7 +178,8 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
   const lt_tensor *ins[3] = {t, index, src};
   const lt_backend_i *be;
   char b1[200], b2[200];
-  LT_TRY(lt_same_device("index_add_", 3, ins, &be));
+  static const char *const names[3] = {"self", "index", "source"};
+  LT_TRY(lt_same_device_named("index_add_", 3, ins, names, &be));
   LT_TRY(check_dim("index_add_", t, dim));
   LT_TRY(check_index_dtype("index_add_", index));
   if (index->ndim != 1)
@@ -262,7 +264,8 @@ static void restricted_view(lt_tensor *v, const lt_tensor *t, const lt_tensor *i
 lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
   const lt_tensor *ins[2] = {t, index};
   const lt_backend_i *be;
-  LT_TRY(lt_same_device("gather", 2, ins, &be));
+  static const char *const names[2] = {"input", "index"};
+  LT_TRY(lt_same_device_named("gather", 2, ins, names, &be));
   LT_TRY(check_dim("gather", t, dim));
   LT_TRY(check_index_dtype("gather", index));
   LT_TRY(check_gather_shapes("gather", t, dim, index, NULL));
@@ -294,7 +297,8 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
 lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
   const lt_tensor *ins[3] = {t, index, src};
   const lt_backend_i *be;
-  LT_TRY(lt_same_device("scatter_add_", 3, ins, &be));
+  static const char *const names[3] = {"self", "index", "source"};
+  LT_TRY(lt_same_device_named("scatter_add_", 3, ins, names, &be));
   LT_TRY(check_dim("scatter_add_", t, dim));
   LT_TRY(check_index_dtype("scatter_add_", index));
   if (src->ndim != t->ndim) {

@@ -7,6 +7,7 @@
 #include "iter.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 void lt_iter_build(lt_iter *it, int nops, const lt_tensor *const *ops) {
@@ -161,20 +162,26 @@ lt_status lt_prepare_out(const char *op, int ndim, const int64_t *shape, lt_dtyp
   return LT_OK;
 }
 
-lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be) {
+lt_status lt_same_device_named(const char *op, int n, const lt_tensor *const *ts, const char *const *names,
+                               const lt_backend_i **be) {
   for (int i = 0; i < n; i++)
     LT_TRY(lt_check_tensor(op, ts[i], i + 1));
   lt_device dev = ts[0]->storage->device;
   for (int i = 1; i < n; i++)
     if (ts[i]->storage->device != dev) {
-      char d1[16], d2[16];
-      return lt_fail(LT_ERR_DEVICE,
-                     "%s: tensors are on different devices (argument 1 on %s, argument %d on %s); "
-                     "move one with :to()",
-                     op, lt_device_name(dev, d1), i + 1, lt_device_name(ts[i]->storage->device, d2));
+      char d1[16], d2[16], a1[24], a2[24];
+      snprintf(a1, sizeof a1, "argument 1");
+      snprintf(a2, sizeof a2, "argument %d", i + 1);
+      return lt_fail(LT_ERR_DEVICE, "%s: tensors are on different devices (%s on %s, %s on %s); move one with :to()",
+                     op, names ? names[0] : a1, lt_device_name(dev, d1), names ? names[i] : a2,
+                     lt_device_name(ts[i]->storage->device, d2));
     }
   *be = ts[0]->storage->backend;
   return lt_check_interrupt(op);
+}
+
+lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be) {
+  return lt_same_device_named(op, n, ts, NULL, be);
 }
 
 static int same_view(const lt_tensor *a, const lt_tensor *b) {

@@ -19,8 +19,13 @@ lt_status lt_broadcast_shape(const char *op, int n, const lt_tensor *const *ts, 
 lt_status lt_prepare_out(const char *op, int ndim, const int64_t *shape, lt_dtype dtype,
                          lt_device device, lt_tensor *out, lt_tensor **res);
 
-/* All tensors on one device, and a backend for it; fails (LT_ERR_DEVICE) naming
-   the first argument on another device by its position (1-based) and both devices. */
+/* All tensors on one device, and a backend for it; fails (LT_ERR_DEVICE)
+   naming the first tensor and the first on another device, with both
+   devices: by names[i] ("weight", "ids") where the array's order is not the
+   caller's argument order, else by position (1-based, for ops whose tensors
+   are their arguments in order). */
+lt_status lt_same_device_named(const char *op, int n, const lt_tensor *const *ts, const char *const *names,
+                               const lt_backend_i **be);
 lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be);
 
 /* When out shares storage with in but is not the same view, *safe is a copy

@@ -347,12 +347,12 @@ static lt_status as_output(const lt_tensor *x, lt_tensor *y2, lt_tensor **y) {
 lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, int act, lt_tensor **res) {
   const char *op = "linear";
   const lt_tensor *ins[3] = {x, w, b};
+  static const char *const names[3] = {"input", "weight", "bias"};
   int nin = b ? 3 : 2;
   const lt_backend_i *be;
-  LT_TRY(lt_same_device(op, nin, ins, &be));
+  LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   if (act != 0 && act != 1)
     return lt_fail(LT_ERR_ARG, "%s: activation %d is not 0 (none) or 1 (gelu)", op, act);
-  static const char *const names[3] = {"input", "weight", "bias"};
   LT_TRY(check_dtypes(op, nin, ins, names));
   if (x->ndim < 1)
     return lt_fail(LT_ERR_SHAPE, "%s: the input is a scalar; it needs a last dim of in features", op);
@@ -448,7 +448,7 @@ lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, c
   if (b2)
     names[nin] = "projection bias", ins[nin++] = b2;
   const lt_backend_i *be;
-  LT_TRY(lt_same_device(op, nin, ins, &be));
+  LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   LT_TRY(check_dtypes(op, nin, ins, names));
   if (x->ndim < 1)
     return lt_fail(LT_ERR_SHAPE, "%s: the input is a scalar; it needs a last dim of in features", op);
@@ -545,10 +545,10 @@ lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const 
                                   int64_t *count) {
   const char *op = "linear_cross_entropy";
   const lt_tensor *ins[3] = {x, w, targets};
-  static const char *const names[2] = {"input", "weight"};
+  static const char *const names[3] = {"input", "weight", "targets"};
   const lt_backend_i *be;
   char b1[200], b2[200];
-  LT_TRY(lt_same_device(op, 3, ins, &be));
+  LT_TRY(lt_same_device_named(op, 3, ins, names, &be));
   LT_TRY(check_dtypes(op, 2, ins, names));
   if (x->ndim < 2)
     return lt_fail(LT_ERR_SHAPE, "%s: the input %s needs rows: (N, in) or (B, T, in)", op, lt_tensor_shape_str(x, b1));

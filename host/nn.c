@@ -197,18 +197,19 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
                       double eps, lt_tensor **out_y, lt_tensor **out_h) {
   const char *op = res ? (rms ? "add_rms_norm" : "add_layer_norm") : (rms ? "rms_norm" : "layer_norm");
   const lt_tensor *ins[4];
+  const char *names[4];
   const lt_backend_i *be;
   int nin = 0;
-  ins[nin++] = x;
+  names[nin] = "input", ins[nin++] = x;
   if (res)
-    ins[nin++] = res;
+    names[nin] = "residual", ins[nin++] = res;
   if (w)
-    ins[nin++] = w;
+    names[nin] = "weight", ins[nin++] = w;
   if (b)
-    ins[nin++] = b;
+    names[nin] = "bias", ins[nin++] = b;
   if (!w && b)
     return lt_fail(LT_ERR_ARG, "%s: a bias needs a weight", op);
-  LT_TRY(lt_same_device(op, nin, ins, &be));
+  LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   LT_TRY(need_float(op, x));
   if (x->ndim == 0)
     return lt_fail(LT_ERR_SHAPE, "%s: needs at least 1 dim", op);
@@ -507,7 +508,8 @@ static const lt_node_ops attention_ops = {"AttentionBackward", attention_backwar
 static lt_status attention_args(const char *op, const lt_tensor *q, const lt_tensor *k, const lt_tensor *v,
                                 double scale, const lt_backend_i **be) {
   const lt_tensor *ins[3] = {q, k, v};
-  LT_TRY(lt_same_device(op, 3, ins, be));
+  static const char *const names[3] = {"q", "k", "v"};
+  LT_TRY(lt_same_device_named(op, 3, ins, names, be));
   for (int j = 0; j < 3; j++)
     LT_TRY(need_float(op, ins[j]));
   char b1[200], b2[200], b3[200];
@@ -949,10 +951,11 @@ static lt_status ce_count(lt_ce_forward *c, const char *op, int64_t ignore_index
 lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_tensor *targets, int64_t ignore_index,
                             int reduction, int64_t classes, int count_on_host, int grad_in_place, lt_ce_forward *c) {
   const lt_tensor *ins[2] = {logits, targets};
+  static const char *const names[2] = {"logits", "targets"};
   const lt_backend_i *be;
   char b1[200], b2[200];
   memset(c, 0, sizeof *c);
-  LT_TRY(lt_same_device(op, 2, ins, &be));
+  LT_TRY(lt_same_device_named(op, 2, ins, names, &be));
   LT_TRY(need_float(op, logits));
   if (targets->dtype != LT_DTYPE_I32 && targets->dtype != LT_DTYPE_I64)
     return lt_fail(LT_ERR_DTYPE, "%s: targets must be integer class ids (i32 or i64), got %s", op,

@@ -183,7 +183,8 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
                    lt_tensor **res) {
   const lt_tensor *ins[3] = {cond, a, b};
   const lt_backend_i *be;
-  LT_TRY(lt_same_device("where", 3, ins, &be));
+  static const char *const names[3] = {"condition", "input", "other"};
+  LT_TRY(lt_same_device_named("where", 3, ins, names, &be));
   if (cond->dtype != LT_DTYPE_BOOL)
     return lt_fail(LT_ERR_DTYPE, "where: the condition must be bool, got %s (compare it first, e.g. x:ne(0))",
                    lt_dtype_name(cond->dtype));

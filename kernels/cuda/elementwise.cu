@@ -28,6 +28,15 @@ __device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); 
 #define GELU_K 0.7978845608028654
 #define GELU_C 0.044715
 
+/* sigmoid(2u) = (1 + tanh u) / 2 for the tanh GELU's u = sqrt(2/pi) (x +
+   0.044715 x^3), from exp(-|2u|) as kernels/cpu/elementwise.c: no
+   cancellation in 1 + tanh u where tanh u nears -1 (x below about -4) */
+template <typename T> __device__ __forceinline__ T gelu_sigmoid2u(T x) {
+  T z = (T)(2 * GELU_K) * (x + (T)GELU_C * x * x * x);
+  T e = m_exp(z < (T)0 ? z : -z);
+  return z >= (T)0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);
+}
+
 template <typename T> __device__ __forceinline__ T unary_op(int op, T a) {
   const T one = (T)1;
   switch (op) {
@@ -40,7 +49,7 @@ template <typename T> __device__ __forceinline__ T unary_op(int op, T a) {
   case LT_UNARY_TANH: return m_tanh(a);
   case LT_UNARY_SIGMOID: return one / (one + m_exp(-a));
   case LT_UNARY_SIGN: return a > (T)0 ? one : a < (T)0 ? -one : a;
-  case LT_UNARY_GELU: return (T)0.5 * a * (one + m_tanh((T)GELU_K * (a + (T)GELU_C * a * a * a)));
+  case LT_UNARY_GELU: return a * gelu_sigmoid2u(a); /* 0.5 x (1 + tanh u) */
   case LT_UNARY_SILU: return a / (one + m_exp(-a));
   default: return a;
   }
@@ -71,11 +80,10 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
   case LT_BINARY_LE: return a <= b;
   case LT_BINARY_GT: return a > b;
   case LT_BINARY_GE: return a >= b;
-  case LT_BINARY_GELU_GRAD: {
-    T u = (T)GELU_K * (a + (T)GELU_C * a * a * a), t = m_tanh(u);
-    T du = (T)GELU_K * (one + (T)(3 * GELU_C) * a * a);
-    T d = one - t * t; /* 0 where tanh u is +-1: du may then be inf (|a| > ~1e19 in f32), the term 0 */
-    return b * ((T)0.5 * (one + t) + (d != (T)0 ? (T)0.5 * a * d * du : (T)0));
+  case LT_BINARY_GELU_GRAD: { /* s = sigmoid(2u), 1 - tanh^2 u = 4 s (1 - s) */
+    T s = gelu_sigmoid2u(a), du = (T)GELU_K * (one + (T)(3 * GELU_C) * a * a), t = s * (one - s);
+    /* t is 0 where tanh u is +-1 (|a| > ~10): du may then be inf, the term 0 */
+    return b * (s + (t != (T)0 ? (T)2 * a * t * du : (T)0));
   }
   case LT_BINARY_SILU_GRAD: {
     T sg = one / (one + m_exp(-a));

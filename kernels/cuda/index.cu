@@ -10,8 +10,10 @@
  * rows in that order, a thread per column (the CPU's order and, in f32, its
  * results). Without scratch memory, or for sizes past 32-bit keys, it runs
  * one thread per (outer, column) walking every index (slow: 768 threads for
- * GPT-2). scatter_add runs in the CPU's order on one thread (a slow path:
- * nothing on the training path uses it).
+ * GPT-2). scatter_add runs a thread per line (the elements that share all
+ * coordinates but the scattered one, where duplicate indices meet), adding
+ * its line in the CPU's order (slow for long lines: nothing on the training
+ * path uses it).
  */
 #include "common.cuh"
 

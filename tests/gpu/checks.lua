@@ -168,7 +168,12 @@ check("mixing devices in one op names both", function()
   local a, b = lt.ones(3), lt.ones({ 3 }, { device = CUDA })
   H.assert_error(function() return a + b end, "argument 1 on cpu, argument 2 on cuda:0", "different devices")
   H.assert_error(function() return lt.matmul(a:view(1, 3), b:view(3, 1)) end, "different devices")
-  H.assert_error(function() return lt.where(a:gt(0), a, b) end, "where", "argument 3 on cuda:0")
+  H.assert_error(function() return lt.where(a:gt(0), a, b) end, "where", "condition on cpu, other on cuda:0")
+  -- where the C op's tensors are not the caller's arguments in order, they are named
+  H.assert_error(function() return F.embedding(lt.tensor({ 1 }, "i64"), lt.ones({ 4, 2 }, { device = CUDA })) end,
+    "embedding", "weight on cuda:0, ids on cpu")
+  H.assert_error(function() return F.mlp(b:view(1, 3), lt.ones({ 4, 3 }, { device = CUDA }), nil, lt.ones(3, 4)) end,
+    "mlp", "input on cuda:0, projection weight on cpu")
   -- backward's gradient on the other device: an error naming both (torch's rule), not a silent copy
   local w = lt.ones({ 3 }, { device = CUDA }):requires_grad_()
   H.assert_error(function() (w * 2):backward(lt.ones(3)) end, "backward", "gradient is on cpu", "cuda:0")
@@ -481,6 +486,23 @@ for _, dt in ipairs { "f32", "bf16", "f16" } do
     local got = x.grad:to("cpu"):totable()
     for i, want in ipairs { 1, 0, 1, 0, 1, 0, 0.5 } do
       assert(got[i] == want, ("%s: gradient %d is %s, not %s"):format(dt, i, tostring(got[i]), want))
+    end
+  end)
+  check("gelu and its gradient far out on the negative side keep their relative precision " .. dt, function()
+    -- 1 + tanh u cancels there; both devices compute sigmoid(2u) from exp(-|2u|)
+    local lo = dt == "f16" and -4.5 or -9 -- (f16's gelu underflows below about -4.5)
+    local xs = lt.arange(0, 61, { dtype = "f64" }) * ((-3 - lo) / 60) + lo
+    local x = xs:to(dt):to(CUDA):requires_grad_()
+    local y = F.gelu(x)
+    y:sum():backward()
+    local x64 = x:detach():to("cpu"):to("f64"):requires_grad_()
+    local y64 = F.gelu(x64)
+    y64:sum():backward()
+    local tol = dt == "f32" and 1e-5 or 2e-2
+    for _, pair in ipairs { { y:detach(), y64:detach(), "gelu" }, { x.grad, x64.grad, "gradient" } } do
+      local got, want = pair[1]:to("cpu"):to("f64"), pair[2]
+      local rel = ((got - want):abs() / want:abs()):max():item()
+      assert(rel <= tol, ("%s %s: relative error %.3g on [%g, -3]"):format(dt, pair[3], rel, lo))
     end
   end)
   check("binary ops with broadcasting and strides " .. dt, function()
