@@ -169,11 +169,10 @@ lt_status lt_same_device_named(const char *op, int n, const lt_tensor *const *ts
   lt_device dev = ts[0]->storage->device;
   for (int i = 1; i < n; i++)
     if (ts[i]->storage->device != dev) {
-      char d1[16], d2[16], a1[24], a2[24];
-      snprintf(a1, sizeof a1, "argument 1");
-      snprintf(a2, sizeof a2, "argument %d", i + 1);
+      char d1[16], d2[16], arg[24];
+      snprintf(arg, sizeof arg, "argument %d", i + 1);
       return lt_fail(LT_ERR_DEVICE, "%s: tensors are on different devices (%s on %s, %s on %s); move one with :to()",
-                     op, names ? names[0] : a1, lt_device_name(dev, d1), names ? names[i] : a2,
+                     op, names ? names[0] : "argument 1", lt_device_name(dev, d1), names ? names[i] : arg,
                      lt_device_name(ts[i]->storage->device, d2));
     }
   *be = ts[0]->storage->backend;

@@ -342,7 +342,7 @@ function M.run(settings)
 
   -- a sharded optimizer (lt.dist.Zero) clips its own chunks by the norm over
   -- all ranks; lt.optim's optimizers take the clip's factor into their fused
-  -- update (grad_scale: no pass over the gradients, no launch per parameter)
+  -- update (grad_scale: no pass that scales the gradients, no launch per parameter)
   local grad_scale = 1
   local clip
   if opt.clip_grad_norm then

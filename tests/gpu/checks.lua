@@ -366,21 +366,7 @@ local optim_fixture = H.load_json("tests/ref/optim.json")
 check("every optim.json case (AdamW, SGD, bf16 master weights, clipping, steps after a clip) on cuda matches PyTorch", function()
   local failures = {}
   for _, case in ipairs(optim_fixture.cases) do
-    local ok, err = pcall(function()
-      local params = {}
-      for i, spec in ipairs(case.start) do params[i] = H.build(spec, CUDA):requires_grad_() end
-      local settings = {}
-      for k, v in pairs(case.settings) do settings[k] = v end
-      local opt = lt.optim[case.kind]({ { params = params } }, settings)
-      for step, grads in ipairs(case.grads) do
-        for i, g in ipairs(grads) do params[i].grad = H.build(g, CUDA) end
-        opt:step()
-        for i, want in ipairs(case.after[step]) do
-          H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
-            case.dtype == "f32" and 2 or 1)
-        end
-      end
-    end)
+    local ok, err = pcall(runners.optim, case, CUDA)
     if not ok then failures[#failures + 1] = case.name .. ": " .. tostring(err) end
   end
   for n, case in ipairs(optim_fixture.clip) do
@@ -398,19 +384,7 @@ check("every optim.json case (AdamW, SGD, bf16 master weights, clipping, steps a
   end
   -- torch clips then steps; lutra takes the clip's factor into the step (grad_scale)
   for _, case in ipairs(optim_fixture.clip_steps) do
-    local ok, err = pcall(function()
-      local params = {}
-      for i, spec in ipairs(case.start) do params[i] = H.build(spec, CUDA):requires_grad_() end
-      local opt = lt.optim[case.kind]({ { params = params } }, case.settings)
-      for step, grads in ipairs(case.grads) do
-        for i, g in ipairs(grads) do params[i].grad = H.build(g, CUDA) end
-        opt:step { grad_scale = lt.optim.clip_scale(lt.optim.grad_norm(params), case.max_norm) }
-        for i, want in ipairs(case.after[step]) do
-          H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
-            case.dtype == "f32" and 2 or 1)
-        end
-      end
-    end)
+    local ok, err = pcall(runners.optim, case, CUDA, "folded")
     if not ok then failures[#failures + 1] = case.name .. ": " .. tostring(err) end
   end
   assert(#failures == 0, table.concat(failures, " || "))

@@ -1,7 +1,9 @@
 -- tests/lua/runners.lua: how each case of the PyTorch fixtures runs
--- (tests/ref/ops.json and nn.json), shared by the CPU specs and the GPU
--- checks (tests/gpu/checks.lua), which run the same cases on CUDA tensors.
+-- (tests/ref/ops.json, nn.json and optim.json), shared by the CPU specs and
+-- the GPU checks (tests/gpu/checks.lua), which run the same cases on CUDA
+-- tensors.
 local lt = require "lutra"
+local H = require "tests.lua.helpers"
 local F = lt.F
 
 local null = lt.json.null
@@ -74,5 +76,37 @@ local NN = {
   sdpa = function(a, q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = a.causal }) end,
 }
 
+--- Runs one optimizer case of tests/ref/optim.json on device: its two
+-- parameters in one group, each step's gradients, the step, and the
+-- parameters checked against torch's after each step (bf16: the rounding of
+-- the f32 master may differ by one bf16 unit at a tie). A case with a
+-- max_norm (clip_steps: torch clipped before each step) clips by way:
+-- "folded" takes the factor into the step (opt:step{grad_scale}), "in
+-- place" scales the gradients (lt.optim.clip_grad_norm); each(step, norm,
+-- params) then checks more. Returns the optimizer.
+local function optim_case(case, device, way, each)
+  local params = {}
+  for i, spec in ipairs(case.start) do params[i] = H.build(spec, device):requires_grad_() end
+  local opt = lt.optim[case.kind]({ { params = params } }, case.settings)
+  for step, grads in ipairs(case.grads) do
+    for i, g in ipairs(grads) do params[i].grad = H.build(g, device) end
+    local norm
+    if not case.max_norm then
+      opt:step()
+    elseif way == "folded" then
+      norm = lt.optim.grad_norm(params)
+      opt:step { grad_scale = lt.optim.clip_scale(norm, case.max_norm) }
+    else
+      norm = lt.optim.clip_grad_norm(params, case.max_norm)
+      opt:step()
+    end
+    if each then each(step, norm, params) end
+    for i, want in ipairs(case.after[step]) do
+      H.assert_matches(params[i]:detach(), want, ("%s step %d parameter %d"):format(case.name, step, i),
+        case.dtype == "f32" and 2 or 1)
+    end
+  end
+  return opt
+end
 
-return { ops = RUN, in_place = IN_PLACE, nn = NN }
+return { ops = RUN, in_place = IN_PLACE, nn = NN, optim = optim_case }
