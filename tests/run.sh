@@ -136,6 +136,9 @@ if ! gpu_checks "GPU checks" ./lutra; then
       --model=gpt2-tiny --T=32 --rate_size=64 --profile=5 >"$log" 2>&1
     count_run "GPU benchmark script (CUDA emulator)" $? '^bf16 *1 *32 *[0-9]'
     count_run "its step's profile (CUDA emulator)" 0 '^total (start to the last piece)'
+    LUTRA_EMU_TRACE=$traces/optim build-emu/lutra bench/optim.lua --model=gpt2-tiny --device=cuda --dtype=bf16 \
+      --reps=1 >"$log" 2>&1
+    count_run "optimizer benchmark script (CUDA emulator)" $? '^grad_norm + step{grad_scale} (lt.train.s clip) *[0-9]'
     # the random-shape attention check tests/gpu/run.sh runs on the GPU, a few cases
     build-emu/lutra tests/gpu/attention_sweep.lua 3 4 >"$log" 2>&1
     count_run "tensor-core attention on random shapes (CUDA emulator, 4 cases)" $? '^0 of 4 cases bad$'

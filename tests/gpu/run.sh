@@ -110,6 +110,9 @@ fi
 step "benchmark: the ops of a GPT-2 step, one by one"
 fits 60 && timeout 60 ./lutra bench/ops_gpu.lua --B=8 --dtype=bf16 2>&1 | tee "$OUT/bench-ops.txt"
 
+step "benchmark: the optimizer's part of a step (AdamW; clipping that scales the gradients, or folded into the step)"
+fits 30 && timeout 30 ./lutra bench/optim.lua --device=cuda --dtype=bf16 2>&1 | tee "$OUT/bench-optim.txt"
+
 step "profile: the GPU kernels of 3 GPT-2 steps (nsys, when the machine has it)"
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ -z "$NSYS" ]; then
