@@ -155,24 +155,49 @@ lt_status lt_cpu_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h) 
   return LT_OK;
 }
 
+/* The sum of squares of elements i0..i1 in f64, in LANES independent
+   partial sums (element i to lane i mod LANES from i0, the lanes added in
+   order at the end): one dependent chain of f64 adds would bound the loop
+   at an add's latency per element; the order is fixed, so the sum does not
+   depend on the thread count. */
+enum { LANES = 8 };
+#define SUM_SQUARES(LOAD)                                                     \
+  {                                                                           \
+    int64_t i = i0;                                                           \
+    for (; i + LANES <= i1; i += LANES)                                       \
+      for (int j = 0; j < LANES; j++) {                                       \
+        double g = LOAD(i + j);                                               \
+        lane[j] += g * g;                                                     \
+      }                                                                       \
+    for (; i < i1; i++) {                                                     \
+      double g = LOAD(i);                                                     \
+      lane[(i - i0) % LANES] += g * g;                                        \
+    }                                                                         \
+  }
+
 static double block_sum_squares(const lt_optim_tensor *t, int64_t i0, int64_t i1) {
-  double s = 0;
+  double lane[LANES] = {0};
+  const double *g64 = t->grad;
+  const float *g32 = t->grad;
   switch (t->dtype) {
   case LT_DTYPE_F64:
-    for (int64_t i = i0; i < i1; i++) s += ((const double *)t->grad)[i] * ((const double *)t->grad)[i];
+#define L64(i) g64[i]
+    SUM_SQUARES(L64)
+#undef L64
     break;
   case LT_DTYPE_F32:
-    for (int64_t i = i0; i < i1; i++) {
-      double g = ((const float *)t->grad)[i];
-      s += g * g;
-    }
+#define L32(i) (double)g32[i]
+    SUM_SQUARES(L32)
+#undef L32
     break;
   default:
-    for (int64_t i = i0; i < i1; i++) {
-      double g = load16(t->grad, t->dtype, i);
-      s += g * g;
-    }
+#define L16(i) (double)load16(t->grad, t->dtype, i)
+    SUM_SQUARES(L16)
+#undef L16
   }
+  double s = 0;
+  for (int j = 0; j < LANES; j++)
+    s += lane[j];
   return s;
 }
 

@@ -53,6 +53,28 @@ describe("threaded kernels", function()
       for j = 1, C do assert(close(h[i][j], B[i][j], 2 ^ -8)) end
     end
   end)
+  it("gradient norms: every tail length and block edge, any thread count, bit for bit", function()
+    -- (f64 sums in 8 lanes per 65536-element block: checked against Lua's own sum of squares)
+    local threads = lt.num_threads()
+    for _, n in ipairs { 1, 7, 8, 9, 15, 17, 65535, 65536, 65537, 200003 } do
+      for _, dt in ipairs { "f32", "bf16", "f64" } do
+        local g = lt.randn(n):to(dt)
+        local p = lt.zeros(n, { dtype = dt }):requires_grad_()
+        p.grad = g
+        local v, want = g:to("f64"):totable(), 0
+        for i = 1, n do want = want + v[i] * v[i] end
+        want = math.sqrt(want)
+        local norms = {}
+        for k, t in ipairs { 1, threads } do
+          lt.set_num_threads(t)
+          norms[k] = lt.optim.grad_norm({ p })
+        end
+        lt.set_num_threads(threads)
+        assert(close(norms[1], want, 1e-13), ("%s n=%d: %.17g, Lua %.17g"):format(dt, n, norms[1], want))
+        assert.are.equal(norms[1], norms[2], ("%s n=%d: 1 thread and %d differ"):format(dt, n, threads))
+      end
+    end
+  end)
   it("matmul of large operands", function()
     local m = lt.matmul(a, bt:t()):totable() -- (R, R)
     for _, ij in ipairs { { 1, 1 }, { 100, 7 }, { R, R }, { 5, 200 } } do
