@@ -17,7 +17,8 @@
 #
 # Options: CUDA=0 / MPI=0 build without them (default: used when found);
 # SYSROOT=<dir> takes LuaJIT, OpenBLAS, libedit and cJSON from Debian
-# packages unpacked there (see ../shared/device/README.md).
+# packages unpacked there (tools/fetch-gpu-debs). Building with other options
+# than the last build rebuilds everything (build/config.hash).
 
 CC ?= cc
 PKG_CONFIG ?= pkg-config
@@ -116,6 +117,18 @@ KERNEL_ARCH ?= $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && 
 KERNEL_FLAGS := -fno-trapping-math $(KERNEL_ARCH)
 LDLIBS_ALL := $(PKG_LIBS) $(CUDA_LIBS) $(MPI_LIBS) -fopenmp -lm -ldl -lpthread $(SANITIZE) $(LDFLAGS)
 
+# The build's settings (compilers, flags, libraries: what CUDA=0, MPI=0,
+# SYSROOT or OPT change) hashed into $(BUILD)/config.hash, rewritten when they
+# differ from the last build's: every object and the binary depend on it, so
+# a build with other settings rebuilds them instead of keeping the old ones.
+BUILD_CONFIG := $(CC) | $(CXX) | $(CFLAGS_ALL) | $(KERNEL_OPT) $(KERNEL_FLAGS) | $(NVCC) $(NVCC_FLAGS) | \
+                $(EMU_CXXFLAGS) | $(LDLIBS_ALL)
+CONFIG_HASH := $(firstword $(shell printf '%s' '$(subst ','\'',$(BUILD_CONFIG))' | md5sum))
+CONFIG_DEP := $(BUILD)/config.hash
+ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+  $(shell mkdir -p $(BUILD) && { [ "$$(cat $(CONFIG_DEP) 2>/dev/null)" = "$(CONFIG_HASH)" ] || echo $(CONFIG_HASH) > $(CONFIG_DEP); })
+endif
+
 CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcard kernels/cpu/*.c)
 LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
@@ -131,14 +144,14 @@ LUTRA_OUT ?= lutra
 ifneq ($(LUTRA_OUT),lutra)
 lutra: $(LUTRA_OUT)
 endif
-$(LUTRA_OUT): $(BUILD)/liblutra.a $(BIND_OBJ)
+$(LUTRA_OUT): $(BUILD)/liblutra.a $(BIND_OBJ) $(CONFIG_DEP)
 	$(CC) -o $@ $(BIND_OBJ) -Wl,--whole-archive $(BUILD)/liblutra.a -Wl,--no-whole-archive -Wl,-E $(LDLIBS_ALL)
 
 $(BUILD)/liblutra.a: $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/kernels/%.o: kernels/%.c
+$(BUILD)/kernels/%.o: kernels/%.c $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
@@ -146,18 +159,19 @@ CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cu
 ifeq ($(EMU_OBJ),)
 # (ptxas's registers and shared memory per kernel kept in NAME.o.ptxas for
 # tests/gpu/launch_limits.py; the compiler's other messages still shown)
-$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS)
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas; st=$$?; \
 	  grep -vE '^ptxas info|^ +[0-9]+ bytes stack frame' $@.ptxas >&2; exit $$st
 else
 # (the emulator: launches rewritten as calls, compiled by the host C++ compiler)
-$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py \
+                           $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	python3 tests/emu/rewrite_launches.py $< $(BUILD)/kernels/cuda/$*.emu.cc
 	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -include tests/emu/cuda_emu.h -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
 
-$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h
+$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
@@ -168,7 +182,7 @@ $(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(BUILD)/tests/emu/runtime.o 
 	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(BUILD)/tests/emu/runtime.o -lpthread
 endif
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
@@ -183,7 +197,7 @@ $(BUILD)/gen/embedded.c: $(BUILD)/tools/embed host/lutra.h $(LUA_FILES)
 $(BUILD)/gen/embedded.o: $(BUILD)/gen/embedded.c
 	$(CC) -O0 -c $< -o $@
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Ihost -Ikernels/cpu -o $@ $< $(BUILD)/liblutra.a $(LDLIBS_ALL)
 
