@@ -135,6 +135,11 @@ end
 -- vocabulary, so unseen tokens cost log(N + V) at most). The loss a model
 -- that ignores context could reach: a baseline for a training run.
 function M.unigram_entropy(train_path, val_path, vocab_size)
+  for _, path in ipairs { train_path, val_path } do
+    if type(path) == "table" and path.next then
+      error("unigram_entropy: takes the shards' paths (\"data/pydocs/train\"), not a loader", 2)
+    end
+  end
   local V = vocab_size or 50257
   -- calls fn(id) for every token of the shards under path; returns their count
   local function each_token(path, fn)

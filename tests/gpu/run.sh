@@ -24,7 +24,11 @@ start=$(date +%s)
 step() { echo; echo "=== $* ($(($(date +%s) - start)) s)"; }
 
 step "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null | head -3; then
+  echo "no NVIDIA GPU here (nvidia-smi finds none): this script is for a machine with one; nothing ran"
+  echo "(without a GPU, make test runs the GPU checks on the CUDA emulator)"
+  exit 1
+fi
 nproc
 
 # one process on the device: NCCL needs no MPI for one rank (the GPU checks use it); the

@@ -228,6 +228,8 @@ describe("lt.data.unigram_entropy", function()
     assert.are.equal(2, nv)
     assert.are.same({ 1, 1, 1, 2 }, lt.data.read_shard(dir .. "/train_000000.bin"):totable())
     H.assert_error(function() lt.data.unigram_entropy(dir .. "/train", dir .. "/val", 2) end, "outside the vocabulary")
+    local loader = lt.data.shards { path = dir .. "/train", batch = 1, seq = 2 }
+    H.assert_error(function() lt.data.unigram_entropy(loader, dir .. "/val", 4) end, "the shards' paths", "not a loader")
     H.assert_error(function() lt.data.read_shard(dir .. "/nope.bin") end, "nope.bin")
     os.execute("rm -rf " .. dir)
   end)
