@@ -346,7 +346,7 @@ lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor
     return LT_OK;
   }
   lt_tensor *r;
-  LT_TRY(lt_tensor_empty(t->ndim, t->sizes, dtype, device, &r));
+  LT_TRY(lt_tensor_empty_as("to", t->ndim, t->sizes, dtype, device, &r));
   lt_status st;
   LT_NO_GRAD(st = lt_tensor_copy_(r, t));
   if (st == LT_OK)

@@ -255,21 +255,21 @@ static lt_status check_shape(const char *op, int ndim, const int64_t *sizes, int
   return LT_OK;
 }
 
-lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device,
-                          lt_tensor **out) {
+lt_status lt_tensor_empty_as(const char *op, int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device,
+                             lt_tensor **out) {
   int64_t numel = 0;
-  LT_TRY(check_shape("empty", ndim, sizes, &numel));
+  LT_TRY(check_shape(op, ndim, sizes, &numel));
   if ((unsigned)dtype >= LT_DTYPE_COUNT)
-    return lt_fail(LT_ERR_DTYPE, "empty: invalid dtype code %d", (int)dtype);
+    return lt_fail(LT_ERR_DTYPE, "%s: invalid dtype code %d", op, (int)dtype);
   const lt_backend_i *be = lt_backend_for(device);
   if (!be) {
     char b[16];
-    return lt_fail(LT_ERR_DEVICE, "empty: device %s is not available (%s)", lt_device_name(device, b),
+    return lt_fail(LT_ERR_DEVICE, "%s: device %s is not available (%s)", op, lt_device_name(device, b),
                    device >= LT_DEVICE_CUDA ? "lutra was built without CUDA (CUDA=0)" : "unknown device");
   }
   lt_storage *s = malloc(sizeof *s);
   if (!s)
-    return lt_fail(LT_ERR_OOM, "empty: out of host memory for a storage header");
+    return lt_fail(LT_ERR_OOM, "%s: out of host memory for a storage header", op);
   size_t nbytes = (size_t)numel * (size_t)lt_dtype_size(dtype);
   s->refcount = 0;
   s->version = 0;
@@ -281,7 +281,7 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
   lt_status st = be->alloc(device, nbytes, &s->data);
   if (st != LT_OK) {
     free(s);
-    return lt_fail_prefix(st, "empty");
+    return lt_fail_prefix(st, op);
   }
   int64_t strides[LT_MAX_DIMS];
   lt_contiguous_strides(ndim, sizes, strides);
@@ -289,10 +289,14 @@ lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_dev
   if (!t) {
     be->free(device, s->data, nbytes);
     free(s);
-    return lt_fail(LT_ERR_OOM, "empty: out of host memory for a tensor header");
+    return lt_fail(LT_ERR_OOM, "%s: out of host memory for a tensor header", op);
   }
   *out = t;
   return LT_OK;
+}
+
+lt_status lt_tensor_empty(int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device, lt_tensor **out) {
+  return lt_tensor_empty_as("empty", ndim, sizes, dtype, device, out);
 }
 
 lt_status lt_tensor_empty_like(const lt_tensor *t, lt_dtype dtype, lt_tensor **out) {

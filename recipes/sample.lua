@@ -37,7 +37,7 @@ end
 
 io.write(cfg.prompt)
 io.stdout:flush()
-local dec = tok:decoder()
+local dec = tok:decoder { errors = "replace" }
 local t0 = lt.clock()
 local ids, reason = lt.generate(model, prompt, {
   max_tokens = cfg.max_tokens, temperature = cfg.temperature, top_k = cfg.top_k, top_p = cfg.top_p,

@@ -4,7 +4,7 @@
 --   local tok = lt.tokenizer.load("data/gpt2.tiktoken")     -- or load{encoder=, bpe=}
 --   local ids = tok:encode("Hello world")                   -- {15496, 995}
 --   local t = tok:encode_tensor(text)                       -- i32 tensor
---   print(tok:decode(ids))
+--   print(tok:decode(ids))                                  -- bytes; {errors = "replace"}: valid UTF-8
 --   local dec = tok:decoder()   dec:push(id) -> text ready so far (whole characters)
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
@@ -106,9 +106,68 @@ function Tokenizer:encode_many(texts, opts)
   return t, doc_ends
 end
 
---- tok:decode(ids) -> the text (bytes; a cut mid-character stays cut). ids is
--- a table of ids or an integer tensor.
-function Tokenizer:decode(ids)
+-- The length of the UTF-8 character lead byte c starts and the range of its
+-- second byte (Unicode's table 3-7: no overlong forms, no surrogates, nothing
+-- past U+10FFFF); nil where no character starts with c.
+local function utf8_lead(c)
+  if c < 0x80 then return 1 end
+  if c >= 0xC2 and c <= 0xDF then return 2, 0x80, 0xBF end
+  if c == 0xE0 then return 3, 0xA0, 0xBF end
+  if c == 0xED then return 3, 0x80, 0x9F end
+  if c >= 0xE1 and c <= 0xEF then return 3, 0x80, 0xBF end
+  if c == 0xF0 then return 4, 0x90, 0xBF end
+  if c >= 0xF1 and c <= 0xF3 then return 4, 0x80, 0xBF end
+  if c == 0xF4 then return 4, 0x80, 0x8F end
+end
+
+--- lt.tokenizer.replace_invalid_utf8(s) -> s with each ill-formed UTF-8
+-- sequence (each maximal subpart of one, as Unicode 15 section 3.9 counts
+-- them) replaced by U+FFFD: what Python's bytes.decode("utf-8",
+-- errors="replace"), and so tiktoken's decode, gives. A valid s comes back
+-- as it is.
+function M.replace_invalid_utf8(s)
+  local out, i, n, run = {}, 1, #s, 1 -- run: where the valid bytes not yet copied start
+  while i <= n do
+    local len, lo, hi = utf8_lead(s:byte(i))
+    local good = len ~= nil -- a whole valid character at i, else `bad` bytes to replace
+    local bad = 1
+    if len and len > 1 then
+      local j = 1
+      while j < len do
+        local b = s:byte(i + j)
+        if not b or b < (j == 1 and lo or 0x80) or b > (j == 1 and hi or 0xBF) then break end
+        j = j + 1
+      end
+      good, bad = j == len, j
+    end
+    if good then
+      i = i + len
+    else
+      out[#out + 1] = s:sub(run, i - 1)
+      out[#out + 1] = "\239\191\189" -- U+FFFD
+      i = i + bad
+      run = i
+    end
+  end
+  if run == 1 then return s end
+  out[#out + 1] = s:sub(run)
+  return table.concat(out)
+end
+
+local function errors_opt(opts, what)
+  if opts == nil then return false end
+  if type(opts) ~= "table" or (opts.errors ~= nil and opts.errors ~= "replace" and opts.errors ~= "keep") then
+    error(what .. ": options are {errors = \"replace\" or \"keep\"}", 3)
+  end
+  return opts.errors == "replace"
+end
+
+--- tok:decode(ids[, {errors = "keep"}]) -> the text. ids is a table of ids or
+-- an integer tensor. errors = "keep" (the default) gives the bytes as they
+-- are (a cut mid-character stays cut: what tiktoken's decode_bytes gives);
+-- "replace" replaces ill-formed UTF-8 with U+FFFD (tiktoken's decode).
+function Tokenizer:decode(ids, opts)
+  local replace = errors_opt(opts, "decode")
   local n, buf
   if tensor.is_tensor(ids) then
     local t = ids:to("cpu", "i32"):contiguous()
@@ -130,7 +189,7 @@ function Tokenizer:decode(ids)
   if C.lt_tokenizer_decode(self.t, buf, n, bytes_box, len_box) ~= 0 then fail(2) end
   local s = ffi.string(bytes_box[0], len_box[0])
   C.lt_free(bytes_box[0])
-  return s
+  return replace and M.replace_invalid_utf8(s) or s
 end
 
 --- Bytes at the end of s that start a UTF-8 character not yet complete.
@@ -148,22 +207,24 @@ local function incomplete_tail(s)
   return 0
 end
 
---- tok:decoder() -> a streaming decoder: d:push(id) returns the text that is
--- complete so far (an incomplete UTF-8 character waits for the next ids);
--- d:flush() returns what is left.
-function Tokenizer:decoder()
+--- tok:decoder([{errors = "keep"}]) -> a streaming decoder: d:push(id)
+-- returns the text that is complete so far (an incomplete UTF-8 character
+-- waits for the next ids); d:flush() returns what is left. errors as
+-- tok:decode's ("replace": what comes out is valid UTF-8).
+function Tokenizer:decoder(opts)
   local tok, pending = self, ""
+  local clean = errors_opt(opts, "decoder") and M.replace_invalid_utf8 or function(s) return s end
   local d = {}
   function d:push(id)
     local s = pending .. tok:decode { id }
     local hold = incomplete_tail(s)
     pending = s:sub(#s - hold + 1)
-    return s:sub(1, #s - hold)
+    return clean(s:sub(1, #s - hold))
   end
   function d:flush()
     local s = pending
     pending = ""
-    return s
+    return clean(s)
   end
   return d
 end

@@ -458,7 +458,7 @@ function M.run(settings)
       local ids = s.tokenizer:encode(s.prompt or "\n")
       local out = M.generate(model, ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
         top_k = s.top_k, generator = s.generator, device = device })
-      local text = s.tokenizer:decode(out)
+      local text = s.tokenizer:decode(out, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
       record({ step = step, sample = text })
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end

@@ -116,6 +116,13 @@ end)
 
 describe("modules at the edges", function()
   local nn = lt.nn
+  it("moving a module to a device that is not there fails at the caller's line, naming to", function()
+    if lt.cuda.device_count() > 0 then return end -- (a machine with a GPU moves it)
+    local m = lt.nn.Linear(2, 3)
+    H.assert_error(function() m:to("cuda", "bf16") end, "autograd_edges_spec.lua:", "to: cuda:0: no CUDA device")
+    H.assert_error(function() lt.ones(2):to("cuda") end, "autograd_edges_spec.lua:", "to: cuda:0")
+    assert.are.equal("cpu", m.weight.device)
+  end)
   it("ModuleList assignment and Sequential arguments", function()
     local a, b = nn.Linear(2, 2), nn.Linear(2, 3)
     local ml = nn.ModuleList { a, b }

@@ -28,6 +28,8 @@ describe("GPT-2 tokenizer against tiktoken " .. golden.tiktoken, function()
         assert.are.equal(text, tok:decode(c.ids))
       else
         H.assert_error(function() tok:encode(text, { on_invalid_utf8 = "error" }) end, "invalid UTF-8", "byte")
+        -- the ids are those of Python's bytes.decode(errors="replace"): the same replacement
+        assert.are.equal(tok:decode(c.ids), lt.tokenizer.replace_invalid_utf8(text))
       end
     end)
   end
@@ -62,6 +64,31 @@ describe("tokenizer", function()
     end
     pieces[#pieces + 1] = d:flush()
     assert.are.equal("né 😀 漢", table.concat(pieces))
+  end)
+  it("replaces ill-formed UTF-8 as Python's decode(errors=\"replace\") does, on request", function()
+    -- (expected values from CPython 3.11's bytes.decode("utf-8", errors="replace"))
+    local R = "\239\191\189"
+    local cases = {
+      { "abc", "abc" }, { "\xe1\xbd", R }, { "a\xe1\xbdb", "a" .. R .. "b" }, { "\xc0\xaf", R .. R },
+      { "\xed\xa0\x80", R .. R .. R }, { "\xf4\x90\x80\x80", R .. R .. R .. R },
+      { "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" }, { "\xf0\x9f\x98", R }, { "\xff", R },
+      { "\xe2\x82\xac\x80", "\xe2\x82\xac" .. R }, { "\xe0\x80\x80", R .. R .. R },
+      { "\xf0\x80\x80\x80", R .. R .. R .. R }, { "\xc3", R }, { "\xc3\xa9", "\xc3\xa9" },
+      { "\xe1\x80\xe1\x80\x80", R .. "\xe1\x80\x80" }, { "", "" },
+    }
+    for _, c in ipairs(cases) do
+      assert.are.equal(c[2], lt.tokenizer.replace_invalid_utf8(c[1]), ("%q"):format(c[1]))
+    end
+    -- a model's ids need not end on a whole character: bytes by default, valid text on request
+    local ids = tok:encode("😀")
+    assert.is_true(#ids > 1)
+    local cut = { ids[1] }
+    assert.are_not.equal(tok:decode(cut), tok:decode(cut, { errors = "replace" }))
+    assert.are.equal(R, tok:decode(cut, { errors = "replace" }):sub(-3))
+    local d = tok:decoder { errors = "replace" }
+    assert.are.equal("", d:push(ids[1]))
+    assert.are.equal(R, d:flush())
+    H.assert_error(function() tok:decode(cut, { errors = "ignore" }) end, "decode", "replace")
   end)
   it("rejects ids outside the vocabulary", function()
     H.assert_error(function() tok:decode { 1, 50257 } end, "decode", "50257", "position 2")

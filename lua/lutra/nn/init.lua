@@ -225,13 +225,15 @@ function Module:to(a, b)
     moved[t] = c
     return c
   end
-  self:apply(function(m)
+  -- (an error, e.g. a device that is not there, raised at the caller's line)
+  local ok, err = pcall(self.apply, self, function(m)
     for _, name in ipairs(m._params.names) do m._params.by_name[name] = convert(m._params.by_name[name]) end
     for _, name in ipairs(m._buffers.names) do
       local t = m._buffers.by_name[name]
       if t ~= nil then m._buffers.by_name[name] = convert(t) end
     end
   end)
+  if not ok then error(tostring(err), 2) end
   return self
 end
 
