@@ -220,7 +220,7 @@ function M.run(settings)
   local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
   local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
   local start_step = o.start_step
-  local resumed_from
+  local resumed_from, resumed_steps -- (resumed_steps: the steps the checkpoint's run was set for)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
@@ -250,6 +250,7 @@ function M.run(settings)
       local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
+      resumed_steps = st.extra and st.extra.steps
       resumed_from = path
     end
   end
@@ -308,7 +309,12 @@ function M.run(settings)
   -- each run appends: a line marks where it starts (and what it resumed)
   record({ run = o.name, start_step = start_step, resumed_from = resumed_from or nil, steps = o.steps,
     time = os.time() })
-  if resumed_from then say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
+  if resumed_from then
+    say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
+    if lead and resumed_steps and resumed_steps ~= o.steps then -- (a warning: quiet or not)
+      io.stderr:write(("lutra: train: the checkpoint's run was set for %d steps, this one for %d: a schedule "
+        .. "over the steps (warmup, decay) continues on the new length\n"):format(resumed_steps, o.steps))
+    end
   elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
     o.accum, o.accum == 1 and "" or "es", peak_text, dir))
@@ -333,7 +339,7 @@ function M.run(settings)
     local t0 = lt.clock()
     local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
       config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
-      extra = { skipped = summary.skipped } })
+      extra = { skipped = summary.skipped, steps = o.steps } })
     record({ step = step, checkpoint = path })
     say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end

@@ -2,7 +2,7 @@
 # tests/gpu/run.sh: the one script for the accelerator machine. Unpacks the
 # Debian packages carried in .deps (LuaJIT, OpenBLAS, libedit, cJSON,
 # pkgconf, busted, PCRE2: tools/fetch-gpu-debs downloads them beforehand and
-# checks they hold all the build takes; see ../shared/device/README.md) into
+# checks they hold all the build takes) into
 # a sysroot when the machine lacks them, builds lutra with CUDA, runs the GPU checks,
 # the GPT-2 benchmark, a per-kernel profile of one of its steps
 # (lt.cuda.profile_start), PyTorch's benchmark (when the machine has a CUDA

@@ -270,6 +270,10 @@ describe("lt.ckpt", function()
     out, rc = job("--name=history --steps=4 --ckpt_every=2")
     assert.are_not.equal(0, rc)
     assert.truthy(out:find("already holds checkpoints up to step 6", 1, true), out)
+    -- resumed for more steps than the checkpoint's run was set for: said, then it goes on
+    out, rc = job("--name=history --steps=8 --ckpt_every=0 --resume=auto")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("the checkpoint's run was set for 6 steps, this one for 8", 1, true), out)
     local m = tiny(1)
     local loader = lt.data.shards { path = DATA .. "/train", batch = 2, seq = 16 }
     H.assert_error(function()
