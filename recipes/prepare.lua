@@ -93,14 +93,25 @@ end
 local start = lt.clock()
 local bytes_done, tokens_done = 0, 0
 
+-- on a terminal the progress line redraws itself; into a log (not a
+-- terminal) it is a line of its own at each tenth of the documents
+local ffi = require "ffi"
+pcall(ffi.cdef, "int isatty(int fd);")
+local on_terminal = ffi.C.isatty(2) == 1
+local last_tenth, last_i = -1, -1
+
 local function progress(i, final)
   if cfg.quiet then return end
   local secs = math.max(lt.clock() - start, 1e-9)
   local frac = i / #docs
+  local tenth = math.floor(frac * 10)
+  if not on_terminal and (tenth == last_tenth or final) and last_i == i then return end
+  if not on_terminal and not final and tenth == last_tenth then return end
+  last_tenth, last_i = tenth, i
   local bar = string.rep("#", math.floor(frac * 30)) .. string.rep(".", 30 - math.floor(frac * 30))
-  io.stderr:write(("\r[%s] %d/%d documents, %.1f MB, %d tokens, %.0f tokens/s"):format(bar, i, #docs,
-    bytes_done / 1e6, tokens_done, tokens_done / secs))
-  if final then io.stderr:write("\n") end
+  io.stderr:write(("%s[%s] %d/%d documents, %.1f MB, %d tokens, %.0f tokens/s%s"):format(on_terminal and "\r" or "",
+    bar, i, #docs, bytes_done / 1e6, tokens_done, tokens_done / secs, on_terminal and "" or "\n"))
+  if final and on_terminal then io.stderr:write("\n") end
 end
 
 local i = 1
