@@ -29,6 +29,26 @@ local cfg = lt.config {
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 0.8,
   prompt = "The ", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
   schedule = "linear", zero = 0, log_all_ranks = false,
+  _help = {
+    data = "token shards: a directory with train_*.bin and val_*.bin (make data)",
+    vocab = "GPT-2's BPE vocabulary (tiktoken format), for the samples",
+    device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16 (16-bit keeps f32 master weights)",
+    name = "run name: metrics in runs/<name>/metrics.jsonl, checkpoints in runs/<name>/ckpt",
+    n_layer = "transformer blocks", n_head = "attention heads", n_embd = "channels",
+    seq = "tokens per sequence (the context)", batch = "sequences per micro-batch",
+    accum = "micro-batches per optimizer step (gradient accumulation)",
+    pad_vocab = "pad the embedding rows to a multiple of this (128 suits GPU products; 0: none)",
+    steps = "optimizer steps", lr = "peak learning rate (AdamW)", min_lr = "learning rate at the last step",
+    warmup = "steps of linear warmup", weight_decay = "AdamW's decoupled weight decay (matrices only)",
+    beta2 = "AdamW's second-moment decay", clip = "global gradient-norm clip (0: none)",
+    eval_every = "steps between validation losses", eval_batches = "validation batches per evaluation (0: all)",
+    sample_every = "steps between samples", sample_tokens = "tokens per sample",
+    temperature = "sampling temperature", prompt = "the samples' prompt", seed = "initialisation and data order",
+    log_every = "steps between log lines", ckpt_every = "steps between checkpoints (0: none)",
+    keep_last = "checkpoints kept", resume = "none, auto (the newest checkpoint) or a checkpoint directory",
+    schedule = "linear (decay to min_lr) or cosine, after warmup", zero = "ZeRO stage 0-3 under mpirun",
+    log_all_ranks = "every rank prints (under mpirun)",
+  },
 }
 
 -- checked before anything runs

@@ -1,10 +1,12 @@
 --- lutra.config (lt.config): a recipe's settings. The recipe gives defaults;
 -- the command line overrides them with --key=value (--flag and --no-flag
 -- for booleans), each converted to its default's type. --help prints the
--- keys, defaults and types and exits; an unknown key or a value of the wrong
--- type is an error that lists what is valid.
+-- keys, defaults, types and, where the recipe gives them in _help, what
+-- each one does, and exits; an unknown key or a value of the wrong type is
+-- an error that lists what is valid.
 --
---   local cfg = lt.config { steps = 2000, lr = 6e-4, data = "data/pydocs", resume = true }
+--   local cfg = lt.config { steps = 2000, lr = 6e-4, data = "data/pydocs", resume = true,
+--     _help = { steps = "optimizer steps", lr = "peak learning rate" } }
 --   -- ./lutra recipe.lua --steps=100 --no-resume
 local M = {}
 
@@ -15,11 +17,12 @@ local function sorted_keys(t)
   return keys
 end
 
-local function usage(defaults, script)
+local function usage(defaults, help, script)
   local lines = { ("usage: lutra %s [--key=value ...]"):format(script or "<recipe>"), "settings (default, type):" }
   for _, k in ipairs(sorted_keys(defaults)) do
     local v = defaults[k]
-    lines[#lines + 1] = ("  --%-20s %-24s %s"):format(k, tostring(v), type(v))
+    local line = ("  --%-20s %-24s %-8s"):format(k, tostring(v), type(v))
+    lines[#lines + 1] = help[k] and (line .. " " .. help[k]) or (line:gsub("%s+$", ""))
   end
   return table.concat(lines, "\n")
 end
@@ -40,15 +43,26 @@ local function convert(key, raw, default)
 end
 
 --- lt.config(defaults[, argv]) -> settings. argv defaults to the script's arg.
+-- defaults._help (optional): a description per key, printed by --help.
 function M.config(defaults, argv)
   if type(defaults) ~= "table" then error("config: expected a table of defaults", 2) end
   argv = argv or rawget(_G, "arg") or {}
+  local help = defaults._help or {}
+  if type(help) ~= "table" then error("config: _help must be a table of descriptions", 2) end
+  local plain = {}
+  for k, v in pairs(defaults) do
+    if k ~= "_help" then plain[k] = v end
+  end
+  for k in pairs(help) do
+    if plain[k] == nil then error(("config: _help describes %s, which is not a setting"):format(tostring(k)), 2) end
+  end
+  defaults = plain
   local cfg, args = {}, {}
   for k, v in pairs(defaults) do cfg[k] = v end
   for i = 1, #argv do
     local a = argv[i]
     if a == "--help" or a == "-h" then
-      print(usage(defaults, argv[0]))
+      print(usage(defaults, help, argv[0]))
       os.exit(0)
     end
     local key, val = a:match("^%-%-([%w_%.%-]+)=(.*)$")
