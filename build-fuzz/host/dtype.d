@@ -1,5 +1,0 @@
-build-fuzz/host/dtype.o: host/dtype.c host/status.h host/lutra.h
-
-host/status.h:
-
-host/lutra.h:
