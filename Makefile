@@ -25,6 +25,7 @@ PKG_CONFIG ?= pkg-config
 MPI_PKG_CONFIG := $(PKG_CONFIG)
 CUDA_HOME ?= /usr/local/cuda
 BUILD ?= build
+OPT ?= -O2
 
 ifneq ($(SYSROOT),)
   # (make 4.3 passes no exported variable to $(shell), hence the prefix)
@@ -104,7 +105,6 @@ ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
 endif
 
 WARN := -Wall -Wextra
-OPT ?= -O2
 CFLAGS_ALL := -std=gnu11 $(OPT) -g $(WARN) -funwind-tables -fopenmp -D_GNU_SOURCE \
               $(PKG_CFLAGS) $(CUDA_CFLAGS) $(MPI_CFLAGS) $(SANITIZE) $(CFLAGS)
 KERNEL_OPT ?= -O3
@@ -125,9 +125,6 @@ BUILD_CONFIG := $(CC) | $(CXX) | $(CFLAGS_ALL) | $(KERNEL_OPT) $(KERNEL_FLAGS) |
                 $(EMU_CXXFLAGS) | $(LDLIBS_ALL)
 CONFIG_HASH := $(firstword $(shell printf '%s' '$(subst ','\'',$(BUILD_CONFIG))' | md5sum))
 CONFIG_DEP := $(BUILD)/config.hash
-ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
-  $(shell mkdir -p $(BUILD) && { [ "$$(cat $(CONFIG_DEP) 2>/dev/null)" = "$(CONFIG_HASH)" ] || echo $(CONFIG_HASH) > $(CONFIG_DEP); })
-endif
 
 CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcard kernels/cpu/*.c)
 LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
@@ -139,6 +136,12 @@ C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
 .PHONY: all test test-c deps demo ref bench asan fuzz emu emu-asan emu-tsan clean data check-tokenizer
 all: lutra
+
+# (checked at every make, rewritten only when the settings changed: git's GIT-CFLAGS way)
+$(CONFIG_DEP): FORCE
+	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(CONFIG_HASH)" ] || echo $(CONFIG_HASH) > $@
+.PHONY: FORCE
+FORCE:
 
 LUTRA_OUT ?= lutra
 ifneq ($(LUTRA_OUT),lutra)
