@@ -21,7 +21,8 @@ local function usage(defaults, help, script)
   local lines = { ("usage: lutra %s [--key=value ...]"):format(script or "<recipe>"), "settings (default, type):" }
   for _, k in ipairs(sorted_keys(defaults)) do
     local v = defaults[k]
-    local line = ("  --%-20s %-24s %-8s"):format(k, tostring(v), type(v))
+    local shown = type(v) == "string" and ("%q"):format(v) or tostring(v) -- (a string's spaces shown)
+    local line = ("  --%-20s %-24s %-8s"):format(k, shown, type(v))
     lines[#lines + 1] = help[k] and (line .. " " .. help[k]) or (line:gsub("%s+$", ""))
   end
   return table.concat(lines, "\n")
@@ -53,8 +54,9 @@ function M.config(defaults, argv)
   for k, v in pairs(defaults) do
     if k ~= "_help" then plain[k] = v end
   end
-  for k in pairs(help) do
+  for k, v in pairs(help) do
     if plain[k] == nil then error(("config: _help describes %s, which is not a setting"):format(tostring(k)), 2) end
+    if type(v) ~= "string" then error(("config: _help's description of %s must be a string"):format(k), 2) end
   end
   defaults = plain
   local cfg, args = {}, {}

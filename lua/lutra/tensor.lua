@@ -659,18 +659,18 @@ function T.to(t, a, b)
   local function apply(x)
     if x == nil then return end
     if type(x) == "table" then
-      if x.dtype then dt = dtype_code(x.dtype, 4) end
-      if x.device then dev = device_code(x.device, 4) end
+      if x.dtype then dt = dtype_code(x.dtype, 3) end
+      if x.device then dev = device_code(x.device, 3) end
     elseif type(x) == "string" then
       if C.lt_dtype_parse(x, dtype_out) == 0 then
         dt = dtype_out[0]
       elseif C.lt_device_parse(x, device_out) == 0 then
         dev = device_out[0]
       else
-        error(("to: '%s' is neither a dtype (f32, bf16, ...) nor a device (cpu, cuda:N)"):format(x), 4)
+        error(("to: '%s' is neither a dtype (f32, bf16, ...) nor a device (cpu, cuda:N)"):format(x), 3)
       end
     else
-      error("to: expected a dtype or device name, got " .. type(x), 4)
+      error("to: expected a dtype or device name, got " .. type(x), 3)
     end
   end
   apply(a)

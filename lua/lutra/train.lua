@@ -252,6 +252,11 @@ function M.run(settings)
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_steps = st.extra and st.extra.steps
       resumed_from = path
+      if (not ddp or lt.dist.rank() == 0) and resumed_steps and resumed_steps ~= o.steps then
+        -- (a warning, quiet or not, before anything else can return)
+        io.stderr:write(("lutra: train: the checkpoint's run was set for %d steps, this one for %d: a schedule "
+          .. "over the steps (warmup, decay) continues on the new length\n"):format(resumed_steps, o.steps))
+      end
     end
   end
   if o.ckpt_every > 0 and newest and newest.step > start_step then
@@ -311,10 +316,6 @@ function M.run(settings)
     time = os.time() })
   if resumed_from then
     say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
-    if lead and resumed_steps and resumed_steps ~= o.steps then -- (a warning: quiet or not)
-      io.stderr:write(("lutra: train: the checkpoint's run was set for %d steps, this one for %d: a schedule "
-        .. "over the steps (warmup, decay) continues on the new length\n"):format(resumed_steps, o.steps))
-    end
   elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
     o.accum, o.accum == 1 and "" or "es", peak_text, dir))

@@ -227,5 +227,7 @@ describe("lt.config", function()
     H.assert_error(function() lt.config({ steps = 10, _help = { step = "typo" } }, {}) end,
       "_help describes step, which is not a setting")
     H.assert_error(function() lt.config({ steps = 10 }, { "--_help=1" }) end, "unknown setting --_help")
+    H.assert_error(function() lt.config({ steps = 10, _help = { steps = {} } }, {}) end, "must be a string")
+    assert.truthy(out:find('--prompt +"The "'), out)
   end)
 end)

@@ -207,7 +207,13 @@ function Module:to(a, b)
   for _, x in ipairs { a, b } do
     if x ~= nil then
       if type(x) ~= "string" then error("to: expected a device or dtype name", 2) end
-      if pcall(tensor.dtype_code, x) then dtype = x else device = x end
+      if pcall(tensor.dtype_code, x) then
+        dtype = x
+      elseif pcall(tensor.device_code, x) then
+        device = x
+      else
+        error(("to: '%s' is neither a dtype (f32, bf16, ...) nor a device (cpu, cuda:N)"):format(x), 2)
+      end
     end
   end
   if dtype and not lt.zeros(1, dtype):is_floating_point() then
@@ -233,7 +239,7 @@ function Module:to(a, b)
       if t ~= nil then m._buffers.by_name[name] = convert(t) end
     end
   end)
-  if not ok then error(tostring(err), 2) end
+  if not ok then error((tostring(err):gsub("^[^:\n]+:%d+: ", "")), 2) end
   return self
 end
 
