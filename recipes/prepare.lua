@@ -105,8 +105,8 @@ local function progress(i, final)
   local secs = math.max(lt.clock() - start, 1e-9)
   local frac = i / #docs
   local tenth = math.floor(frac * 10)
-  if not on_terminal and (tenth == last_tenth or final) and last_i == i then return end
-  if not on_terminal and not final and tenth == last_tenth then return end
+  -- (into a log: nothing printed twice for one document count, nor twice in one tenth but the last)
+  if not on_terminal and (last_i == i or (not final and tenth == last_tenth)) then return end
   last_tenth, last_i = tenth, i
   local bar = string.rep("#", math.floor(frac * 30)) .. string.rep(".", 30 - math.floor(frac * 30))
   io.stderr:write(("%s[%s] %d/%d documents, %.1f MB, %d tokens, %.0f tokens/s%s"):format(on_terminal and "\r" or "",

@@ -224,6 +224,8 @@ function M.run(settings)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
+  -- under data parallelism rank 0 alone prints, warns and writes the metrics
+  local lead = not ddp or lt.dist.rank() == 0
   if ddp and opt.sharded then
     -- ZeRO 2 and 3 reduce-scatter the gradients themselves; stage 1 takes them all-reduced
     local want = opt.stage >= 2 and "none" or "all_reduce"
@@ -252,7 +254,7 @@ function M.run(settings)
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_steps = st.extra and st.extra.steps
       resumed_from = path
-      if (not ddp or lt.dist.rank() == 0) and resumed_steps and resumed_steps ~= o.steps then
+      if lead and resumed_steps and resumed_steps ~= o.steps then
         -- (a warning, quiet or not, before anything else can return)
         io.stderr:write(("lutra: train: the checkpoint's run was set for %d steps, this one for %d: a schedule "
           .. "over the steps (warmup, decay) continues on the new length\n"):format(resumed_steps, o.steps))
@@ -283,8 +285,6 @@ function M.run(settings)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
 
-  -- under data parallelism rank 0 alone prints and writes the metrics
-  local lead = not ddp or lt.dist.rank() == 0
   local metrics = { write = function() end, flush = function() end, close = function() end }
   local opened, why = true, nil
   if lead then
@@ -314,8 +314,7 @@ function M.run(settings)
   -- each run appends: a line marks where it starts (and what it resumed)
   record({ run = o.name, start_step = start_step, resumed_from = resumed_from or nil, steps = o.steps,
     time = os.time() })
-  if resumed_from then
-    say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
+  if resumed_from then say(("train: resuming from %s (step %d)"):format(resumed_from, start_step))
   elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
     o.accum, o.accum == 1 and "" or "es", peak_text, dir))
