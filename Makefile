@@ -76,7 +76,7 @@ ifeq ($(EMU)$(CUDA),11)
   CUDA_CFLAGS += -DLT_CUDA_EMU
   CUDA_LIBS := -lstdc++ -lrt -ldl -lpthread
   CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
-  EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/nccl.o
+  EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o
   EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                   -DLT_WITH_CUDA -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(SANITIZE)
   # EMU_TSAN=1 (make emu-tsan): block threads as ThreadSanitizer contexts;

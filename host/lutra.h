@@ -138,6 +138,11 @@ void lt_cuda_set_allow_tf32(int on);
    deterministic graph: more workspace), so attention gradients repeat bit
    for bit; off by default (as torch.use_deterministic_algorithms). */
 void lt_cuda_set_deterministic(int on);
+/* The version of the cuDNN that attention uses, as cudnnGetVersion gives it
+   (91900 for 9.19.0; as torch.backends.cudnn.version()), loading it on first
+   call; 0 where it cannot be loaded or lutra was built without CUDA or
+   without cuDNN's headers. */
+int64_t lt_cudnn_version(void);
 /* Whether the build includes CUDA / MPI (1) or not (0). */
 int lt_has_cuda(void);
 int lt_has_mpi(void);

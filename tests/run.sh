@@ -116,6 +116,8 @@ if ! gpu_checks "GPU checks" ./lutra; then
       LUTRA_EMU_REFUSE_EPILOGUES=$where gpu_checks "$suite" build-emu/lutra linear
       grep -q 'running it as matmul' "$log" || { echo "   lutra did not say it composed"; count "$suite" 0 1; }
     done
+    # cuDNN's checks again as cuDNN 9.5 (lutra's older-cuDNN paths: handles, mask value, accumulator, refusals)
+    LUTRA_EMU_CUDNN_VERSION=90500 gpu_checks "cuDNN attention as cuDNN 9.5 (CUDA emulator)" build-emu/lutra cuDNN
     # the main job's CUDA path (lt.train, evaluation, sampling): 4 steps of a
     # tiny model on the Python tutorial's token shards
     tutorial=/usr/share/doc/python3.11/html/_sources/tutorial

@@ -2,7 +2,7 @@
  * emu_queue.h: the CUDA emulator's stream queues (runtime.cc), for the
  * parts of the emulator that stand in for work the device does in stream
  * order: kernel launches (cuda_emu.h), cuBLASLt's products (cublaslt.cc),
- * NCCL's collectives (nccl.cc) and CUB's sort.
+ * cuDNN's graphs (cudnn.cc), NCCL's collectives (nccl.cc) and CUB's sort.
  */
 #ifndef LUTRA_TESTS_EMU_EMU_QUEUE_H
 #define LUTRA_TESTS_EMU_EMU_QUEUE_H
@@ -31,5 +31,9 @@ void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work);
    reading what a training step launches and where the host stops for the
    device (tests/emu/README.md). Does nothing without the variable. */
 void lt_emu_trace(cudaStream_t stream, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Whether [p, p + bytes) lies inside one block cudaMalloc handed out: for
+   the library stand-ins' checks of the pointers they are given. */
+extern "C" int lt_emu_device_range(const void *p, size_t bytes);
 
 #endif

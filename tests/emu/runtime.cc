@@ -1050,6 +1050,18 @@ void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream)
   push(stream_of(stream), [=] { span_now(p, used, block); }, NULL, 0);
 }
 
+int lt_emu_device_range(const void *p, size_t bytes) {
+  if (!p)
+    return 0;
+  std::lock_guard<std::mutex> guard(memory_lock);
+  auto it = device_blocks.upper_bound((void *)p);
+  if (it == device_blocks.begin())
+    return 0;
+  --it;
+  const char *end = (const char *)it->first + it->second;
+  return (const char *)p < end && bytes <= (size_t)(end - (const char *)p);
+}
+
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = last_error;
   last_error = cudaSuccess;

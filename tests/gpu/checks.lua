@@ -37,19 +37,35 @@ local function selected(name)
   end
   return false
 end
--- The CUDA emulator (make emu, tests/emu) runs these checks on the CPU; it
--- has no cuDNN, so the checks that need it say "skip" (its NCCL has one rank).
+-- The CUDA emulator (make emu, tests/emu) runs these checks on the CPU, with
+-- its cuDNN stand-in (tests/emu/cudnn.cc: the graphs interpreted) where
+-- lutra was built with cuDNN's headers; its NCCL has one rank.
 local EMULATED = on_cuda and lt.build_info():find("CUDA emulator", 1, true) ~= nil
 local TIMES = os.getenv("LUTRA_CHECK_TIMES") -- print each check's seconds
 local tests, failed = 0, 0
+
+-- why cuDNN's checks cannot run on the emulator (nil: they can). On a GPU
+-- they always run: a cuDNN that does not load there is a failure.
+local function emulator_lacks_cudnn()
+  if not EMULATED then return nil end
+  local q = lt.zeros({ 1, 1, 8, 8 }, { device = CUDA, dtype = "bf16" })
+  local ok, err = pcall(F.scaled_dot_product_attention, q, q, q, { library = true })
+  if ok then return nil end
+  return tostring(err):match("built without cuDNN[^)]*%)") -- (any other refusal fails the checks)
+end
+local cudnn_missing = false -- (probed at the first check that needs it)
+
 --- Runs fn as one check. cuda_only: not with LUTRA_CHECK_DEVICE=cpu; needs:
--- "cuDNN", which the emulator lacks.
+-- "cuDNN" (skipped on an emulator built without cuDNN's headers).
 local function check(name, fn, cuda_only, needs)
   if not selected(name) then return end
   if cuda_only and not on_cuda then return end
-  if needs and EMULATED then
-    print(("skip - %s (needs %s, which the CUDA emulator lacks)"):format(name, needs))
-    return
+  if needs == "cuDNN" then
+    if cudnn_missing == false then cudnn_missing = emulator_lacks_cudnn() end
+    if cudnn_missing then
+      print(("skip - %s (%s)"):format(name, cudnn_missing))
+      return
+    end
   end
   tests = tests + 1
   local t0 = lt.clock()
@@ -853,6 +869,8 @@ end, { gtol = 1e-4 })
 local function library_check(name, B, NH, NKV, T, S, HS, causal, opts)
   opts = opts or {}
   check(name, function()
+    -- cuDNN 9.15 and older: no backward over a key count off a multiple of 128 (host/attention-cudnn.c)
+    local refused = opts.refused or (S % 128 ~= 0 and (lt.cuda.cudnn_version() or 0) <= 91500)
     local function heads(x, H, L) return x:view(B, L, H, HS):transpose(2, 3) end
     local cq, ck, cv
     if opts.contiguous or NKV ~= NH or T ~= S then
@@ -885,7 +903,7 @@ local function library_check(name, B, NH, NKV, T, S, HS, causal, opts)
     local co = F.scaled_dot_product_attention(ins[1].cpu, ins[2].cpu, ins[3].cpu, { causal = causal })
     local gq, gk, gv = gpu_qkv()
     local go = F.scaled_dot_product_attention(gq, gk, gv, { causal = causal })
-    if opts.refused then
+    if refused then
       assert(go.grad_fn ~= "LibraryAttentionBackward", name .. ": cuDNN took a shape it should refuse")
     else
       assert(go.grad_fn == "LibraryAttentionBackward", ("%s: ran %s, not cuDNN"):format(name, tostring(go.grad_fn)))
@@ -930,7 +948,8 @@ check("cuDNN attention with lt.cuda.deterministic(true): gradients repeat bit fo
     assert((grads[1] - grads[2]):abs():max():item() == 0, "the two backwards differ")
     local qc = q:detach():to("cpu"):to("f32"):requires_grad_()
     F.scaled_dot_product_attention(qc, qc, qc, { causal = true }):sum():backward()
-    close(grads[1]:to("cpu"), qc.grad, "deterministic dq+dk+dv", 2e-2)
+    -- (q.grad sums three bf16 gradients in bf16: 3e-2, where one gradient is held to 2e-2)
+    close(grads[1]:to("cpu"), qc.grad, "deterministic dq+dk+dv", 3e-2)
   end)
   lt.cuda.deterministic(false)
   assert(ok, err)
