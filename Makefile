@@ -183,6 +183,9 @@ $(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(BUILD)/tests/emu/runtime.o 
                              tests/emu/rewrite_launches.py
 	python3 tests/emu/rewrite_launches.py $< $@.emu.cc
 	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(BUILD)/tests/emu/runtime.o -lpthread
+# and of its cuDNN: graphs computed as documented, mistakes refused
+$(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o $(PKG_LIBS) -lpthread
 endif
 
 $(BUILD)/%.o: %.c $(CONFIG_DEP)
@@ -267,7 +270,8 @@ asan:
 # lutra on the CUDA emulator (tests/emu/README.md): its GPU checks run on the
 # CPU (tests/run.sh runs them when build-emu/lutra exists)
 emu:
-	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra build-emu/tests/emu/selftest
+	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra build-emu/tests/emu/selftest \
+	  build-emu/tests/emu/cudnn_selftest
 
 # the GPU checks on the CUDA emulator under AddressSanitizer and UBSan: a
 # kernel that reads or writes past its tensors (or a freed one) is caught

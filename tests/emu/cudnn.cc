@@ -127,7 +127,6 @@ struct desc {
   op_info op;                        /* an operation (tensor indices unset: desc pointers below) */
   std::vector<desc *> op_tensors;    /* an operation's tensors: inputs, then the output */
   std::shared_ptr<program> prog;     /* a graph, an engine config made from it, a plan */
-  std::vector<desc *> graph_tensors; /* a graph: its tensors in program order */
   int64_t workspace = 0;             /* an engine config or plan */
 };
 
@@ -575,7 +574,6 @@ cudnnStatus_t finalize_graph(desc *d) {
         by_uid[t->tensor.uid] = t;
         index[t] = (int)prog->tensors.size();
         prog->tensors.push_back(t->tensor);
-        d->graph_tensors.push_back(t);
         producer.push_back(-1);
       }
     }
