@@ -39,6 +39,7 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d) {
   return no_cudnn();
 }
 void lt_cuda_set_deterministic(int on) { (void)on; }
+int lt_cuda_deterministic(void) { return 0; }
 int64_t lt_cudnn_version(void) { return 0; }
 lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
   (void)d, (void)backward;
@@ -72,6 +73,7 @@ static size_t version; /* of the cuDNN loaded, as cudnnGetVersion gives it (9.19
 static int deterministic;
 
 void lt_cuda_set_deterministic(int on) { __atomic_store_n(&deterministic, on != 0, __ATOMIC_RELAXED); }
+int lt_cuda_deterministic(void) { return __atomic_load_n(&deterministic, __ATOMIC_RELAXED); }
 
 #ifndef LT_CUDA_LIBDIR
 #define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
@@ -522,7 +524,7 @@ static plan_key key_of(const lt_sdpa_desc *d, int backward) {
   plan_key k;
   memset(&k, 0, sizeof k); /* padding too: keys compare with memcmp */
   k.backward = backward, k.dtype = d->dtype, k.causal = d->causal;
-  k.deterministic = backward && __atomic_load_n(&deterministic, __ATOMIC_RELAXED);
+  k.deterministic = backward && d->deterministic;
   k.B = d->B, k.NH = d->NH, k.NKV = d->NKV, k.T = d->T, k.S = d->S, k.HS = d->HS;
   const int64_t *s[8] = {d->sq, d->sk, d->sv, d->so, d->sdo, d->sdq, d->sdk, d->sdv};
   for (int i = 0; i < 8; i++)

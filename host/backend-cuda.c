@@ -743,6 +743,7 @@ lt_status lt_cuda_synchronize(int device_index) {
 }
 void lt_cuda_set_allow_tf32(int on) { (void)on; }
 void lt_cuda_set_deterministic(int on) { (void)on; }
+int lt_cuda_deterministic(void) { return 0; }
 int64_t lt_cudnn_version(void) { return 0; }
 
 #endif

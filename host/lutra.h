@@ -136,8 +136,12 @@ void lt_cuda_profile_mark(const char *what);
 void lt_cuda_set_allow_tf32(int on);
 /* On: cuDNN's attention backward writes dQ without atomics (cudnn-frontend's
    deterministic graph: more workspace), so attention gradients repeat bit
-   for bit; off by default (as torch.use_deterministic_algorithms). */
+   for bit; off by default (as torch.use_deterministic_algorithms). It is
+   read at the forward: the backward of an attention follows the setting its
+   forward ran under. */
 void lt_cuda_set_deterministic(int on);
+/* The setting lt_cuda_set_deterministic made (0 or 1). */
+int lt_cuda_deterministic(void);
 /* The version of the cuDNN that attention uses, as cudnnGetVersion gives it
    (91900 for 9.19.0; as torch.backends.cudnn.version()), loading it on first
    call; 0 where it cannot be loaded or lutra was built without CUDA or

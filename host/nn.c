@@ -661,6 +661,7 @@ static void sdpa_desc_fill(lt_sdpa_desc *d, const lt_tensor *q, const lt_tensor 
   d->NKV = k->sizes[1], d->S = k->sizes[2];
   d->scale = scale;
   d->causal = causal != 0;
+  d->deterministic = lt_cuda_deterministic();
   d->q = lt_tensor_ptr(q), d->k = lt_tensor_ptr(k), d->v = lt_tensor_ptr(v);
   strides_of(q, d->sq), strides_of(k, d->sk), strides_of(v, d->sv);
   int64_t T = d->T, S = d->S, HS = d->HS, NH = d->NH, NKV = d->NKV;
@@ -728,6 +729,7 @@ static lt_status sdpa_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi)
   LT_TRY(lt_ag_saved(n, 4, &stats));
   lt_sdpa_desc d;
   sdpa_desc_fill(&d, q, k, v, n->f[0], (int)n->i[0]);
+  d.deterministic = (int)n->i[2]; /* (as the forward was prepared) */
   lt_device dev = q->storage->device;
   lt_tensor *g = NULL, *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
   lt_status st;
@@ -829,6 +831,7 @@ static lt_status strided_attention(const lt_tensor *q, const lt_tensor *k, const
     if (st == LT_OK) {
       n->i[0] = causal != 0;
       n->i[1] = lutra;
+      n->i[2] = d.deterministic;
       n->f[0] = scale;
       lt_tensor *save[5] = {qc, kc, vc, o, stats};
       for (int j = 0; j < 5 && st == LT_OK; j++)

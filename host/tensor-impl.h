@@ -179,6 +179,7 @@ typedef struct lt_sdpa_desc {
   int64_t B, NH, NKV, T, S, HS;
   double scale;
   int causal;
+  int deterministic; /* the backward without atomic adds: lt.cuda.deterministic as it was at the forward */
   const void *q, *k, *v, *dout;
   void *o, *stats, *dq, *dk, *dv;
   int64_t sq[4], sk[4], sv[4], so[4], sdo[4], sdq[4], sdk[4], sdv[4];

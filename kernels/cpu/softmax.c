@@ -35,7 +35,8 @@ static inline int64_t visible(int64_t r, int64_t C, int64_t causal) {
       if (m == -(T)INFINITY) { /* all masked, or all NaN (the maximum skips NaN) */            \
         int nan = 0;                                                                           \
         for (int64_t c = 0; c < L; c++) nan |= src[c] != src[c];                               \
-        for (int64_t c = 0; c < C; c++) yr[c] = nan ? (T)NAN : logsm ? -(T)INFINITY : (T)0;    \
+        for (int64_t c = 0; c < C; c++) /* (masked columns stay masked) */                      \
+          yr[c] = nan && c < L ? (T)NAN : logsm ? -(T)INFINITY : (T)0;                         \
         continue;                                                                              \
       }                                                                                        \
       double sum = SUMEXP(src, L, m);                                                          \

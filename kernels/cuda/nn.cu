@@ -543,8 +543,8 @@ __global__ void softmax_fwd_kernel(const S *x, S *y, int64_t N, int64_t C, int l
       ROW_PIECES(k, C) {
         A e[W];
 #pragma unroll
-        for (int j = 0; j < W; j++)
-          e[j] = any_nan ? (A)NAN : logsm ? ninf : (A)0;
+        for (int j = 0; j < W; j++) /* (masked columns stay masked, as where the row has values) */
+          e[j] = any_nan && k * W + j < L ? (A)NAN : logsm ? ninf : (A)0;
         st_piece<W>(yr, k, e);
       }
       continue;

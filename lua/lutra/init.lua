@@ -198,6 +198,8 @@ end
 function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end
 --- lt.cuda.deterministic(on): attention gradients from cuDNN repeat bit for
 -- bit (its backward without atomic adds; more workspace); off by default.
+-- Read at the forward: an attention's backward follows the setting its
+-- forward ran under.
 function lt.cuda.deterministic(on) C.lt_cuda_set_deterministic(on and 1 or 0) end
 --- lt.cuda.cudnn_version(): the cuDNN attention uses, as a number (91900 for
 -- 9.19.0, as torch.backends.cudnn.version()), or nil where none loads.

@@ -955,6 +955,57 @@ check("cuDNN attention with lt.cuda.deterministic(true): gradients repeat bit fo
   assert(ok, err)
 end, true, "cuDNN")
 
+check("lt.cuda.deterministic is read at the forward: the backward follows it (no f32 dQ accumulator)", function()
+  local q = lt.randn({ 1, 4, 256, 64 }):to("bf16"):to(CUDA)
+  -- the backward's peak over what is live before it: the non-deterministic
+  -- graph adds an f32 (1, 4, 256, 64) dQ accumulator (256 KiB)
+  local function backward_peak(forward_det, backward_det)
+    local x = q:detach():requires_grad_()
+    lt.cuda.deterministic(forward_det)
+    local y = F.scaled_dot_product_attention(x, x, x, { causal = true })
+    lt.cuda.deterministic(backward_det)
+    assert(y.grad_fn == "LibraryAttentionBackward", tostring(y.grad_fn))
+    local g = lt.ones(y:shape(), { dtype = "bf16", device = CUDA })
+    lt.cuda.synchronize()
+    local live = lt.cuda.memory_stats().allocated
+    lt.cuda.reset_peak_memory_stats()
+    y:backward(g)
+    lt.cuda.synchronize()
+    return lt.cuda.memory_stats().peak - live
+  end
+  local ok, err = pcall(function()
+    local det, nondet = backward_peak(true, true), backward_peak(false, false)
+    assert(nondet - det >= 4 * 256 * 256, ("the non-deterministic backward's peak %d is not above the deterministic's %d")
+      :format(nondet, det))
+    assert(backward_peak(true, false) == det, "deterministic forward, setting off at the backward: not deterministic")
+    assert(backward_peak(false, true) == nondet, "setting on only at the backward changed the backward")
+  end)
+  lt.cuda.deterministic(false)
+  assert(ok, err)
+end, true, "cuDNN")
+
+check("a cuDNN refusal is noted once per reason on stderr, not once per shape, and the fallback is right", function()
+  local notes, stderr = {}, io.stderr
+  io.stderr = { write = function(_, ...) notes[#notes + 1] = table.concat({ ... }) end }
+  local ok, err = pcall(function()
+    -- refused on any cuDNN: one query over one key (its backward); on 9.15 and older also keys off 128s
+    local shapes = { { 2, 1, 1 }, { 3, 1, 1 } }
+    if (lt.cuda.cudnn_version() or 0) <= 91500 then shapes = { { 1, 32, 32 }, { 1, 40, 40 }, { 2, 48, 48 } } end
+    for _, sh in ipairs(shapes) do
+      local q = lt.randn({ sh[1], 2, sh[2], 16 }):to("bf16")
+      local g = q:to(CUDA):requires_grad_()
+      local y = F.scaled_dot_product_attention(g, g, g, { causal = true })
+      assert(y.grad_fn ~= "LibraryAttentionBackward", "cuDNN took it")
+      local c = q:to("f32"):requires_grad_()
+      close(y:to("f32"), F.scaled_dot_product_attention(c, c, c, { causal = true }):detach(), "fallback output", 2e-2)
+    end
+  end)
+  io.stderr = stderr
+  assert(ok, err)
+  -- (none when an earlier check met the reason first)
+  assert(#notes <= 1, ("%d notes: %s"):format(#notes, table.concat(notes, " | ")))
+end, true, "cuDNN")
+
 check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
   local q = lt.randn({ 1, 4, 128, 64 }):to("f16"):to(CUDA):requires_grad_()
   local y = F.scaled_dot_product_attention(q, q, q, { causal = true })

@@ -143,6 +143,12 @@ describe("lt.F edge cases", function()
     H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { fused = true, scale = 1e300 }) end,
       "scale must be finite (in f32)")
     H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { scale = "x" }) end, "scale must be a number")
+    -- options: a table of known names (torch's is_causal would silently be non-causal)
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { is_causal = true }) end,
+      "scaled_dot_product_attention: unknown option 'is_causal' (known: causal, fused, library, scale)")
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, true) end, "options table expected, got boolean")
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, "causal") end, "options table expected, got string")
+    H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { fused = "yes" }) end, "fused must be true or false")
     -- a softmax row of NaN is NaN, one of -inf zeros
     assert(F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1] ~= F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1])
     assert.are.same({ 0, 0 }, F.softmax(lt.tensor { -math.huge, -math.huge }, -1):totable())
@@ -257,6 +263,12 @@ describe("lt.F edge cases", function()
     local y = F.scaled_softmax(x, 0.7, { causal = true })
     -- query 1 of 4 over 6 keys sees keys 1..3
     assert.are.same({ 0, 0, 0 }, y:select(2, 1):select(1, 1):narrow(1, 4, 3):totable())
+    -- a query whose visible scores are all NaN: NaN there, its masked keys still 0 (as cuDNN's)
+    local z = lt.zeros({ 4, 6 })
+    z:select(1, 2):fill_(0 / 0)
+    local row = F.scaled_softmax(z, 1, { causal = true }):select(1, 2):totable()
+    for c = 1, 4 do assert.is_true(row[c] ~= row[c], "visible NaN") end
+    assert.are.same({ 0, 0 }, { row[5], row[6] })
     H.assert_error(function() F.scaled_softmax(lt.randn(5), 1, { causal = true }) end, "scaled_softmax",
       "causal mask needs (..., queries, keys)")
     H.assert_error(function() F.scaled_softmax(lt.randn(2, 2), 0 / 0) end, "scale must be finite")

@@ -20,9 +20,17 @@ end
 local ACTIVATIONS = { none = 0, gelu = 1 }
 
 -- opts, or {} for nil; anything else is the caller's error
-local function opts_arg(op, opts, pos)
+local function opts_arg(op, opts, pos, known)
   if opts ~= nil and type(opts) ~= "table" then
     error(("bad argument #%d to '%s' (options table expected, got %s)"):format(pos, op, type(opts)), 3)
+  end
+  for k in pairs(known and opts or {}) do -- (a misspelt option would be silently ignored)
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("%s: unknown option '%s' (known: %s)"):format(op, tostring(k), table.concat(names, ", ")), 3)
+    end
   end
   return opts or {}
 end
@@ -299,7 +307,9 @@ F.fused_attention = false
 --- F.library_attention: whether scaled_dot_product_attention on bf16/f16
 -- GPU tensors goes to the vendor library first (cuDNN's fused flash
 -- attention: lt_attention_library). Where the library refuses a shape the
--- call falls back (below) and says why once per reason on stderr.
+-- call falls back (below) and says why once per reason on stderr (the
+-- first shape refused for it named: reasons that differ only in numbers
+-- are one).
 F.library_attention = true
 
 local library_noted = {}
@@ -310,11 +320,14 @@ local function library_attention(q, k, v, scale, causal)
   if rc == 0 then return take() end
   local why = ffi.string(C.lt_last_error())
   if rc ~= C.LT_ERR_UNSUPPORTED then error(why, 3) end
-  if not library_noted[why] then
-    library_noted[why] = true
-    io.stderr:write("lutra: ", why, "; using lutra's attention instead\n")
+  local reason = why:gsub("%d+", "#")
+  if not library_noted[reason] then
+    library_noted[reason] = true
+    io.stderr:write("lutra: ", why, "; using lutra's attention instead (noted once)\n")
   end
 end
+
+local SDPA_OPTIONS = { causal = true, scale = true, fused = true, library = true }
 
 --- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false, library = nil})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
@@ -324,18 +337,20 @@ end
 -- whose every score is masked gives zeros. On a GPU, bf16/f16 inputs go to
 -- cuDNN's flash attention first (F.library_attention); library = true asks
 -- for the library path (bf16/f16; on the CPU an f64 reference) and raises
--- its refusal, library = false never takes it. fused = true (head sizes up to
+-- its refusal, library = false never takes it. An unknown option (torch's
+-- is_causal) is an error. fused = true (head sizes up to
 -- 256) runs the fused kernel: one pass, nothing of size (T, S) stored,
 -- forward and backward (on a GPU, bf16/f16 with head size 32, 64 or 128 on
 -- tensor cores, FlashAttention-2's tiling; otherwise a row per thread in
--- f32); otherwise (the default on the CPU, where OpenBLAS
--- products are 3-5x faster, and on a GPU unless F.fused_attention) it runs
--- as matmul, scaled_softmax, matmul.
+-- f32); otherwise (fused = false, the default on the CPU, where OpenBLAS
+-- products are 3-5x faster, and on a GPU unless F.fused_attention; fused
+-- chooses between lutra's kernels, so fused = false still takes the
+-- library first) it runs as matmul, scaled_softmax, matmul.
 function F.scaled_dot_product_attention(q, k, v, opts)
   need("scaled_dot_product_attention", q, 1)
   need("scaled_dot_product_attention", k, 2)
   need("scaled_dot_product_attention", v, 3)
-  opts = opts or {}
+  opts = opts_arg("scaled_dot_product_attention", opts, 4, SDPA_OPTIONS)
   if q:dim() ~= 4 or k:dim() ~= 4 or v:dim() ~= 4 then
     error(("scaled_dot_product_attention: expects (B, NH, T, HS) tensors, got %s, %s, %s")
       :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
@@ -365,7 +380,10 @@ function F.scaled_dot_product_attention(q, k, v, opts)
     return take()
   end
   local fused = opts.fused
-  if opts.library == nil and fused == nil and F.library_attention and q.device ~= "cpu"
+  if fused ~= nil and type(fused) ~= "boolean" then
+    error("scaled_dot_product_attention: fused must be true or false", 2)
+  end
+  if opts.library == nil and fused ~= true and F.library_attention and q.device ~= "cpu"
     and (q.dtype == "bf16" or q.dtype == "f16") and Bk == B and HSV == HS and HS % 8 == 0
     and not (opts.causal and T ~= S) then -- (queries after a KV cache stay with lutra's kernels)
     local y = library_attention(q, k, v, scale, opts.causal)
