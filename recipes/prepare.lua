@@ -58,6 +58,7 @@ local function documents(input)
         docs[#docs + 1] = { name = ("%s:%d"):format(input, n), read = function() return text end }
       end
     end
+    if #docs == 0 then error(("prepare: %s holds no documents (%d lines, none with text)"):format(input, n)) end
   else
     local text = probe:read("*a")
     docs[1] = { name = input, read = function() return text end }

@@ -192,16 +192,21 @@ function Tokenizer:decode(ids, opts)
   return replace and M.replace_invalid_utf8(s) or s
 end
 
---- Bytes at the end of s that start a UTF-8 character not yet complete.
+--- Bytes at the end of s that start a UTF-8 character not yet complete
+-- (bytes that can never become one, such as 0xFF or 0xE0 0x80, are not held).
 local function incomplete_tail(s)
   local n = #s
   for back = 1, math.min(3, n) do
     local c = s:byte(n - back + 1)
-    if c >= 0xC0 then -- a lead byte: does the character need more than we have?
-      local need = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
-      return need > back and back or 0
-    elseif c < 0x80 then
-      return 0
+    if c < 0x80 then return 0 end
+    if c >= 0xC0 then -- a lead byte: a character that needs more than we have, so far well formed?
+      local len, lo, hi = utf8_lead(c)
+      if not len or len <= back then return 0 end
+      for j = 1, back - 1 do
+        local b = s:byte(n - back + 1 + j)
+        if b < (j == 1 and lo or 0x80) or b > (j == 1 and hi or 0xBF) then return 0 end
+      end
+      return back
     end
   end
   return 0

@@ -149,6 +149,8 @@ describe("lt.F edge cases", function()
     H.assert_error(function() F.scaled_dot_product_attention(q, k, v, true) end, "options table expected, got boolean")
     H.assert_error(function() F.scaled_dot_product_attention(q, k, v, "causal") end, "options table expected, got string")
     H.assert_error(function() F.scaled_dot_product_attention(q, k, v, { fused = "yes" }) end, "fused must be true or false")
+    H.assert_error(function() F.scaled_dot_product_attention(q, k:to("i32"), v) end,
+      "scaled_dot_product_attention: k must be a float tensor, got i32")
     -- a softmax row of NaN is NaN, one of -inf zeros
     assert(F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1] ~= F.softmax(lt.tensor { 0 / 0, 0 / 0 }, -1):totable()[1])
     assert.are.same({ 0, 0 }, F.softmax(lt.tensor { -math.huge, -math.huge }, -1):totable())

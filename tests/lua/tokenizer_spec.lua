@@ -88,6 +88,20 @@ describe("tokenizer", function()
     local d = tok:decoder { errors = "replace" }
     assert.are.equal("", d:push(ids[1]))
     assert.are.equal(R, d:flush())
+    -- bytes that can never start a character come out at once, not a push later
+    local byte_id = {}
+    for id = 0, 50256 do
+      local b = tok:decode { id }
+      if #b == 1 then byte_id[b:byte()] = id end
+    end
+    d = tok:decoder { errors = "replace" }
+    assert.are.equal(R, d:push(byte_id[0xFF]))
+    assert.are.equal(R, d:push(byte_id[0xC1]))
+    assert.are.equal("", d:push(byte_id[0xE0])) -- (E0 A0..BF would continue it)
+    assert.are.equal(R .. R, d:push(byte_id[0x80]))
+    assert.are.equal("", d:push(byte_id[0xF0]))
+    assert.are.equal("", d:push(byte_id[0x9F]))
+    assert.are.equal(R, d:flush()) -- (F0 9F: one cut character)
     H.assert_error(function() tok:decode(cut, { errors = "ignore" }) end, "decode", "replace")
   end)
   it("rejects ids outside the vocabulary", function()

@@ -328,6 +328,7 @@ local function library_attention(q, k, v, scale, causal)
 end
 
 local SDPA_OPTIONS = { causal = true, scale = true, fused = true, library = true }
+local FLOAT_DTYPES = { f32 = true, f64 = true, bf16 = true, f16 = true }
 
 --- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false, library = nil})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
@@ -354,6 +355,11 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   if q:dim() ~= 4 or k:dim() ~= 4 or v:dim() ~= 4 then
     error(("scaled_dot_product_attention: expects (B, NH, T, HS) tensors, got %s, %s, %s")
       :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
+  end
+  for i, t in ipairs { q, k, v } do
+    if not FLOAT_DTYPES[t.dtype] then
+      error(("scaled_dot_product_attention: %s must be a float tensor, got %s"):format(({ "q", "k", "v" })[i], t.dtype), 2)
+    end
   end
   local B, NH, T, HS = q:size(1), q:size(2), q:size(3), q:size(4)
   local NKV, S, Bk, HSV = k:size(2), k:size(3), k:size(1), v:size(4)
