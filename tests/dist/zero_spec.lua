@@ -180,6 +180,44 @@ H.test("ZeRO 3 without lt.train: forward, backward and step by hand; evaluation 
   assert(not m3.transformer.h[1].attn.c_attn.weight.has_data, "dropped after a forward without gradients")
 end)
 
+H.test("ZeRO 3: model:loss runs the head and the loss as one op, as without ZeRO, and trains the same", function(r, w)
+  local F = lt.F
+  local fused, calls = F.linear_cross_entropy, 0
+  F.linear_cross_entropy = function(...) -- (counted: the two-op path keeps the (B T, V) logits)
+    calls = calls + 1
+    return fused(...)
+  end
+  local ok, err = pcall(function()
+    for _, name in ipairs { "gpt2-tiny", "llama-tiny" } do
+      local function model_opt(stage)
+        local m = lt.models[name:match("^%a+%d?")](name, { generator = lt.Generator(2) })
+        local opt = stage == 3 and lt.dist.Zero(m, { stage = 3, optimizer = "SGD", lr = 0.5 })
+          or lt.optim.SGD(m, { lr = 0.5 })
+        return m, opt
+      end
+      local x = lt.randint(0, 256, { 2, 8 }, { generator = lt.Generator(4 + r) })
+      local m0, o0 = model_opt(0)
+      local m3, o3 = model_opt(3)
+      local ddp = lt.dist.DataParallel(m0)
+      for step = 1, 2 do
+        calls = 0
+        local l0 = m0:loss(x, x)
+        l0:backward()
+        ddp:finish()
+        o0:step(); o0:zero_grad()
+        local l3 = m3:loss(x, x)
+        assert(calls == 2, ("%s step %d: %d fused head+loss calls of 2"):format(name, step, calls))
+        l3:backward()
+        o3:reduce_gradients()
+        o3:step(); o3:zero_grad()
+        assert(math.abs(l0:item() - l3:item()) < 1e-5, ("%s step %d: %g vs %g"):format(name, step, l3:item(), l0:item()))
+      end
+    end
+  end)
+  F.linear_cross_entropy = fused
+  assert(ok, err)
+end)
+
 H.test("ZeRO 3 gathers one unit at a time, prefetches the next, and drops each after use", function(r, w)
   local m = lt.models.gpt2 { n_layer = 4, n_head = 2, n_embd = 32, block_size = 16, vocab_size = 64,
     generator = lt.Generator(3) }

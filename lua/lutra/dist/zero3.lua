@@ -230,11 +230,11 @@ function Z:_wrap(u)
   end
   rawset(m, "_zero3", self)
   local forward = m.forward
-  -- (it passes arguments and results through: nn.fuses looks through it to the forward it wraps)
-  rawset(m, "_wrapped_forward", forward)
-  rawset(m, "forward", function(mod, ...)
+  -- fn(mod, ...) run as the unit's forward: gathered around it, its
+  -- outputs through the unit's identity (so their backward gathers it again)
+  local function around(fn, mod, ...)
     self:_pre_forward(u)
-    local outs = { forward(mod, ...) }
+    local outs = { fn(mod, ...) }
     local n = table.maxn(outs)
     -- outputs that need gradients pass through the unit's identity
     if lt.autograd.is_grad_enabled() then
@@ -252,7 +252,12 @@ function Z:_wrap(u)
     end
     self:_post_forward(u)
     return unpack(outs, 1, n)
-  end)
+  end
+  -- (it passes arguments and results through: nn.fuses looks through it to
+  -- the forward it wraps, and a model's loss runs its fused head inside it)
+  rawset(m, "_wrapped_forward", forward)
+  rawset(m, "_zero3_around", around)
+  rawset(m, "forward", function(mod, ...) return around(forward, mod, ...) end)
 end
 
 function Z:_pre_forward(u)

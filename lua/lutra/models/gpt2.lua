@@ -164,14 +164,15 @@ end
 --- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their
 -- count (opts as F.cross_entropy's), over the padded head's first
 -- vocab_size columns: the head and the loss as one op where the head is
--- plain (lutra.models.head) and the model's forward its own (one wrapped,
--- as lt.dist.Zero's stage 3 does, or overridden runs as model(idx)).
+-- plain (lutra.models.head) and the model's forward its own (also wrapped
+-- by lt.dist.Zero's stage 3; one overridden runs as model(idx)).
 function GPT:loss(idx, targets, opts)
   local cfg = self.config
   local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
   for k, v in pairs(opts or {}) do o[k] = v end
-  if self.forward ~= GPT.forward then return F.cross_entropy(self(idx, nil, true), targets, o) end
-  return head.loss(self.lm_head, self:hidden(idx), targets, o)
+  local run = head.runner(self, GPT.forward)
+  if not run then return F.cross_entropy(self(idx, nil, true), targets, o) end
+  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, o) end)
 end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 GPT.loss_is_cross_entropy = GPT.loss

@@ -20,4 +20,18 @@ function M.loss(head, y, targets, opts)
   return F.cross_entropy(head(y), targets, opts)
 end
 
+--- head.runner(model, own_forward) -> run(fn, ...) that calls fn(model, ...)
+-- as the model's forward would run: as it is where the model's forward is
+-- own_forward (its class's), inside lt.dist.Zero stage 3's gathers and
+-- hooks where the forward wraps own_forward (so a model's loss fuses its
+-- head there too); nil where the forward is another (a subclass's or a
+-- user's: the loss then runs the forward).
+function M.runner(model, own_forward)
+  if model.forward == own_forward then return function(fn, ...) return fn(model, ...) end end
+  local around = rawget(model, "_zero3_around")
+  if around and rawget(model, "_wrapped_forward") == own_forward then
+    return function(fn, ...) return around(fn, model, ...) end
+  end
+end
+
 return M

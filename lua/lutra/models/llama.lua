@@ -114,11 +114,12 @@ function Llama:forward(idx, kv) return self.lm_head(self:hidden(idx, kv)) end
 --- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their
 -- count (opts as F.cross_entropy's): the head and the loss as one op where
 -- the head is plain (lutra.models.head) and the model's forward its own
--- (one wrapped, as lt.dist.Zero's stage 3 does, or overridden runs as
+-- (also wrapped by lt.dist.Zero's stage 3; one overridden runs as
 -- model(idx)).
 function Llama:loss(idx, targets, opts)
-  if self.forward ~= Llama.forward then return F.cross_entropy(self(idx), targets, opts) end
-  return head.loss(self.lm_head, self:hidden(idx), targets, opts)
+  local run = head.runner(self, Llama.forward)
+  if not run then return F.cross_entropy(self(idx), targets, opts) end
+  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, opts) end)
 end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 Llama.loss_is_cross_entropy = Llama.loss
