@@ -45,6 +45,10 @@ lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
   (void)d, (void)backward;
   return no_cudnn();
 }
+lt_status lt_cudnn_sdpa_check_plan(const lt_sdpa_desc *d, int backward, const char *device_json, int64_t *workspace) {
+  (void)d, (void)backward, (void)device_json, (void)workspace;
+  return no_cudnn();
+}
 #else
 
 #include <cudnn_graph.h>
@@ -132,7 +136,6 @@ int64_t lt_cudnn_version(void) {
 enum { MAX_DESCS = 256, MAX_PLANS = 256 };
 
 typedef struct builder {
-  cudnnHandle_t handle;
   cudnnBackendDescriptor_t descs[MAX_DESCS]; /* everything created, destroyed at the end */
   int n;
   int failed;
@@ -508,6 +511,8 @@ typedef struct plan {
   builder *b;                 /* every descriptor, alive as long as the plan */
   cudnnBackendDescriptor_t x; /* NULL when cuDNN refused the graph: why says why */
   int dead;                   /* cuDNN would not execute it: refused as well */
+  int compiled;               /* (planned for a device property descriptor) an engine compiled its
+                                 kernels, which only a driver could then load */
   int64_t workspace;
   char why[300];
 } plan;
@@ -533,17 +538,19 @@ static plan_key key_of(const lt_sdpa_desc *d, int backward) {
 }
 
 /* Builds the plan of p->key's graph into p (p->x NULL and p->why set when
-   cuDNN refuses it). */
-static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
+   cuDNN refuses it): for handle's device, or, handle NULL, for the device
+   devprop describes (a device property descriptor: cuDNN 9.8 and later
+   plan without the device). */
+static void build_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t devprop, const lt_sdpa_desc *d, plan *p) {
   builder *b = p->b;
-  b->handle = ds->handle;
   graph g = {b, {0}, 0};
   if (p->key.backward)
     backward_graph(&g, d, p->key.deterministic);
   else
     forward_graph(&g, d);
   cudnnBackendDescriptor_t og = make(b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  set_lenient(b, og, ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &ds->handle);
+  if (handle)
+    set_lenient(b, og, ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle);
   SET(b, og, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nops, g.ops);
   finalize(b, og, "the operation graph");
   /* engine configs from heuristics mode A, then the fallback list; a mode
@@ -555,6 +562,8 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
     cudnnBackendDescriptor_t heur = make(b, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     SET(b, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
     SET(b, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+    if (devprop)
+      SET(b, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
     if (b->failed)
       break;
     cudnnStatus_t st = dnn.cudnnBackendFinalize(heur);
@@ -590,9 +599,14 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
       break;
     /* the plan's handle: required before cuDNN 9.8 (cudnn-frontend refuses a
        plan without it), deprecated since */
-    set_lenient(b, x, ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &ds->handle);
-    cudnnStatus_t st = dnn.cudnnBackendSetAttribute(x, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+    if (handle)
+      set_lenient(b, x, ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle);
+    cudnnStatus_t st = devprop ? dnn.cudnnBackendSetAttribute(x, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop)
+                               : CUDNN_STATUS_SUCCESS;
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = dnn.cudnnBackendSetAttribute(x, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                        &cfgs[i]);
     if (st == CUDNN_STATUS_SUCCESS)
       st = dnn.cudnnBackendFinalize(x);
     int64_t ws = 0, n = 0;
@@ -605,6 +619,8 @@ static void build_plan(device_state *ds, const lt_sdpa_desc *d, plan *p) {
     } else {
       note_why(b, "no engine config built a plan", st);
       dnn.cudnnBackendDestroyDescriptor(x);
+      if (devprop && !handle && st == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER)
+        p->compiled = 1;
     }
   }
   if (!p->x) {
@@ -684,7 +700,7 @@ static lt_status plan_for(const lt_sdpa_desc *d, int backward, lt_cuda_ctx **cc,
       return lt_fail(LT_ERR_OOM, "scaled_dot_product_attention: out of host memory for cuDNN plans");
     }
     p->key = k;
-    build_plan(ds, d, p);
+    build_plan(ds->handle, NULL, d, p);
     ds->plans[ds->nplans++] = p;
   }
   if (!p->x || p->dead) {
@@ -844,6 +860,46 @@ lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward) {
                                     backward == 2 ? "deterministic backward" : backward ? "backward" : "forward", b.why)
                           : LT_OK;
   builder_free(&b);
+  return st;
+}
+
+/* Builds d's forward (backward 0), backward (1) or deterministic backward
+   (2) graph and its execution plan for the device a cuDNN device property
+   descriptor describes (device_json: its JSON representation, as cuDNN 9.8+
+   writes and reads it), with no device: heuristics, engine configs, a plan
+   compiled for that device. LT_OK with the plan's workspace bytes in
+   *workspace, or -1 there when an engine took the graph and compiled its
+   kernels but the plan could not load them (CUDA's stub libcuda, or no
+   driver); LT_ERR_UNSUPPORTED with cuDNN's reason when no engine takes
+   the graph (or cuDNN cannot be loaded). For tests on machines without a
+   GPU (tests/c/test_cudnn_graph.c). */
+lt_status lt_cudnn_sdpa_check_plan(const lt_sdpa_desc *d, int backward, const char *device_json, int64_t *workspace) {
+  LT_TRY(dnn_open());
+  plan p;
+  memset(&p, 0, sizeof p);
+  p.b = calloc(1, sizeof *p.b);
+  if (!p.b)
+    return lt_fail(LT_ERR_OOM, "out of host memory");
+  p.key = key_of(d, backward != 0);
+  p.key.deterministic = backward == 2;
+  cudnnBackendDescriptor_t devprop = make(p.b, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  SET(p.b, devprop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, (int64_t)strlen(device_json),
+      device_json);
+  finalize(p.b, devprop, "the device properties");
+  lt_status st;
+  if (p.b->failed) {
+    st = lt_fail(LT_ERR_UNSUPPORTED, "cuDNN refused the device properties: %s", p.b->why);
+  } else {
+    build_plan(NULL, devprop, d, &p);
+    st = p.x || p.compiled
+             ? LT_OK
+             : lt_fail(LT_ERR_UNSUPPORTED, "cuDNN planned no %s for it: %s",
+                       backward == 2 ? "deterministic backward" : backward ? "backward" : "forward", p.why);
+    if (st == LT_OK && workspace)
+      *workspace = p.x ? p.workspace : -1;
+  }
+  builder_free(p.b);
+  free(p.b);
   return st;
 }
 

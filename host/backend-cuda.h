@@ -68,5 +68,8 @@ lt_status lt_cudnn_sdpa_bwd(const lt_sdpa_desc *d);
 /* the graph of d alone (forward 0, backward 1, deterministic backward 2),
    finalized without a device (tests without a GPU) */
 lt_status lt_cudnn_sdpa_check_graph(const lt_sdpa_desc *d, int backward);
+/* ... and its plan, compiled for the device a cuDNN device-property JSON
+   describes (tests/ref/cudnn-device-h200.json), still without a device */
+lt_status lt_cudnn_sdpa_check_plan(const lt_sdpa_desc *d, int backward, const char *device_json, int64_t *workspace);
 
 #endif
