@@ -49,6 +49,10 @@ lt_status lt_cudnn_sdpa_check_plan(const lt_sdpa_desc *d, int backward, const ch
   (void)d, (void)backward, (void)device_json, (void)workspace;
   return no_cudnn();
 }
+lt_status lt_cudnn_device_properties(int device_index, char *buf, int64_t cap, int64_t *len) {
+  (void)device_index, (void)buf, (void)cap, (void)len;
+  return no_cudnn();
+}
 #else
 
 #include <cudnn_graph.h>
@@ -901,6 +905,39 @@ lt_status lt_cudnn_sdpa_check_plan(const lt_sdpa_desc *d, int backward, const ch
   builder_free(p.b);
   free(p.b);
   return st;
+}
+
+lt_status lt_cudnn_device_properties(int device_index, char *buf, int64_t cap, int64_t *len) {
+  lt_cuda_ctx *cc;
+  device_state *ds;
+  pthread_mutex_lock(&lock);
+  lt_status st = device_of(LT_DEVICE_CUDA + device_index, &cc, &ds);
+  pthread_mutex_unlock(&lock);
+  LT_TRY(st);
+  builder b;
+  memset(&b, 0, sizeof b);
+  int32_t id = device_index;
+  cudnnBackendDescriptor_t dp = make(&b, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  SET(&b, dp, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id);
+  finalize(&b, dp, "the device properties");
+  int64_t n = 0;
+  if (!b.failed) {
+    cudnnStatus_t s = dnn.cudnnBackendGetAttribute(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
+                                                  &n, NULL);
+    if (s == CUDNN_STATUS_SUCCESS && n < cap)
+      s = dnn.cudnnBackendGetAttribute(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n, buf);
+    if (s != CUDNN_STATUS_SUCCESS)
+      fail_with(&b, "reading the device properties", s);
+  }
+  builder_free(&b);
+  if (b.failed)
+    return lt_fail(LT_ERR_UNSUPPORTED, "cuda:%d: cuDNN did not describe the device: %s", device_index, b.why);
+  if (n >= cap)
+    return lt_fail(LT_ERR_ARG, "cuDNN's device description takes %lld bytes, more than %lld", (long long)n,
+                   (long long)cap);
+  buf[n] = 0;
+  *len = (int64_t)strlen(buf);
+  return LT_OK;
 }
 
 #endif /* cudnn_graph.h */

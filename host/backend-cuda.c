@@ -745,5 +745,9 @@ void lt_cuda_set_allow_tf32(int on) { (void)on; }
 void lt_cuda_set_deterministic(int on) { (void)on; }
 int lt_cuda_deterministic(void) { return 0; }
 int64_t lt_cudnn_version(void) { return 0; }
+lt_status lt_cudnn_device_properties(int device_index, char *buf, int64_t cap, int64_t *len) {
+  (void)device_index, (void)buf, (void)cap, (void)len;
+  return lt_fail(LT_ERR_DEVICE, "lutra was built without CUDA");
+}
 
 #endif

@@ -147,6 +147,11 @@ int lt_cuda_deterministic(void);
    call; 0 where it cannot be loaded or lutra was built without CUDA or
    without cuDNN's headers. */
 int64_t lt_cudnn_version(void);
+/* cuDNN's description of device device_index (its device property
+   descriptor's JSON, cuDNN 9.8+; what tests/ref/cudnn-device-h200.json
+   stands in for) into buf (cap bytes, NUL-terminated; its length in *len).
+   Errors: no such device, a cuDNN that cannot describe it, cap too small. */
+lt_status lt_cudnn_device_properties(int device_index, char *buf, int64_t cap, int64_t *len);
 /* Whether the build includes CUDA / MPI (1) or not (0). */
 int lt_has_cuda(void);
 int lt_has_mpi(void);

@@ -201,6 +201,17 @@ function lt.cuda.allow_tf32(on) C.lt_cuda_set_allow_tf32(on and 1 or 0) end
 -- Read at the forward: an attention's backward follows the setting its
 -- forward ran under.
 function lt.cuda.deterministic(on) C.lt_cuda_set_deterministic(on and 1 or 0) end
+--- lt.cuda.cudnn_device_properties([device]) -> cuDNN's description of the
+-- device (JSON; cuDNN 9.8+), what cuDNN plans for without the device
+-- (tests/ref/cudnn-device-h200.json). Raises where cuDNN cannot say.
+function lt.cuda.cudnn_device_properties(device)
+  local cap = 65536
+  local buf, len = ffi.new("char[?]", cap), ffi.new("int64_t[1]")
+  if C.lt_cudnn_device_properties(cuda_index(device), buf, cap, len) ~= 0 then
+    error(ffi.string(C.lt_last_error()), 2)
+  end
+  return ffi.string(buf, tonumber(len[0]))
+end
 --- lt.cuda.cudnn_version(): the cuDNN attention uses, as a number (91900 for
 -- 9.19.0, as torch.backends.cudnn.version()), or nil where none loads.
 function lt.cuda.cudnn_version()

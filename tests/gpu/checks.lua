@@ -1006,6 +1006,18 @@ check("a cuDNN refusal is noted once per reason on stderr, not once per shape, a
   assert(#notes <= 1, ("%d notes: %s"):format(#notes, table.concat(notes, " | ")))
 end, true, "cuDNN")
 
+check("lt.cuda.cudnn_device_properties: cuDNN's description of the GPU (JSON), or a clear error where it has none", function()
+  local ok, json = pcall(lt.cuda.cudnn_device_properties)
+  if EMULATED then -- (the stand-in describes no device)
+    assert(not ok and tostring(json):find("cuDNN did not describe the device", 1, true), tostring(json))
+    return
+  end
+  assert(ok, json)
+  local d = lt.json.decode(json)
+  assert(type(d) == "table" and (d.multiProcessorCount or 0) > 0 and (d.deviceVer or 0) >= 900,
+    "unexpected description: " .. json:sub(1, 300))
+end, true, "cuDNN")
+
 check("cuDNN attention in f16, and f32 stays with lutra's kernels", function()
   local q = lt.randn({ 1, 4, 128, 64 }):to("f16"):to(CUDA):requires_grad_()
   local y = F.scaled_dot_product_attention(q, q, q, { causal = true })

@@ -51,6 +51,10 @@ step "build"
 make -j"$(nproc)" "${make_args[@]}" lutra || { echo "BUILD FAILED"; exit 1; }
 ./lutra --version
 
+step "cuDNN's description of this GPU (what tests/ref/cudnn-device-h200.json stands in for)"
+timeout 30 ./lutra -e 'io.write(require("lutra").cuda.cudnn_device_properties())' >"$OUT/cudnn-device.json" &&
+  head -c 600 "$OUT/cudnn-device.json"; echo
+
 step "vocabulary"
 tools/fetch-vocab 2>&1 | tail -2 || echo "(no vocabulary: tokenizer specs will fail)"
 
