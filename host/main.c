@@ -100,8 +100,8 @@ void lt_report(lua_State *L, int status) {
   lua_pop(L, 1);
 }
 
-static void print_usage(void) {
-  fprintf(stderr,
+static void print_usage(FILE *to) {
+  fprintf(to,
           "usage: lutra [options] [script [args]]\n"
           "  -e chunk   run the string chunk (lt is predefined)\n"
           "  -l name    require library name into the global name\n"
@@ -245,12 +245,13 @@ static int pmain(lua_State *L) {
   char **argv = pa->argv;
   struct options o;
   if (scan_args(argc, argv, &o) != 0) {
-    print_usage();
+    print_usage(stderr);
     pa->status = 1;
     return 0;
   }
-  if (o.help) {
-    print_usage();
+  if (o.help) { /* (asked for: on stdout, so it pages) */
+    print_usage(stdout);
+    fflush(stdout);
     return 0;
   }
   if (o.version) {
@@ -275,8 +276,8 @@ static int pmain(lua_State *L) {
     pa->status = 1;
     return 0;
   }
-  if (want_repl)
-    lt_repl(L);
+  if (want_repl && lt_repl(L) > 0 && !isatty(STDIN_FILENO))
+    pa->status = 1; /* (piped input that raised: as a script that did) */
   return 0;
 }
 

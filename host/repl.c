@@ -194,7 +194,8 @@ __attribute__((noinline)) static const char *history_path(void) {
   return path;
 }
 
-void lt_repl(lua_State *L) {
+int lt_repl(lua_State *L) {
+  volatile int errors = 0; /* (kept across the prompt's siglongjmp) */
   repl_L = L;
   repl_thread = pthread_self();
   int tty = isatty(STDIN_FILENO);
@@ -258,8 +259,10 @@ void lt_repl(lua_State *L) {
         }
       }
     }
-    if (st != 0)
+    if (st != 0) {
       lt_report(L, st);
+      errors++;
+    }
     lua_settop(L, 0);
     fflush(stdout);
   }
@@ -269,4 +272,5 @@ void lt_repl(lua_State *L) {
       history_truncate_file(hist, HISTORY_MAX);
   }
   fflush(stdout);
+  return errors;
 }

@@ -17,7 +17,9 @@ void lt_report(lua_State *L, int status);
 
 /* Runs the read-eval-print loop until end of input. With a terminal it edits
    lines through libedit, keeps history in ~/.lutra_history and completes on
-   TAB; piped input is read silently (no prompts). */
-void lt_repl(lua_State *L);
+   TAB; piped input is read silently (no prompts). Returns how many chunks
+   raised an error (the exit status is 1 when piped input had any, as a
+   script's would be; at a terminal errors are only reported). */
+int lt_repl(lua_State *L);
 
 #endif

@@ -21,6 +21,13 @@ local cfg = lt.config {
   batch_mb = 8, -- text encoded per parallel batch
   on_invalid_utf8 = "error", -- or "replace" (with U+FFFD)
   quiet = false,
+  _help = {
+    input = "a text file, a directory of .txt files (one document each) or a .jsonl file",
+    out = "the directory for train_*.bin and val_*.bin", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
+    shard_size = "tokens per shard", val_frac = "the share of documents for validation (one in every 1/val_frac)",
+    field = "the text's field in each .jsonl line", batch_mb = "MB of text encoded per parallel batch",
+    on_invalid_utf8 = "error, or replace (with U+FFFD)", quiet = "no progress line",
+  },
 }
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end

@@ -15,6 +15,16 @@ local lt = require "lutra"
 local cfg = lt.config {
   ckpt = "", prompt = "The ", vocab = "data/gpt2.tiktoken", max_tokens = 200, temperature = 0.8, top_k = 0,
   top_p = 0.95, seed = 1, truncate = false, cache = true, device = "cpu", dtype = "f32",
+  _help = {
+    ckpt = "a lutra checkpoint (step_* or a run's ckpt directory: its newest) or a Hugging Face directory",
+    prompt = "the text to continue", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
+    max_tokens = "tokens to draw at most (it stops earlier at <|endoftext|>)",
+    temperature = "softmax temperature (0: greedy)", top_k = "keep the k likeliest tokens (0: all)",
+    top_p = "keep the likeliest tokens up to this probability (nucleus; 1: all)", seed = "sampling seed",
+    truncate = "keep the end of a prompt longer than the context (else an error)",
+    cache = "reuse attention keys and values across tokens (KV cache)",
+    device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16",
+  },
 }
 if cfg.ckpt == "" then error("sample: --ckpt=<checkpoint or Hugging Face directory> is required", 0) end
 

@@ -67,6 +67,9 @@ end
 -- Parsed state.json of a checkpoint directory, or nil and why it is not complete.
 local function read_state(path)
   local text = read_file(path .. "/state.json")
+  if not text and C.lt_path_kind(path) == 0 then
+    return nil, path .. " does not exist (lt.train saves checkpoints there with ckpt_every > 0: --ckpt_every=N)"
+  end
   if not text then return nil, path .. "/state.json is missing" end
   local ok, st = pcall(json.decode, text)
   if not ok or type(st) ~= "table" then return nil, path .. "/state.json is not valid JSON" end

@@ -22,7 +22,12 @@ local function usage(defaults, help, script)
   for _, k in ipairs(sorted_keys(defaults)) do
     local v = defaults[k]
     local shown = type(v) == "string" and ("%q"):format(v) or tostring(v) -- (a string's spaces shown)
-    local line = ("  --%-20s %-24s %-8s"):format(k, shown, type(v))
+    local name = "--" .. k
+    if #shown > 24 then -- (a long default on a line of its own keeps the columns)
+      lines[#lines + 1] = ("  %-22s %s"):format(name, shown)
+      name, shown = "", ""
+    end
+    local line = ("  %-22s %-24s %-8s"):format(name, shown, type(v))
     lines[#lines + 1] = help[k] and (line .. " " .. help[k]) or (line:gsub("%s+$", ""))
   end
   return table.concat(lines, "\n")

@@ -42,7 +42,7 @@ end
 -- lutra was built with cuDNN's headers; its NCCL has one rank.
 local EMULATED = on_cuda and lt.build_info():find("CUDA emulator", 1, true) ~= nil
 local TIMES = os.getenv("LUTRA_CHECK_TIMES") -- print each check's seconds
-local tests, failed = 0, 0
+local tests, failed, matched = 0, 0, 0
 
 -- why cuDNN's checks cannot run on the emulator (nil: they can). On a GPU
 -- they always run: a cuDNN that does not load there is a failure.
@@ -59,6 +59,7 @@ local cudnn_missing = false -- (probed at the first check that needs it)
 -- "cuDNN" (skipped on an emulator built without cuDNN's headers).
 local function check(name, fn, cuda_only, needs)
   if not selected(name) then return end
+  matched = matched + 1
   if cuda_only and not on_cuda then return end
   if needs == "cuDNN" then
     if cudnn_missing == false then cudnn_missing = emulator_lacks_cudnn() end
@@ -1284,5 +1285,9 @@ end, true)
 
 check("no kernel failed along the way", function() lt.cuda.synchronize() end, true)
 
+if only and matched == 0 then -- (a misspelt fragment would look like success)
+  print(("not ok - no check's name holds any of: %s (fragments match case and all)"):format(table.concat(only, ", ")))
+  failed = failed + 1
+end
 print("1.." .. tests)
 os.exit(failed == 0 and 0 or 1)

@@ -179,6 +179,11 @@ describe("lt.ckpt", function()
     local ok2, err = pcall(lt.ckpt.load, dir .. "/step_00000005", { model = m })
     assert.is_false(ok2)
     assert.truthy(tostring(err):find("step_00000005/state.json is missing", 1, true), err)
+    -- a run that saved nothing (the main job by default): say how to save, not a missing file inside
+    local ok3, err3 = pcall(lt.ckpt.load_model, dir .. "/never-saved")
+    assert.is_false(ok3)
+    assert.truthy(tostring(err3):find("never-saved does not exist (lt.train saves checkpoints there with " ..
+      "ckpt_every > 0: --ckpt_every=N)", 1, true), err3)
     lt.ckpt.save(dir, { model = m, step = 8 })
     assert.are.equal(0, C.lt_path_kind(dir .. "/.tmp-step_00000004-999999999"))
   end)

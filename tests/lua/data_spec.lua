@@ -223,6 +223,18 @@ describe("lt.config", function()
     local out = p:read("*a")
     p:close()
     assert.truthy(out:find("--shard_size", 1, true) and out:find("number", 1, true), out)
+    -- a default longer than its column goes on a line of its own; the type and text line up below it
+    assert.truthy(out:find('\n  %-%-input +"[^\n]+"\n +string +a text file'), out)
+    assert.truthy(out:find("%-%-quiet +false +boolean +no progress line"), out)
+    -- lutra's own --help on stdout (it pages), a bad option's usage on stderr with status 1
+    p = io.popen("./lutra --help 2>/dev/null")
+    out = p:read("*a")
+    assert.is_true(p:close())
+    assert.truthy(out:find("usage: lutra [options]", 1, true), out)
+    p = io.popen("./lutra --no-such-option 2>&1 >/dev/null; echo rc=$?")
+    out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("usage: lutra", 1, true) and out:find("rc=1", 1, true), out)
     -- the main job describes each setting (_help), which is not a setting itself
     p = io.popen("./lutra recipes/gpt2.lua --help")
     out = p:read("*a")
