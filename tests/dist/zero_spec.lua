@@ -152,16 +152,18 @@ H.test("ZeRO 3: dropped parameters are named when used, and unshard brings them 
   H.raises(function() lt.dist.Zero(g, { stage = 3 }) end, "already sharded by another ZeRO-3 optimizer")
 end)
 
+-- a named tiny model (lt.models' gpt2-tiny, llama-tiny) and SGD, plain (stage 0) or under ZeRO 3
+local function model_opt(name, stage)
+  local m = lt.models[name:match("^%a+%d?")](name, { generator = lt.Generator(2) })
+  local opt = stage == 3 and lt.dist.Zero(m, { stage = 3, optimizer = "SGD", lr = 0.5 })
+    or lt.optim.SGD(m, { lr = 0.5 })
+  return m, opt
+end
+
 H.test("ZeRO 3 without lt.train: forward, backward and step by hand; evaluation under no_grad", function(r, w)
-  local function model_opt(stage)
-    local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(2) })
-    local opt = stage == 3 and lt.dist.Zero(m, { stage = 3, optimizer = "SGD", lr = 0.5 })
-      or lt.optim.SGD(m, { lr = 0.5 })
-    return m, opt
-  end
   local x = lt.randint(0, 512, { 2, 8 }, { generator = lt.Generator(4 + r) })
-  local m0, o0 = model_opt(0)
-  local m3, o3 = model_opt(3)
+  local m0, o0 = model_opt("gpt2-tiny", 0)
+  local m3, o3 = model_opt("gpt2-tiny", 3)
   local ddp = lt.dist.DataParallel(m0)
   for step = 1, 3 do
     local l0 = lt.F.cross_entropy(m0(x), x)
@@ -189,15 +191,9 @@ H.test("ZeRO 3: model:loss runs the head and the loss as one op, as without ZeRO
   end
   local ok, err = pcall(function()
     for _, name in ipairs { "gpt2-tiny", "llama-tiny" } do
-      local function model_opt(stage)
-        local m = lt.models[name:match("^%a+%d?")](name, { generator = lt.Generator(2) })
-        local opt = stage == 3 and lt.dist.Zero(m, { stage = 3, optimizer = "SGD", lr = 0.5 })
-          or lt.optim.SGD(m, { lr = 0.5 })
-        return m, opt
-      end
       local x = lt.randint(0, 256, { 2, 8 }, { generator = lt.Generator(4 + r) })
-      local m0, o0 = model_opt(0)
-      local m3, o3 = model_opt(3)
+      local m0, o0 = model_opt(name, 0)
+      local m3, o3 = model_opt(name, 3)
       local ddp = lt.dist.DataParallel(m0)
       for step = 1, 2 do
         calls = 0
