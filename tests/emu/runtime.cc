@@ -994,15 +994,20 @@ cudaError_t take_async_error() {
    copy into it waits */
 std::map<const char *, size_t> pinned;
 
-/* whether p lies in a cudaMalloc block */
-bool is_device(const void *p) {
+/* whether [p, p + bytes) lies in one cudaMalloc block */
+bool in_device(const void *p, size_t bytes) {
+  if (!p)
+    return false;
   std::lock_guard<std::mutex> guard(memory_lock);
   auto it = device_blocks.upper_bound((void *)p);
   if (it == device_blocks.begin())
     return false;
   --it;
-  return (const char *)p < (const char *)it->first + it->second;
+  const char *end = (const char *)it->first + it->second;
+  return (const char *)p < end && bytes <= (size_t)(end - (const char *)p);
 }
+
+bool is_device(const void *p) { return in_device(p, 1); }
 
 bool is_pinned(const void *p) {
   std::lock_guard<std::recursive_mutex> guard(queue_lock);
@@ -1050,17 +1055,7 @@ void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream)
   push(stream_of(stream), [=] { span_now(p, used, block); }, NULL, 0);
 }
 
-int lt_emu_device_range(const void *p, size_t bytes) {
-  if (!p)
-    return 0;
-  std::lock_guard<std::mutex> guard(memory_lock);
-  auto it = device_blocks.upper_bound((void *)p);
-  if (it == device_blocks.begin())
-    return 0;
-  --it;
-  const char *end = (const char *)it->first + it->second;
-  return (const char *)p < end && bytes <= (size_t)(end - (const char *)p);
-}
+int lt_emu_device_range(const void *p, size_t bytes) { return in_device(p, bytes); }
 
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = last_error;

@@ -328,7 +328,6 @@ local function library_attention(q, k, v, scale, causal)
 end
 
 local SDPA_OPTIONS = { causal = true, scale = true, fused = true, library = true }
-local FLOAT_DTYPES = { f32 = true, f64 = true, bf16 = true, f16 = true }
 
 --- F.scaled_dot_product_attention(q, k, v, {causal = false, scale = 1/sqrt(HS), fused = false, library = nil})
 -- q (B, NH, T, HS), k and v (B, NKV, S, HS) with NKV dividing NH (grouped-
@@ -357,7 +356,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
       :format(tostring(q:shape()), tostring(k:shape()), tostring(v:shape())), 2)
   end
   for i, t in ipairs { q, k, v } do
-    if not FLOAT_DTYPES[t.dtype] then
+    if not t:is_floating_point() then
       error(("scaled_dot_product_attention: %s must be a float tensor, got %s"):format(({ "q", "k", "v" })[i], t.dtype), 2)
     end
   end
