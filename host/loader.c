@@ -10,10 +10,16 @@
  * stride of T with pread (a shard cut short under it is an error naming
  * it, never a SIGBUS) (x = tokens[0..T), y = tokens[1..T]). An epoch visits every
  * window once, in an order shuffled by (seed, epoch) with Philox-driven
- * Fisher-Yates (or in file order, unshuffled); rank r of world takes the
- * windows at positions r, r + world, ... of that order, so the ranks'
- * streams are disjoint and together cover the epoch. Batches take the next B
- * windows of the stream, crossing into the next epoch when one ends. A
+ * Fisher-Yates (or in file order, unshuffled). Under data parallelism every
+ * rank reads the same number of windows per epoch, floor(windows / world):
+ * the last (windows mod world) positions of each epoch's order are dropped,
+ * as torch's DistributedSampler(drop_last=True) does, and rank r of world
+ * takes positions r, r + world, ... of the rest. So the ranks' streams are
+ * disjoint, each window is read at most once per epoch, every global batch
+ * (the ranks' step-s batches together: positions s*B*world.. of the order)
+ * is split into disjoint per-rank slices, and all ranks change epoch at the
+ * same step and row. Batches take the next B windows of the stream,
+ * crossing into the next epoch when one ends. A
  * background thread fills a bounded queue of ready batches; the state
  * (epoch, position in the rank's stream) is that of the batches handed out,
  * so a loader restored from it yields exactly what the original would have.
@@ -150,10 +156,9 @@ struct lt_loader {
   int64_t c_epoch, c_index;
 };
 
-/* Windows at positions rank, rank + world, ... of an epoch's order. */
-static int64_t stream_len(const lt_loader *l) {
-  return l->rank < l->nwindows ? (l->nwindows - l->rank + l->world - 1) / l->world : 0;
-}
+/* Windows this rank reads per epoch (positions rank, rank + world, ... of
+   an epoch's order): the same on every rank, the remainder dropped. */
+static int64_t stream_len(const lt_loader *l) { return l->nwindows / l->world; }
 
 static void make_perm(lt_loader *l, int64_t epoch) {
   for (int64_t i = 0; i < l->nwindows; i++)
@@ -514,3 +519,5 @@ int64_t lt_loader_num_tokens(const lt_loader *l) {
 }
 
 int64_t lt_loader_batches_per_epoch(const lt_loader *l) { return stream_len(l) / l->B; }
+
+int64_t lt_loader_windows_per_epoch(const lt_loader *l) { return stream_len(l); }

@@ -507,7 +507,11 @@ lt_status lt_shard_read(const char *path, lt_tensor **out);
 typedef struct lt_loader lt_loader;
 /* Opens shards as batches of B windows of T+1 tokens (x, y (B, T) i32).
    shuffle: order windows by (seed, epoch), else in file order. rank of
-   world takes every world-th window. max_epochs 0 runs forever, else the
+   world takes every world-th window of the first world * floor(windows /
+   world) of each epoch's order (the rest are dropped, as torch's
+   DistributedSampler with drop_last), so every rank reads the same number
+   of windows per epoch and all change epoch at the same step; fewer
+   windows than ranks is an error. max_epochs 0 runs forever, else the
    loader ends (x = y = NULL) after that many epochs (a last short batch is
    dropped). prefetch batches are prepared ahead on a background thread. */
 lt_status lt_loader_open(int npaths, const char *const *paths, int64_t B, int64_t T, int shuffle, uint64_t seed,
@@ -522,6 +526,8 @@ int64_t lt_loader_num_windows(const lt_loader *l);
 int64_t lt_loader_num_tokens(const lt_loader *l);
 /* Full batches in one epoch of this rank's stream. */
 int64_t lt_loader_batches_per_epoch(const lt_loader *l);
+/* Windows this rank reads per epoch: floor(windows / world), the same on every rank. */
+int64_t lt_loader_windows_per_epoch(const lt_loader *l);
 void lt_loader_close(lt_loader *l);
 
 /* ---- memory --------------------------------------------------------------- */

@@ -10,6 +10,14 @@
 -- path is a directory (its *.bin files), a prefix ("dir/train" takes
 -- dir/train*.bin), one file, or a table of files; files are taken in sorted
 -- order.
+--
+-- Under data parallelism (rank, world: lt.dist's by default) every rank
+-- reads floor(windows / world) windows per epoch, rank r the positions r,
+-- r + world, ... of the epoch's order; the last (windows mod world) windows
+-- of each epoch's order are dropped (torch's DistributedSampler with
+-- drop_last), so the ranks' batches of a step are disjoint slices of one
+-- global batch, each window is read at most once per epoch and all ranks
+-- change epoch at the same step (loader:windows_per_epoch() says how many).
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
@@ -112,7 +120,10 @@ end
 
 function Loader:num_windows() return tonumber(C.lt_loader_num_windows(self.l)) end
 function Loader:num_tokens() return tonumber(C.lt_loader_num_tokens(self.l)) end
+--- Full batches in one epoch of this rank's stream.
 function Loader:batches_per_epoch() return tonumber(C.lt_loader_batches_per_epoch(self.l)) end
+--- Windows this rank reads per epoch: floor(num_windows() / world), the same on every rank.
+function Loader:windows_per_epoch() return tonumber(C.lt_loader_windows_per_epoch(self.l)) end
 
 function Loader:close()
   if self.l ~= nil then

@@ -1,6 +1,7 @@
 -- tests/lua/data_spec.lua: token shards and the loader: windows and their
 -- (x, y) shift, each window exactly once per epoch, shuffling by (seed,
--- epoch), disjoint rank streams that cover an epoch, exact resume mid-epoch
+-- epoch), disjoint rank streams that cover an epoch, ranks kept in step
+-- when the windows do not divide by them, exact resume mid-epoch
 -- and in a later epoch, the unshuffled validation order, and bad shards
 -- rejected naming the file and the problem. Also recipes/prepare.lua and lt.config.
 local lt = require "lutra"
@@ -84,6 +85,62 @@ describe("shards and the loader", function()
     local n = 0
     for _ in pairs(seen) do n = n + 1 end
     assert.are.equal(24, n)
+  end)
+  it("keeps data-parallel ranks in step when the windows do not divide by the ranks", function()
+    -- every rank r of world, stepped together: at each step all ranks are in
+    -- the same epoch, no window is read twice in an epoch (by any rank), and
+    -- each complete epoch reads the same number of windows on every rank
+    for _, nwin in ipairs { 6, 7, 11 } do
+      local d = tmpdir()
+      make_shards(d, { nwin * T + 1 })
+      for _, world in ipairs { 2, 3, 4 } do
+        for _, B in ipairs { 1, 2, 3 } do
+          for _, shuffle in ipairs { true, false } do
+            local what = ("%d windows, %d ranks, batch %d, shuffle %s"):format(nwin, world, B, tostring(shuffle))
+            local loaders, per = {}, {}
+            for r = 0, world - 1 do
+              loaders[r] = lt.data.shards { path = d, batch = B, seq = T, seed = 2, rank = r, world = world,
+                shuffle = shuffle, prefetch = 1 }
+            end
+            local seen, counts = {}, {} -- seen[epoch][window], counts[epoch][rank]
+            for step = 1, 3 * nwin do
+              local epoch
+              for r = 0, world - 1 do
+                local L = loaders[r]
+                for _, w in ipairs(window_ids(L:next(), T)) do
+                  -- the epoch of each row follows from the rank's position: rows are read in stream order
+                  per[r] = (per[r] or 0) + 1
+                  local pos = per[r] - 1
+                  local e = math.floor(pos / L:windows_per_epoch())
+                  seen[e] = seen[e] or {}
+                  assert(not seen[e][w], ("%s: window %d read twice in epoch %d"):format(what, w, e))
+                  seen[e][w] = true
+                  counts[e] = counts[e] or {}
+                  counts[e][r] = (counts[e][r] or 0) + 1
+                end
+                local e = L:state().epoch
+                if r == 0 then epoch = e end
+                assert(e == epoch, ("%s: after step %d rank 0 is in epoch %d, rank %d in %d"):format(what, step,
+                  epoch, r, e))
+              end
+            end
+            -- the epochs the ranks completed read floor(nwin / world) windows each, the rest dropped
+            local done = math.floor(3 * nwin * B / loaders[0]:windows_per_epoch())
+            for e = 0, done - 1 do
+              local total = 0
+              for r = 0, world - 1 do
+                assert(counts[e][r] == counts[e][0], ("%s: in epoch %d rank 0 reads %d windows, rank %d %d")
+                  :format(what, e, counts[e][0], r, tostring(counts[e][r])))
+                total = total + counts[e][r]
+              end
+              assert(total <= nwin and nwin - total < world, ("%s: epoch %d reads %d of %d windows"):format(what, e,
+                total, nwin))
+            end
+            for r = 0, world - 1 do loaders[r]:close() end
+          end
+        end
+      end
+    end
   end)
   it("resumes exactly, mid-epoch and in a later epoch", function()
     local full = lt.data.shards { path = dir, batch = 5, seq = T, seed = 9 }
