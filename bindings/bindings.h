@@ -17,4 +17,7 @@ void lt_json_register(lua_State *L);
 /* backward and its Lua handlers (bindings/autograd.c), into the table on top. */
 void lt_autograd_register(lua_State *L);
 
+/* set_call_site (bindings/callsite.c), the call site of the next collective, into the table on top. */
+void lt_callsite_register(lua_State *L);
+
 #endif

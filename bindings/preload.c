@@ -6,7 +6,8 @@
  * and nothing is preloaded, so edits take effect without a rebuild.
  *
  * Also provides the native module "lutra.core": the ffi.cdef text generated
- * from host/lutra.h, build facts, and the JSON helpers.
+ * from host/lutra.h, build facts, the JSON helpers, autograd's handlers and
+ * set_call_site (bindings/callsite.c).
  */
 #include "bindings.h"
 
@@ -43,6 +44,7 @@ static int open_core(lua_State *L) {
   lua_setfield(L, -2, "from_source");
   lt_json_register(L);
   lt_autograd_register(L);
+  lt_callsite_register(L);
   return 1;
 }
 

@@ -14,12 +14,18 @@
  * longer (torch.tensor_split's rule), so sizes need not divide. bf16 and f16
  * are reduced in f32 (converted on the way in and out).
  *
- * Every collective first exchanges (op, dtype, element count) with the
- * group, so a rank that passes another size or dtype gets an error naming
- * the rank and sizes on every rank, not a hang or garbage (LUTRA_COMM_CHECK=0
- * skips this). Waiting polls the request; a collective still incomplete
- * after the watchdog timeout (LUTRA_COMM_TIMEOUT seconds, default 600)
- * prints rank, op, group, sequence number and sizes and aborts the job.
+ * Every collective first exchanges (op, dtype, element count, root, the
+ * group's call number and the call site Lua set with lt_comm_set_site) with
+ * the group, so a rank that passes another size or dtype, or calls the
+ * collective from another place (an extra call on some ranks pairs with the
+ * others' next one), gets an error naming the ranks, sizes and call sites
+ * on every rank, not a hang or garbage (LUTRA_COMM_CHECK=0 skips this).
+ * Waiting polls the request; a collective still incomplete after the
+ * watchdog timeout (LUTRA_COMM_TIMEOUT seconds, default 600) asks the
+ * group's other ranks what they wait in (they answer while they wait in
+ * one themselves), prints rank, op, group, call number, size, call site and
+ * the ranks that never arrived (what each waits in, or that it did not
+ * answer), and aborts the job. Point-to-point calls count apart.
  * The asynchronous forms return an lt_work to wait on.
  */
 #include "comm-impl.h"
@@ -37,10 +43,21 @@
 #include <mpi.h>
 #endif
 
+/* Where a collective was called from (Lua's lt_comm_set_site): a hash of the
+   site "file:line" (0: not known) and the first SITE_TEXT - 1 bytes of the
+   site followed by its context (" < caller:line < ..."). */
+enum { SITE_TEXT = 160 };
+typedef struct {
+  uint64_t hash;
+  char text[SITE_TEXT];
+} call_site;
+
 struct lt_comm {
   int rank, size;
   int id; /* 0 for the world, then in creation order */
-  uint64_t seq;
+  uint64_t seq;     /* collectives called on the group (the same on every rank) */
+  uint64_t p2p_seq; /* sends and recvs (between two ranks only) */
+  call_site last_site; /* of the last collective agreed on */
 #ifdef LT_WITH_MPI
   MPI_Comm mpi;
 #endif
@@ -48,6 +65,7 @@ struct lt_comm {
 
 struct lt_work {
   lt_comm *comm;
+  call_site site;
   const char *op;
   uint64_t seq;
   int64_t numel;
@@ -61,13 +79,33 @@ struct lt_work {
 };
 
 static int initialised, use_mpi, next_id = 1, local_rank;
-static lt_comm world = {0, 1, 0, 0
-#ifdef LT_WITH_MPI
-                        ,
-                        0
-#endif
-};
+static lt_comm world = {.rank = 0, .size = 1};
 static double timeout_s = -1;
+static call_site pending_site; /* set by lt_comm_set_site, taken by the next collective */
+
+void lt_comm_set_site(const char *site, const char *context) {
+  if (!site || !*site) {
+    pending_site.hash = 0;
+    pending_site.text[0] = 0;
+    return;
+  }
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a of the site alone */
+  for (const unsigned char *p = (const unsigned char *)site; *p; p++)
+    h = (h ^ *p) * 1099511628211ULL;
+  pending_site.hash = h ? h : 1;
+  snprintf(pending_site.text, sizeof pending_site.text, "%s%s%s", site, context && *context ? " < " : "",
+           context ? context : "");
+}
+
+/* the pending call site, cleared (so a later call from C does not inherit it) */
+static call_site take_site(void) {
+  call_site s = pending_site;
+  pending_site.hash = 0;
+  pending_site.text[0] = 0;
+  return s;
+}
+
+static const char *site_name(const call_site *s) { return s && s->hash ? s->text : "(no Lua call site)"; }
 
 static double now_s(void) {
   struct timespec ts;
@@ -147,7 +185,7 @@ int lt_comm_id(const lt_comm *c) { return c->id; }
 
 #ifdef LT_WITH_MPI
 static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
-                       int counts_may_differ, int64_t *all_counts);
+                       int counts_may_differ, int64_t *all_counts, const call_site *site);
 #endif
 enum { OP_ALL_REDUCE = 1, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BARRIER, OP_SPLIT, OP_BCAST_BYTES };
 enum { OP_REFUSED = 0x7fff }; /* a rank that refused its arguments (lt_comm_refuse) */
@@ -175,7 +213,8 @@ lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out) {
   if (use_mpi) {
     /* every rank of the parent must come: checked under the watchdog, as
        MPI_Comm_split itself would wait forever for a rank that does not */
-    lt_status st = agree(parent, parent->seq++, "new_group", OP_SPLIT, LT_DTYPE_I32, 0, -1, 1, NULL);
+    call_site site = take_site();
+    lt_status st = agree(parent, parent->seq++, "new_group", OP_SPLIT, LT_DTYPE_I32, 0, -1, 1, NULL, &site);
     if (st != LT_OK) {
       free(c);
       return st;
@@ -213,29 +252,134 @@ void lt_comm_free(lt_comm *c) {
 }
 
 #ifdef LT_WITH_MPI
+/* What this rank waits in now, for the watchdog of another rank to ask
+   (tags on MPI_COMM_WORLD that no other message uses). */
+enum { TAG_QUERY = 0x6c71, TAG_REPLY = 0x6c72 };
+typedef struct {
+  int64_t active, group, size, seq, p2p; /* p2p: a send or recv (its seq counts those) */
+  char op[40];
+  char site[SITE_TEXT];
+} wait_info;
+static wait_info waiting;
+
+/* answers every pending query with what this rank waits in */
+static void serve_queries(void) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status s;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_QUERY, MPI_COMM_WORLD, &flag, &s) != MPI_SUCCESS || !flag)
+      return;
+    int64_t q;
+    MPI_Recv(&q, 1, MPI_INT64_T, s.MPI_SOURCE, TAG_QUERY, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Send(&waiting, (int)sizeof waiting, MPI_BYTE, s.MPI_SOURCE, TAG_REPLY, MPI_COMM_WORLD);
+  }
+}
+
+/* The watchdog's report: asks the group's other ranks what they wait in
+   (for up to a second, answering their questions meanwhile), prints the
+   call, its site and the ranks that never arrived, and aborts the job. */
+static void watchdog_abort(const char *op, const lt_comm *c, uint64_t seq, int64_t numel, const call_site *site,
+                           double limit, int peer) {
+  int n = c->size;
+  int *wr = malloc(sizeof(int) * (size_t)n), *idx = malloc(sizeof(int) * (size_t)n);
+  wait_info *ans = calloc((size_t)n, sizeof *ans);
+  MPI_Request *rq = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
+  char who[3072] = "";
+  size_t at = 0;
+  int missing = 0;
+  if (wr && idx && ans && rq) {
+    MPI_Group g, wg;
+    MPI_Comm_group(c->mpi, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &wg);
+    for (int r = 0; r < n; r++)
+      idx[r] = r;
+    MPI_Group_translate_ranks(g, n, idx, wg, wr);
+    int64_t q = 1;
+    for (int r = 0; r < n; r++) {
+      rq[2 * r] = rq[2 * r + 1] = MPI_REQUEST_NULL;
+      if (r == c->rank || (peer >= 0 && r != peer))
+        continue;
+      MPI_Irecv(&ans[r], (int)sizeof ans[r], MPI_BYTE, wr[r], TAG_REPLY, MPI_COMM_WORLD, &rq[2 * r]);
+      MPI_Isend(&q, 1, MPI_INT64_T, wr[r], TAG_QUERY, MPI_COMM_WORLD, &rq[2 * r + 1]);
+    }
+    double until = now_s() + 1.0;
+    int *got = calloc((size_t)n, sizeof(int));
+    for (int left = peer >= 0 ? 1 : n - 1; got && left > 0 && now_s() < until;) {
+      for (int r = 0; r < n; r++) {
+        int flag = 0;
+        if (rq[2 * r] != MPI_REQUEST_NULL && !got[r] && MPI_Test(&rq[2 * r], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+            flag) {
+          got[r] = 1;
+          left--;
+        }
+        if (rq[2 * r + 1] != MPI_REQUEST_NULL)
+          MPI_Test(&rq[2 * r + 1], &flag, MPI_STATUS_IGNORE);
+      }
+      serve_queries();
+      usleep(1000);
+    }
+    for (int r = 0; r < n && at < sizeof who - 256; r++) {
+      if (r == c->rank || (peer >= 0 && r != peer))
+        continue;
+      wait_info *a = &ans[r];
+      int here = peer < 0 && got && got[r] && a->active && !a->p2p && a->group == c->id && (uint64_t)a->seq == seq;
+      if (here)
+        continue;
+      missing++;
+      a->op[sizeof a->op - 1] = a->site[sizeof a->site - 1] = 0;
+      if (got && got[r] && a->active)
+        at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (waits in %s, group %lld %s %llu, at %s)",
+                               missing > 1 ? "; " : "", wr[r], a->op, (long long)a->group,
+                               a->p2p ? "send/recv" : "call", (unsigned long long)a->seq,
+                               a->site[0] ? a->site : "(no Lua call site)");
+      else
+        at += (size_t)snprintf(who + at, sizeof who - at,
+                               "%srank %d (no answer in 1 s: busy outside a collective, finished, or gone)",
+                               missing > 1 ? "; " : "", wr[r]);
+    }
+    free(got);
+  }
+  fprintf(stderr,
+          "[rank %d] lutra: watchdog: %s (group %d of %d ranks, call %llu, %lld elements) not complete after %.0f s "
+          "at %s: %s%s; aborting the job\n",
+          world.rank, op, c->id, c->size, (unsigned long long)seq, (long long)numel, limit, site_name(site),
+          missing ? "never arrived: " : "every rank of the group is in it", who);
+  fflush(stderr);
+  lt_dist_abort(3);
+}
+
 /* Polls a request to completion under the watchdog: past the timeout it
-   reports what this rank waits for and aborts the job (a rank that skipped
-   the collective, or died without MPI noticing). */
-static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c, uint64_t seq, int64_t numel) {
+   reports what this rank waits for and the ranks that never came (a rank
+   that skipped the collective, or died without MPI noticing) and aborts
+   the job. While it waits it answers other ranks' watchdogs. */
+static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c, uint64_t seq, int64_t numel,
+                              const call_site *site, int peer) {
   double start = now_s(), limit = comm_timeout();
   int flag = 0;
   long spins = 0;
   while (!flag) {
-    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      waiting.active = 0;
       return lt_fail(LT_ERR_IO, "%s (group %d, call %llu) failed on rank %d", op, c->id, (unsigned long long)seq,
                      world.rank);
+    }
     if (!flag && (++spins & 1023) == 0) {
-      if (now_s() - start > limit) {
-        fprintf(stderr,
-                "[rank %d] lutra: watchdog: %s (group %d of %d ranks, call %llu, %lld elements) not complete after "
-                "%.0f s: another rank is not taking part; aborting the job\n",
-                world.rank, op, c->id, c->size, (unsigned long long)seq, (long long)numel, limit);
-        fflush(stderr);
-        lt_dist_abort(3);
+      if (!waiting.active) { /* what another rank's watchdog is told */
+        waiting.active = 1;
+        waiting.group = c->id;
+        waiting.size = c->size;
+        waiting.seq = (int64_t)seq;
+        waiting.p2p = peer >= 0;
+        snprintf(waiting.op, sizeof waiting.op, "%s", op);
+        snprintf(waiting.site, sizeof waiting.site, "%s", site && site->hash ? site->text : "");
       }
+      serve_queries();
+      if (now_s() - start > limit)
+        watchdog_abort(op, c, seq, numel, site, limit, peer);
       usleep(50);
     }
   }
+  waiting.active = 0;
   return LT_OK;
 }
 #endif
@@ -246,7 +390,7 @@ lt_status lt_comm_bcast_bytes(lt_comm *c, void *buf, int n, int root) {
     MPI_Request req;
     if (MPI_Ibcast(buf, n, MPI_BYTE, root, c->mpi, &req) != MPI_SUCCESS)
       return lt_fail(LT_ERR_IO, "broadcasting %d bytes from rank %d failed on rank %d", n, root, world.rank);
-    LT_TRY(wait_request(&req, "broadcast of a communicator id", c, c->seq++, n));
+    LT_TRY(wait_request(&req, "broadcast of a communicator id", c, c->seq++, n, NULL, -1));
   }
 #endif
   (void)c, (void)buf, (void)n, (void)root;
@@ -283,69 +427,156 @@ static int check_enabled(void) {
   return on;
 }
 
-/* The agreement exchange under the watchdog: every rank's 4 numbers into
-   *all (size x 4, malloc'd; the caller frees it on success). */
-static lt_status exchange(lt_comm *c, uint64_t seq, const char *op, const int64_t mine[4], int64_t count,
-                          int64_t **all) {
-  *all = malloc(sizeof(int64_t) * 4 * (size_t)c->size);
-  if (!*all)
-    return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
+/* One rank's side of a collective's agreement exchange (48 bytes: the
+   call site's text travels only when the ranks disagree). */
+typedef struct {
+  int64_t opcode, dtype, count, root, seq;
+  uint64_t site_hash;
+} agreement;
+
+/* whether the records disagree on the op or on a known call site, when the
+   ranks also exchange their call sites' texts (every rank holds the same
+   records, so all decide alike) */
+static int need_sites(const agreement *all, int n) {
+  uint64_t known = 0;
+  for (int r = 0; r < n; r++) {
+    if (all[r].opcode != all[0].opcode)
+      return 1;
+    if (all[r].site_hash && !known)
+      known = all[r].site_hash;
+    else if (all[r].site_hash && all[r].site_hash != known)
+      return 1;
+  }
+  return 0;
+}
+
+/* The agreement exchange under the watchdog: every rank's record into *all
+   and, when they disagree, every rank's call site into *sites (else NULL);
+   both malloc'd, the caller frees them on success. */
+static lt_status exchange(lt_comm *c, uint64_t seq, const char *op, const agreement *mine, const call_site *site,
+                          int64_t count, agreement **all, call_site **sites) {
+  *all = malloc(sizeof(agreement) * (size_t)c->size);
+  *sites = malloc(sizeof(call_site) * (size_t)c->size); /* before the exchange: no rank can fail after it */
+  lt_status st = LT_OK;
   MPI_Request req;
-  lt_status st;
-  if (MPI_Iallgather(mine, 4, MPI_INT64_T, *all, 4, MPI_INT64_T, c->mpi, &req) != MPI_SUCCESS)
+  if (!*all || !*sites)
+    st = lt_fail(LT_ERR_OOM, "%s: out of memory", op);
+  else if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, *all, (int)sizeof *mine, MPI_BYTE, c->mpi, &req) !=
+           MPI_SUCCESS)
     st = lt_fail(LT_ERR_IO, "%s: exchanging sizes failed on rank %d", op, world.rank);
   else
-    st = wait_request(&req, op, c, seq, count);
+    st = wait_request(&req, op, c, seq, count, site, -1);
+  if (st == LT_OK && need_sites(*all, c->size)) {
+    if (MPI_Iallgather(site, (int)sizeof *site, MPI_BYTE, *sites, (int)sizeof *site, MPI_BYTE, c->mpi, &req) !=
+        MPI_SUCCESS)
+      st = lt_fail(LT_ERR_IO, "%s: exchanging call sites failed on rank %d", op, world.rank);
+    else
+      st = wait_request(&req, op, c, seq, count, site, -1);
+    for (int r = 0; st == LT_OK && r < c->size; r++)
+      (*sites)[r].text[SITE_TEXT - 1] = 0;
+  } else if (st == LT_OK) {
+    free(*sites);
+    *sites = NULL;
+  }
   if (st != LT_OK) {
     free(*all);
+    free(*sites);
     *all = NULL;
+    *sites = NULL;
   }
   return st;
 }
 
-/* Every rank of the group gives (op code, dtype, count, root); all must
-   agree on the op and dtype, and on the count unless counts may differ. */
+/* "rank 0 at a.lua:3; ranks 1, 2 at a.lua:5": the group's ranks by call site
+   (the same text on every rank) */
+static void sites_by_rank(const call_site *sites, int n, char *buf, size_t cap) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (int r = 0; r < n && at + 64 < cap; r++) {
+    int first = 1, count = 0;
+    for (int q = 0; q < r; q++)
+      if (sites[q].hash == sites[r].hash)
+        first = 0;
+    if (!first)
+      continue;
+    for (int q = r; q < n; q++)
+      count += sites[q].hash == sites[r].hash;
+    at += (size_t)snprintf(buf + at, cap - at, "%s%s ", at ? "; " : "", count > 1 ? "ranks" : "rank");
+    for (int q = r, k = 0; q < n && at + 64 < cap; q++)
+      if (sites[q].hash == sites[r].hash)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%d", k++ ? ", " : "", q);
+    if (at + 32 < cap)
+      at += (size_t)snprintf(buf + at, cap - at, " at %s", site_name(&sites[r]));
+  }
+}
+
+/* Every rank of the group gives (op code, dtype, count, root, call number,
+   call site); all must agree on the op and dtype, on the count unless
+   counts may differ, and on the call site where every rank knows it. */
 static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_dtype dt, int64_t count, int root,
-                       int counts_may_differ, int64_t *all_counts) {
-  int64_t mine[4] = {opcode, dt, count, root}, *all;
-  lt_status st = exchange(c, seq, op, mine, count, &all);
+                       int counts_may_differ, int64_t *all_counts, const call_site *site) {
+  static const call_site none = {0, ""};
+  if (!site)
+    site = &none;
+  agreement mine = {opcode, dt, count, root, (int64_t)seq, site->hash}, *all;
+  call_site *sites;
+  c->last_site = *site;
+  lt_status st = exchange(c, seq, op, &mine, site, count, &all, &sites);
   if (st != LT_OK)
     return st;
+  const char *here = site_name(site);
   for (int r = 0; r < c->size && st == LT_OK; r++) {
-    int64_t *o = all + 4 * r;
-    if (o[0] == OP_REFUSED)
-      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group refused its arguments to this call "
-                   "(its own error says why)", op, c->id, (unsigned long long)seq, r);
-    else if (o[0] != opcode && o[0] / 16 == opcode / 16 && opcode >= 16)
-      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group passes another reduction op", op,
-                   c->id, (unsigned long long)seq, r);
-    else if (o[0] != opcode)
-      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): rank %d of the group called %s instead", op, c->id,
-                   (unsigned long long)seq, r, op_name(o[0]));
-    else if (o[1] != dt)
+    agreement *o = all + r;
+    if (o->opcode == OP_REFUSED)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu) at %s: rank %d of the group refused its arguments to this "
+                   "call (its own error says why)", op, c->id, (unsigned long long)seq, here, r);
+    else if (o->opcode != opcode && o->opcode / 16 == opcode / 16 && opcode >= 16)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu) at %s: rank %d of the group passes another reduction op",
+                   op, c->id, (unsigned long long)seq, here, r);
+    else if (o->opcode != opcode)
+      st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu) at %s: rank %d of the group called %s instead, at %s", op,
+                   c->id, (unsigned long long)seq, here, r, op_name(o->opcode), site_name(sites ? &sites[r] : NULL));
+    else if (o->dtype != dt)
       st = lt_fail(LT_ERR_DTYPE, "%s (group %d): rank %d passes %s, rank %d passes %s", op, c->id, r,
-                   lt_dtype_name((lt_dtype)o[1]), c->rank, lt_dtype_name(dt));
-    else if (!counts_may_differ && o[2] != count)
+                   lt_dtype_name((lt_dtype)o->dtype), c->rank, lt_dtype_name(dt));
+    else if (!counts_may_differ && o->count != count)
       st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes %lld elements, rank %d passes %lld", op, c->id, r,
-                   (long long)o[2], c->rank, (long long)count);
-    else if (o[3] != root && (opcode == OP_ALL_GATHER || opcode / 16 == OP_REDUCE_SCATTER))
+                   (long long)o->count, c->rank, (long long)count);
+    else if (o->root != root && (opcode == OP_ALL_GATHER || opcode / 16 == OP_REDUCE_SCATTER))
       st = lt_fail(LT_ERR_SHAPE, "%s (group %d): rank %d passes rows of %lld elements, rank %d rows of %d", op, c->id,
-                   r, (long long)o[3], c->rank, root);
-    else if (o[3] != root)
+                   r, (long long)o->root, c->rank, root);
+    else if (o->root != root)
       st = lt_fail(LT_ERR_ARG, "%s (group %d): rank %d names root %lld, rank %d names %d", op, c->id, r,
-                   (long long)o[3], c->rank, root);
+                   (long long)o->root, c->rank, root);
+    else if ((uint64_t)o->seq != seq)
+      st = lt_fail(LT_ERR_INTERNAL, "%s (group %d): rank %d is at the group's call %llu, rank %d at call %llu", op,
+                   c->id, r, (unsigned long long)o->seq, c->rank, (unsigned long long)seq);
     if (all_counts)
-      all_counts[r] = o[2];
+      all_counts[r] = o->count;
+  }
+  /* the same call from different places (the sites came with the records
+     then): checked once every field agrees, the same message on every rank */
+  if (st == LT_OK && sites) {
+    char by[2048];
+    sites_by_rank(sites, c->size, by, sizeof by);
+    st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): the ranks call it from different places: %s (a collective "
+                 "that only some ranks call pairs with the others' next one)", op, c->id, (unsigned long long)seq, by);
   }
   free(all);
+  free(sites);
   return st;
 }
 
 /* this rank's side of a refused call's agreement exchange */
 static lt_status announce_refusal(lt_comm *c) {
-  int64_t mine[4] = {OP_REFUSED, 0, 0, 0}, *all;
-  lt_status st = exchange(c, c->seq++, "a refused collective", mine, 0, &all);
-  free(all);
+  call_site site = take_site();
+  agreement mine = {OP_REFUSED, 0, 0, 0, (int64_t)c->seq, site.hash}, *all;
+  call_site *sites;
+  lt_status st = exchange(c, c->seq++, "a refused collective", &mine, &site, 0, &all, &sites);
+  if (st == LT_OK) {
+    free(all);
+    free(sites);
+  }
   return st;
 }
 
@@ -375,7 +606,7 @@ static lt_status in_pieces(lt_comm *c, const char *op, uint64_t seq, char *data,
     if (rc != MPI_SUCCESS)
       return lt_fail(LT_ERR_IO, "%s: MPI failed on rank %d (elements %lld..%lld)", op, world.rank, (long long)at,
                      (long long)(at + k));
-    LT_TRY(wait_request(&req, op, c, seq, n));
+    LT_TRY(wait_request(&req, op, c, seq, n, &c->last_site, -1));
   }
   return LT_OK;
 }
@@ -408,6 +639,7 @@ static lt_status new_work(lt_comm *c, const char *op, int64_t numel, lt_work **o
   w->comm = c;
   w->op = op;
   w->seq = c->seq++;
+  w->site = take_site();
   w->numel = numel;
   w->scale = 1;
 #ifdef LT_WITH_MPI
@@ -438,7 +670,7 @@ lt_status lt_work_wait(lt_work *w) {
     return LT_OK;
 #ifdef LT_WITH_MPI
   if (use_mpi && w->req != MPI_REQUEST_NULL)
-    LT_TRY(wait_request(&w->req, w->op, w->comm, w->seq, w->numel));
+    LT_TRY(wait_request(&w->req, w->op, w->comm, w->seq, w->numel, &w->site, -1));
 #endif
   w->done = 1;
   return finish(w);
@@ -531,7 +763,8 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     if (check_enabled())
-      st = agree(c, w->seq, "all_reduce", OP_ALL_REDUCE * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL);
+      st = agree(c, w->seq, "all_reduce", OP_ALL_REDUCE * 16 + (int)op, t->dtype, lt_tensor_numel(t), -1, 0, NULL,
+                 &w->site);
 #ifdef LT_WITH_CUDA
     if (on_cuda(t)) {
       if (st == LT_OK)
@@ -582,7 +815,7 @@ lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     if (check_enabled())
-      st = agree(c, w->seq, "broadcast", OP_BROADCAST, t->dtype, lt_tensor_numel(t), root, 0, NULL);
+      st = agree(c, w->seq, "broadcast", OP_BROADCAST, t->dtype, lt_tensor_numel(t), root, 0, NULL, &w->site);
     int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
 #ifdef LT_WITH_CUDA
     if (on_cuda(t)) {
@@ -622,7 +855,8 @@ lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *count
   rows_of(t, &rows, &re);
 #ifdef LT_WITH_MPI
   if (use_mpi) {
-    lt_status st = agree(c, c->seq, "all_gather", OP_ALL_GATHER, t->dtype, rows, re, 1, counts);
+    call_site site = take_site();
+    lt_status st = agree(c, c->seq++, "all_gather", OP_ALL_GATHER, t->dtype, rows, re, 1, counts, &site);
     return st;
   }
 #endif
@@ -650,10 +884,12 @@ lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *outp, const lt_tensor *t, co
         return lt_fail(LT_ERR_SHAPE, "all_gather of CUDA tensors: NCCL needs the same rows on every rank (rank 0 has %lld, rank %d %lld)",
                        (long long)counts[0], r, (long long)counts[r]);
     LT_TRY(new_work(c, "all_gather", lt_tensor_numel(t), &w));
+    w->site = c->last_site;
     return complete(lt_nccl_collective(c, LT_NCCL_ALL_GATHER, outp, t, LT_COMM_SUM, 0), w, out);
   }
 #endif
   LT_TRY(new_work(c, "all_gather", lt_tensor_numel(t), &w));
+  w->site = c->last_site; /* taken by its rows' agreement */
   lt_status st = LT_OK;
   int64_t es = lt_dtype_size(t->dtype);
 #ifdef LT_WITH_MPI
@@ -722,7 +958,8 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
     lt_status st = LT_OK;
 #ifdef LT_WITH_MPI
     if (use_mpi && check_enabled())
-      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL);
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL,
+                 &w->site);
 #endif
     if (st == LT_OK)
       st = lt_nccl_collective(c, LT_NCCL_REDUCE_SCATTER, outp, t, op, 0);
@@ -734,7 +971,8 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     if (check_enabled())
-      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL);
+      st = agree(c, w->seq, "reduce_scatter", OP_REDUCE_SCATTER * 16 + (int)op, t->dtype, rows, (int)re, 0, NULL,
+                 &w->site);
     /* the reduction on a working copy (t stays as given), f32 for bf16/f16 */
     lt_tensor *buf = NULL, *res = NULL;
     if (st == LT_OK)
@@ -787,7 +1025,7 @@ lt_status lt_comm_barrier(lt_comm *c) {
     LT_TRY(new_work(c, "barrier", 0, &w));
     lt_status st = LT_OK;
     if (check_enabled()) /* a rank in another collective meanwhile is an error, not a hang */
-      st = agree(c, w->seq, "barrier", OP_BARRIER, LT_DTYPE_U8, 0, -1, 0, NULL);
+      st = agree(c, w->seq, "barrier", OP_BARRIER, LT_DTYPE_U8, 0, -1, 0, NULL, &w->site);
     if (st == LT_OK && MPI_Ibarrier(c->mpi, &w->req) != MPI_SUCCESS)
       st = lt_fail(LT_ERR_IO, "barrier: MPI_Ibarrier failed on rank %d", world.rank);
     return complete(st, w, NULL);
@@ -808,9 +1046,10 @@ lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst) {
   if (MPI_Isend(head, 2, MPI_INT64_T, dst, 1, c->mpi, &req[0]) != MPI_SUCCESS ||
       MPI_Isend(lt_tensor_data(t), (int)bytes, MPI_BYTE, dst, 2, c->mpi, &req[1]) != MPI_SUCCESS)
     return lt_fail(LT_ERR_IO, "send: MPI_Isend to rank %d failed", dst);
-  uint64_t seq = c->seq++;
-  LT_TRY(wait_request(&req[0], "send", c, seq, lt_tensor_numel(t)));
-  LT_TRY(wait_request(&req[1], "send", c, seq, lt_tensor_numel(t)));
+  uint64_t seq = c->p2p_seq++;
+  call_site site = take_site();
+  LT_TRY(wait_request(&req[0], "send", c, seq, lt_tensor_numel(t), &site, dst));
+  LT_TRY(wait_request(&req[1], "send", c, seq, lt_tensor_numel(t), &site, dst));
 #endif
   return LT_OK;
 }
@@ -821,11 +1060,12 @@ lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
     return lt_fail(LT_ERR_ARG, "recv: source %d is not another rank of the group (0..%d)", src, c->size - 1);
 #ifdef LT_WITH_MPI
   int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype), head[2];
-  uint64_t seq = c->seq++;
+  uint64_t seq = c->p2p_seq++;
+  call_site site = take_site();
   MPI_Request req;
   if (MPI_Irecv(head, 2, MPI_INT64_T, src, 1, c->mpi, &req) != MPI_SUCCESS)
     return lt_fail(LT_ERR_IO, "recv: MPI_Irecv from rank %d failed", src);
-  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t))); /* the watchdog covers a sender that never comes */
+  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t), &site, src)); /* the watchdog covers a sender that never comes */
   if (head[0] != bytes || head[1] != t->dtype) {
     /* drain the payload so the pair stays in step, then report */
     void *junk = malloc((size_t)head[0] + 1);
@@ -836,7 +1076,7 @@ lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
   }
   if (MPI_Irecv(lt_tensor_data(t), (int)bytes, MPI_BYTE, src, 2, c->mpi, &req) != MPI_SUCCESS)
     return lt_fail(LT_ERR_IO, "recv: MPI_Irecv from rank %d failed", src);
-  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t)));
+  LT_TRY(wait_request(&req, "recv", c, seq, lt_tensor_numel(t), &site, src));
 #endif
   return LT_OK;
 }

@@ -638,11 +638,14 @@ void lt_preempt_clear(void);
    (every collective the identity); semantics as torch.distributed. Tensors
    are contiguous CPU tensors (f32, f64, bf16, f16 reduced in f32, i32, i64,
    u8). Each collective checks with the group that every rank passes the same
-   op, dtype and size (LUTRA_COMM_CHECK=0 skips it) and fails on every rank
-   naming the rank that differs. With work != NULL it returns a handle to
-   lt_work_wait on; with NULL it completes before returning. A collective not
-   complete after LUTRA_COMM_TIMEOUT seconds (default 600) prints rank, op,
-   group, call number and size, and aborts the job. */
+   op, dtype and size and calls it from the same place (the call site set by
+   lt_comm_set_site; LUTRA_COMM_CHECK=0 skips the check) and fails on every
+   rank naming the rank that differs (for call sites, every rank's). With
+   work != NULL it returns a handle to lt_work_wait on; with NULL it
+   completes before returning. A collective not complete after
+   LUTRA_COMM_TIMEOUT seconds (default 600) prints rank, op, group, call
+   number, size, call site and the ranks that never arrived, and aborts the
+   job. */
 typedef struct lt_comm lt_comm;
 typedef struct lt_work lt_work;
 typedef enum lt_comm_op { LT_COMM_SUM = 0, LT_COMM_AVG = 1, LT_COMM_MAX = 2, LT_COMM_MIN = 3 } lt_comm_op;
@@ -657,6 +660,11 @@ int lt_dist_local_rank(void);
 void lt_dist_abort(int code);
 void lt_dist_finalize(void);
 void lt_comm_set_timeout(double seconds);
+/* The call site (e.g. Lua's "file:line") the next collective on any group
+   checks against the other ranks' and reports, with context (e.g. the
+   callers, "file:line < file:line", shown in messages only; may be NULL).
+   That collective takes it (site NULL or "": none, not checked). */
+void lt_comm_set_site(const char *site, const char *context);
 lt_comm *lt_comm_world(void);
 /* MPI_Comm_split: ranks with the same color form a group, ordered by key. */
 lt_status lt_comm_split(lt_comm *parent, int color, int key, lt_comm **out);

@@ -170,4 +170,25 @@ H.test("a bad argument on one rank only: it raises its own error, the others nam
   assert(t:totable()[1] == w)
 end)
 
+H.test("the same collective called from another line on one rank raises on every rank, naming each rank's line",
+  function(r, w)
+  if w < 2 then return end
+  local at = debug.getinfo(1, "l").currentline
+  local function call(t)
+    if r == 0 then lt.dist.all_reduce(t) -- at + 2: an extra call on rank 0 would pair with the others' next one
+    else lt.dist.all_reduce(t) end -- at + 3
+  end
+  local here = "tests/dist/collectives_spec.lua:"
+  H.raises(function() call(lt.ones(2)) end, "all_reduce (group 0, call ", "the ranks call it from different places",
+    "rank 0 at " .. here .. (at + 2), (w == 2 and "rank 1" or "ranks 1, 2, 3") .. " at " .. here .. (at + 3))
+  -- barrier too, and the group stays in step: the next calls pair
+  H.raises(function()
+    if r == w - 1 then lt.dist.barrier() -- at + 10
+    else lt.dist.barrier() end
+  end, "barrier (group 0, call ", ("rank %d at %s%d"):format(w - 1, here, at + 10))
+  local t = lt.ones(3)
+  lt.dist.all_reduce(t)
+  assert(t:totable()[1] == w)
+end)
+
 H.run("collectives_spec")

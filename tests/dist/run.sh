@@ -40,12 +40,13 @@ line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, 0 failed$' | ta
 if [ -n "$line" ]; then ok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3): $line"
 else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"; fi
 
-# job NAME PATTERN MAX_SECONDS: a 2-rank job that must end with a non-zero
-# status within MAX_SECONDS, its output matching PATTERN
+# job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
+# RANKS) that must end with a non-zero status within MAX_SECONDS, its output
+# matching PATTERN
 job() {
   local start took rc out
   start=$(date +%s)
-  out=$(timeout 60 $MPIRUN -np 2 ./lutra "tests/dist/jobs/$1.lua" 2>&1); rc=$?
+  out=$(timeout 60 $MPIRUN -np "${5:-2}" ./lutra "tests/dist/jobs/$1.lua" 2>&1); rc=$?
   took=$(( $(date +%s) - start ))
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le "$3" ] && echo "$out" | grep -q "$2" \
      && ! echo "$out" | grep -q unreachable; then
@@ -56,8 +57,14 @@ job() {
 }
 job error_on_one_rank '^\[rank 1\] lutra: .*a deliberate failure on rank 1' 20 \
   "an error on rank 1 ends the job with [rank 1] and the message"
-job skip_collective '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s' 25 \
-  "the watchdog reports a skipped collective and aborts the job"
+job skip_collective '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s at tests/dist/jobs/skip_collective.lua:[0-9]*: never arrived: rank 1 (no answer in 1 s' 25 \
+  "the watchdog reports a skipped collective, where it waits and the rank that never arrived, and aborts the job"
+job skip_collective '^\[rank [01]\] lutra: watchdog: all_reduce (group 0 of 3 ranks, call 0, 4 elements) not complete after 2 s at [^:]*:[0-9]*: never arrived: rank 2 (no answer in 1 s[^;]*; aborting' 25 \
+  "on 3 ranks the watchdog names only the rank that never arrived" 3
+job wait_elsewhere '^\[rank 0\] lutra: watchdog: all_reduce (group 0 of 2 ranks, call 0, 4 elements) not complete after 2 s at tests/dist/jobs/wait_elsewhere.lua:[0-9]*: never arrived: rank 1 (waits in recv, group 0 send/recv 0, at tests/dist/jobs/wait_elsewhere.lua:[0-9]*)' 25 \
+  "the watchdog names a rank waiting in another call, with that call and its site"
+job extra_barrier '^\[rank [01]\] lutra: .*barrier (group 0, call 0): the ranks call it from different places: rank 0 at tests/dist/jobs/extra_barrier.lua:8; rank 1 at tests/dist/jobs/extra_barrier.lua:9' 10 \
+  "a barrier only rank 0 calls fails at once on every rank naming both call sites (not the watchdog)"
 job split_on_one_rank '^\[rank 0\] lutra: watchdog: new_group ' 25 \
   "the watchdog reports a group made on one rank only"
 job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \

@@ -12,16 +12,37 @@
 -- reduced in f32; i32, i64, u8) and CUDA tensors through NCCL (all_gather
 -- and reduce_scatter with equal chunks there; not yet run on a GPU) and an optional {group = g} (default: every rank).
 -- Semantics as torch.distributed. Every rank checks with the others that
--- they call the same collective with the same dtype and size, and raises on
--- all of them when one differs (naming it); an uncaught error on any rank
+-- they call the same collective with the same dtype and size, from the same
+-- line of code (the file:line that calls lt.dist.<op>), and raises on all of
+-- them when one differs (naming it, and for a call site every rank's, with
+-- its callers): a collective that only some ranks call would otherwise pair
+-- with the others' next one and hang. (Code that calls one collective from
+-- two branches, `if rank == 0 then broadcast(a) else broadcast(b) end`,
+-- must call it once after the branch.) An uncaught error on any rank
 -- prints "[rank N] ..." and ends the job. A collective that waits past the
--- watchdog timeout (set_timeout, default 600 s) reports and aborts the job.
+-- watchdog timeout (set_timeout, default 600 s) reports the ranks that never
+-- arrived and aborts the job.
 local lt = require "lutra"
 local capi = require "lutra.capi"
 local C, ffi, fail = capi.C, capi.ffi, capi.fail
 local tensor = require "lutra.tensor"
 
 local M = {}
+
+local set_call_site = require("lutra.core").set_call_site
+local SITE_FRAMES = 4
+--- The call site the next collective checks against the other ranks' and
+-- reports (lt_comm_set_site): the caller of lt.dist.<op> as "file:line",
+-- the same line on every rank (so a collective reached through different
+-- callers still pairs, as DataParallel's bucket from a backward hook on one
+-- rank and from finish() on another), and SITE_FRAMES - 1 frames beyond it
+-- as context for messages.
+local function set_site() set_call_site(3, SITE_FRAMES) end
+-- (it stops a compiled trace; with the checks off, LUTRA_COMM_CHECK=0 read as C's atoi does, nothing to set)
+local check_env = os.getenv("LUTRA_COMM_CHECK")
+if check_env and check_env ~= "" and (tonumber(check_env:match("^%s*[-+]?%d+") or "0") or 0) == 0 then
+  set_site = function() end
+end
 
 local OPS = { sum = 0, avg = 1, max = 2, min = 3 }
 local work_box = ffi.new("lt_work*[1]")
@@ -81,6 +102,7 @@ function Group:__tostring() return ("Group(%d of %d)"):format(self:rank(), self:
 -- (MPI_Comm_split), ordered by key (default: the world rank). Every rank calls it.
 function M.new_group(color, key)
   need_init()
+  set_site()
   if type(color) ~= "number" or color < 0 or color ~= math.floor(color) then
     C.lt_comm_refuse(C.lt_comm_world()) -- the others learn of it in their split's agreement
     error("new_group: color must be a whole number >= 0", 2)
@@ -136,6 +158,7 @@ end
 --- lt.dist.all_reduce(t[, {op = "sum"|"avg"|"max"|"min", group =, async = false}]) -> t (in place), or a handle.
 function M.all_reduce(t, opts)
   need_init()
+  set_site()
   local g = group_of(opts)
   check_tensor("all_reduce", t, g)
   if C.lt_comm_all_reduce(g.c, t, op_code("all_reduce", opts, g), opts and opts.async and work_box or nil) ~= 0 then
@@ -147,6 +170,7 @@ end
 --- lt.dist.broadcast(t[, {src = 0, group =, async =}]) -> t, rank src's values on every rank.
 function M.broadcast(t, opts)
   need_init()
+  set_site()
   local g = group_of(opts)
   check_tensor("broadcast", t, g)
   local src = opts and opts.src or 0
@@ -165,6 +189,7 @@ end
 -- the background on NCCL, while MPI completes it before returning.
 function M.all_gather(t, opts)
   need_init()
+  set_site()
   local g = group_of(opts)
   check_tensor("all_gather", t, g)
   local out = opts and opts.out
@@ -218,6 +243,7 @@ end
 -- until the wait; MPI completes it before returning, NCCL in the background).
 function M.reduce_scatter(t, opts)
   need_init()
+  set_site()
   local g = group_of(opts)
   check_tensor("reduce_scatter", t, g)
   local code = op_code("reduce_scatter", opts, g)
@@ -241,6 +267,7 @@ end
 --- lt.dist.barrier([{group =}]): waits until every rank of the group arrives.
 function M.barrier(opts)
   need_init()
+  set_site()
   if C.lt_comm_barrier(group_of(opts).c) ~= 0 then fail(2) end
 end
 
@@ -249,6 +276,7 @@ end
 function M.send(t, dst, opts)
   if not tensor.is_tensor(t) then error(("send: expected a tensor, got %s"):format(type(t)), 2) end
   need_init()
+  set_site()
   if C.lt_comm_send(group_of(opts).c, t:contiguous(), dst) ~= 0 then fail(2) end
 end
 
@@ -256,6 +284,7 @@ function M.recv(t, src, opts)
   if not tensor.is_tensor(t) then error(("recv: expected a tensor, got %s"):format(type(t)), 2) end
   need_init()
   if not t:is_contiguous() then error("recv: the tensor must be contiguous", 2) end
+  set_site()
   if C.lt_comm_recv(group_of(opts).c, t, src) ~= 0 then fail(2) end
   return t
 end
