@@ -88,8 +88,10 @@ describe("shards and the loader", function()
   end)
   it("keeps data-parallel ranks in step when the windows do not divide by the ranks", function()
     -- every rank r of world, stepped together: at each step all ranks are in
-    -- the same epoch, no window is read twice in an epoch (by any rank), and
-    -- each complete epoch reads the same number of windows on every rank
+    -- the same epoch, no window is read twice in an epoch (by any rank), each
+    -- complete epoch reads the same number of windows on every rank, and the
+    -- ranks' rows are one process's order, each epoch's remainder dropped:
+    -- row i of an epoch on rank r is that epoch's window i * world + r
     for _, nwin in ipairs { 6, 7, 11 } do
       local d = tmpdir()
       make_shards(d, { nwin * T + 1 })
@@ -102,6 +104,14 @@ describe("shards and the loader", function()
               loaders[r] = lt.data.shards { path = d, batch = B, seq = T, seed = 2, rank = r, world = world,
                 shuffle = shuffle, prefetch = 1 }
             end
+            -- one process's order over enough epochs, by epoch
+            local single = lt.data.shards { path = d, batch = 1, seq = T, seed = 2, shuffle = shuffle, prefetch = 1 }
+            local order = {}
+            for e = 0, math.ceil(3 * nwin * B / loaders[0]:windows_per_epoch()) do
+              order[e] = {}
+              for i = 1, nwin do order[e][i] = window_ids(single:next(), T)[1] end
+            end
+            single:close()
             local seen, counts = {}, {} -- seen[epoch][window], counts[epoch][rank]
             for step = 1, 3 * nwin do
               local epoch
@@ -112,6 +122,10 @@ describe("shards and the loader", function()
                   per[r] = (per[r] or 0) + 1
                   local pos = per[r] - 1
                   local e = math.floor(pos / L:windows_per_epoch())
+                  local i = pos % L:windows_per_epoch()
+                  local want = order[e][i * world + r + 1]
+                  assert(w == want, ("%s: rank %d's row %d of epoch %d is window %d, one process's window %d there "
+                    .. "is %d"):format(what, r, i, e, w, i * world + r, want))
                   seen[e] = seen[e] or {}
                   assert(not seen[e][w], ("%s: window %d read twice in epoch %d"):format(what, w, e))
                   seen[e][w] = true
