@@ -93,8 +93,13 @@ void lt_comm_set_site(const char *site, const char *context) {
   for (const unsigned char *p = (const unsigned char *)site; *p; p++)
     h = (h ^ *p) * 1099511628211ULL;
   pending_site.hash = h ? h : 1;
-  snprintf(pending_site.text, sizeof pending_site.text, "%s%s%s", site, context && *context ? " < " : "",
-           context ? context : "");
+  /* site, then " < " context, cut to fit (no snprintf: it cost most of a call) */
+  const char *parts[3] = {site, context && *context ? " < " : "", context ? context : ""};
+  size_t at = 0;
+  for (int k = 0; k < 3; k++)
+    for (const char *p = parts[k]; *p && at < sizeof pending_site.text - 1; p++)
+      pending_site.text[at++] = *p;
+  pending_site.text[at] = 0;
 }
 
 /* the pending call site, cleared (so a later call from C does not inherit it) */
