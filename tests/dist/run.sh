@@ -2,8 +2,11 @@
 # tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
 # cores), plus the job-ending checks: an error on one rank ends the job
-# within seconds with a non-zero status; a rank that skips a collective is reported by the watchdog. Prints
-# "ok"/"not ok" lines and ends with "dist: P passed, F failed".
+# within seconds with a non-zero status; a collective that one rank calls
+# from another line fails at once naming both; a rank that skips a
+# collective is reported by the watchdog, which names the ranks that never
+# arrived. Prints "ok"/"not ok" lines and ends with "dist: P passed, F
+# failed".
 set -u
 cd "$(dirname "$0")/../.."
 MPIRUN="mpirun --oversubscribe"

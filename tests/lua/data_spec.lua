@@ -156,6 +156,21 @@ describe("shards and the loader", function()
       end
     end
   end)
+  it("resumes a rank of several exactly when the windows do not divide by the ranks", function()
+    -- 24 windows on 5 ranks: 4 per epoch each, 4 dropped; batch 3 crosses epochs
+    local function open() return lt.data.shards { path = dir, batch = 3, seq = T, seed = 7, rank = 3, world = 5 } end
+    local full, reference = open(), {}
+    for k = 1, 9 do reference[k] = full:next():totable() end
+    for _, cut in ipairs { 1, 4, 7 } do
+      local a = open()
+      for _ = 1, cut do a:next() end
+      local state = lt.json.decode(lt.json.encode(a:state()))
+      a:close()
+      local b = open()
+      b:load_state(state)
+      for k = cut + 1, 9 do assert.are.same(reference[k], b:next():totable(), "batch " .. k .. " after " .. cut) end
+    end
+  end)
   it("resumes exactly, mid-epoch and in a later epoch", function()
     local full = lt.data.shards { path = dir, batch = 5, seq = T, seed = 9 }
     local reference = {}
