@@ -259,7 +259,7 @@ bench: lutra data/gpt2.tiktoken
 ASAN_ENV := LUTRA_CPU_CACHE_MB=0 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
             UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 asan:
-	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \
+	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined,float-cast-overflow OPT=-O1 KERNEL_OPT=-O1 \
 	  LUTRA_OUT=build-asan/lutra build-asan/lutra $(C_TESTS:$(BUILD)/%=build-asan/%)
 	@for t in build-asan/tests/test_*; do $(ASAN_ENV) $$t || exit 1; done
 	@$(ASAN_ENV) build-asan/lutra tests/lua/run.lua -o TAP tests/lua > build-asan/specs.tap 2>&1; \

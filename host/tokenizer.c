@@ -21,6 +21,7 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -352,8 +353,14 @@ lt_status lt_tokenizer_parse_gpt2(const char *json, size_t json_len, const char 
     line++;
     if (strcmp(it->string, "<|endoftext|>") == 0)
       continue;
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble) {
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble)) {
       st = lt_fail(LT_ERR_IO, "vocabulary %s: encoder.json entry %lld is not a whole-number id", path, (long long)line);
+      break;
+    }
+    /* the range before the conversion (a double outside int64_t's is undefined to convert) */
+    if (!(it->valuedouble >= 0 && it->valuedouble < (double)t->nranks)) {
+      st = lt_fail(LT_ERR_IO, "vocabulary %s: encoder.json entry %lld: id %.17g is outside 0..%lld", path,
+                   (long long)line, it->valuedouble, (long long)t->nranks - 1);
       break;
     }
     long len = unicode_to_bytes(it->string, byte_of_cp, tok, sizeof tok);

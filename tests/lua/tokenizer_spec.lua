@@ -160,6 +160,11 @@ describe("tokenizer", function()
     H.assert_error(function() lt.tokenizer.load("/nonexistent/vocab") end, "cannot open")
     local p6 = tmpfile("not json")
     H.assert_error(function() lt.tokenizer.load { encoder = p6 } end, "encoder.json", "JSON")
-    for _, q in ipairs { p, p2, p3, p4, p5, p6 } do os.remove(q) end
+    -- ids far outside int64_t: range-checked before the conversion (UBSan: float-cast-overflow)
+    local p7 = tmpfile('{"!": 1e30}')
+    H.assert_error(function() lt.tokenizer.load { encoder = p7 } end, "encoder.json entry 1", "id 1e+30 is outside 0..0")
+    local p8 = tmpfile('{"!": -1e30}')
+    H.assert_error(function() lt.tokenizer.load { encoder = p8 } end, "encoder.json entry 1", "id -1e+30 is outside")
+    for _, q in ipairs { p, p2, p3, p4, p5, p6, p7, p8 } do os.remove(q) end
   end)
 end)
