@@ -221,9 +221,10 @@ test: lutra test-c data/gpt2.tiktoken $(EMU_FOR_TEST)
 data/gpt2.tiktoken:
 	tools/fetch-vocab
 
-# The Python documentation as token shards (Debian's python3.11-doc)
+# The Python documentation as token shards (Debian's python3.11-doc); rerun
+# when lutra or the vocabulary is newer, --overwrite replacing the old shards
 data/pydocs/train_000000.bin: lutra data/gpt2.tiktoken
-	./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
+	./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs --overwrite
 
 data: data/pydocs/train_000000.bin
 
