@@ -37,7 +37,7 @@ ifneq ($(SYSROOT),)
                   -Wl,-rpath-link,$(SYSROOT)/usr/lib/x86_64-linux-gnu -Wl,-rpath-link,$(SYSROOT)/lib/x86_64-linux-gnu
 endif
 
-PKGS := luajit openblas libedit libcjson libpcre2-8
+PKGS := luajit openblas libedit libcjson libpcre2-8 libmd
 MISSING := $(strip $(foreach p,$(PKGS),$(if $(shell $(PKG_CONFIG) --exists $(p) && echo y),,$(p))))
 ifneq ($(MISSING),)
   ifeq ($(filter deps clean,$(MAKECMDGOALS)),)

@@ -13,6 +13,9 @@
  * Every vocabulary line and entry is checked; a bad file is an error naming
  * it, the line and the problem.
  *
+ * lt_tokenizer_file_sha256 gives a vocabulary file's SHA-256 (libmd's), which
+ * lt.tokenizer.load checks as tiktoken checks its encodings' files.
+ *
  * Invalid UTF-8 in text is replaced by U+FFFD per maximal invalid subpart
  * (as Python's bytes.decode(errors="replace")), or is an error giving its
  * byte offset, as the caller asks.
@@ -28,6 +31,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <sha2.h> /* libmd */
 
 
 /* ---- the rank table: token bytes -> rank, open addressing ------------------- */
@@ -299,6 +303,17 @@ lt_status lt_tokenizer_load_tiktoken(const char *path, lt_tokenizer **out) {
   st = lt_tokenizer_parse_tiktoken(data, len, path, out);
   free(data);
   return st;
+}
+
+lt_status lt_tokenizer_file_sha256(const char *path, char hex[65]) {
+  size_t len;
+  lt_status st;
+  char *data = slurp(path, &len, &st);
+  if (!data)
+    return st;
+  SHA256Data((const uint8_t *)data, len, hex); /* 64 lowercase hex digits and a NUL */
+  free(data);
+  return LT_OK;
 }
 
 /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to

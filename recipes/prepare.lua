@@ -19,6 +19,7 @@ local cfg = lt.config {
   input = "/usr/share/doc/python3.11/html/_sources",
   out = "data/pydocs",
   vocab = "data/gpt2.tiktoken",
+  vocab_sha256 = "", -- "": GPT-2's for a file named gpt2.tiktoken; "any"; or 64 hex digits
   shard_size = 10000000, -- tokens per shard
   val_frac = 0.02,
   field = "text", -- for .jsonl input
@@ -29,6 +30,7 @@ local cfg = lt.config {
   _help = {
     input = "a directory of .txt files (one document each) or a .jsonl file (one per line)",
     out = "the directory for train_*.bin and val_*.bin", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
+    vocab_sha256 = "the vocabulary's SHA-256: empty for GPT-2's where the file is named gpt2.tiktoken, any for no check",
     shard_size = "tokens per shard", val_frac = "the share of documents for validation (one in every 1/val_frac)",
     field = "the text's field in each .jsonl line", batch_mb = "MB of text encoded per parallel batch",
     on_invalid_utf8 = "error, or replace (with U+FFFD)", quiet = "no progress line",
@@ -113,7 +115,14 @@ local function prepare_out(out)
   os.execute("mkdir -p " .. shell_quote(out))
 end
 
-local tok = lt.tokenizer.load(cfg.vocab)
+local want_sha256 = nil -- (tokenizer.load's rule)
+if cfg.vocab_sha256 == "any" then want_sha256 = false elseif cfg.vocab_sha256 ~= "" then want_sha256 = cfg.vocab_sha256 end
+local ok_tok, tok = pcall(lt.tokenizer.load, cfg.vocab, { sha256 = want_sha256 })
+if not ok_tok then -- (in the terms of this recipe's settings)
+  local msg = tostring(tok):gsub("^tokenizer%.load: ", ""):gsub("load it with {sha256 = false}", "pass --vocab_sha256=any")
+    :gsub("sha256 must be 64 hex digits or false", "--vocab_sha256 must be 64 hex digits, any or empty")
+  error("prepare: " .. msg, 0)
+end
 local docs = documents(cfg.input)
 if #docs == 1 then
   -- documents go whole to one split, the first to validation: training would get nothing
