@@ -101,7 +101,7 @@ else
 endif
 
 ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
-  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
+  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8), libmd $(shell $(PKG_CONFIG) --modversion libmd); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
 endif
 
 WARN := -Wall -Wextra
