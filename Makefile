@@ -37,7 +37,7 @@ ifneq ($(SYSROOT),)
                   -Wl,-rpath-link,$(SYSROOT)/usr/lib/x86_64-linux-gnu -Wl,-rpath-link,$(SYSROOT)/lib/x86_64-linux-gnu
 endif
 
-PKGS := luajit openblas libedit libcjson libpcre2-8
+PKGS := luajit openblas libedit libcjson libpcre2-8 libmd
 MISSING := $(strip $(foreach p,$(PKGS),$(if $(shell $(PKG_CONFIG) --exists $(p) && echo y),,$(p))))
 ifneq ($(MISSING),)
   ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
@@ -101,7 +101,7 @@ else
 endif
 
 ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
-  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
+  $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8), libmd $(shell $(PKG_CONFIG) --modversion libmd); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
 endif
 
 WARN := -Wall -Wextra
@@ -221,9 +221,10 @@ test: lutra test-c data/gpt2.tiktoken $(EMU_FOR_TEST)
 data/gpt2.tiktoken:
 	tools/fetch-vocab
 
-# The Python documentation as token shards (Debian's python3.11-doc)
+# The Python documentation as token shards (Debian's python3.11-doc); rerun
+# when lutra or the vocabulary is newer, --overwrite replacing the old shards
 data/pydocs/train_000000.bin: lutra data/gpt2.tiktoken
-	./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
+	./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs --overwrite
 
 data: data/pydocs/train_000000.bin
 
@@ -259,7 +260,7 @@ bench: lutra data/gpt2.tiktoken
 ASAN_ENV := LUTRA_CPU_CACHE_MB=0 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
             UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 asan:
-	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined OPT=-O1 KERNEL_OPT=-O1 \
+	$(MAKE) BUILD=build-asan SANITIZE=-fsanitize=address,undefined,float-cast-overflow OPT=-O1 KERNEL_OPT=-O1 \
 	  LUTRA_OUT=build-asan/lutra build-asan/lutra $(C_TESTS:$(BUILD)/%=build-asan/%)
 	@for t in build-asan/tests/test_*; do $(ASAN_ENV) $$t || exit 1; done
 	@$(ASAN_ENV) build-asan/lutra tests/lua/run.lua -o TAP tests/lua > build-asan/specs.tap 2>&1; \

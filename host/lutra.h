@@ -462,6 +462,9 @@ lt_status lt_safetensors_save(const char *path, int64_t n, const char *const *na
 typedef struct lt_tokenizer lt_tokenizer;
 /* Loads a tiktoken vocabulary ("base64 rank" lines, e.g. gpt2.tiktoken). */
 lt_status lt_tokenizer_load_tiktoken(const char *path, lt_tokenizer **out);
+/* The SHA-256 of a vocabulary file as 64 lowercase hex digits and a NUL
+   (errors name the file: missing, unreadable, over 1 GiB). */
+lt_status lt_tokenizer_file_sha256(const char *path, char hex[65]);
 /* Loads GPT-2's encoder.json (and checks vocab.bpe's merges when given). */
 lt_status lt_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe, lt_tokenizer **out);
 /* The same from memory (label names the source in messages): fuzz targets. */

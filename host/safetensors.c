@@ -21,6 +21,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,8 +184,8 @@ static lt_status parse(lt_safetensors *f) {
     int64_t numel = 1;
     int d = 0;
     for (cJSON *s = sh->child; s; s = s->next, d++) {
-      if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble > 4611686018427387904.0 ||
-          s->valuedouble != (double)(int64_t)s->valuedouble) {
+      if (!cJSON_IsNumber(s) || !(s->valuedouble >= 0) || s->valuedouble > 4611686018427387904.0 ||
+          s->valuedouble != floor(s->valuedouble)) { /* (the range checked before any conversion) */
         st = BAD("safetensors %s: tensor '%s' has a shape entry that is not a whole number >= 0", p, name);
         break;
       }
@@ -197,9 +198,15 @@ static lt_status parse(lt_safetensors *f) {
     if (st != LT_OK)
       break;
     double b = cJSON_GetArrayItem(off, 0)->valuedouble, en = cJSON_GetArrayItem(off, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) || b < 0 ||
-        en < b || b != (double)(uint64_t)b || en != (double)(uint64_t)en) {
+    /* range first: converting a double outside uint64_t's range is undefined */
+    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ||
+        !(b >= 0) || !(en >= b) || b != floor(b) || en != floor(en)) {
       st = BAD("safetensors %s: tensor '%s' has data_offsets that are not whole numbers begin <= end", p, name);
+      break;
+    }
+    if (en > (double)f->data_len) { /* (data_len < 2^53: the comparison is exact) */
+      st = BAD("safetensors %s: tensor '%s' ends at byte %.17g of a %llu-byte data area", p, name, en,
+               (unsigned long long)f->data_len);
       break;
     }
     e->begin = (uint64_t)b;
@@ -208,11 +215,6 @@ static lt_status parse(lt_safetensors *f) {
     if (__builtin_mul_overflow(numel, lt_dtype_size(e->dtype), &want) || (uint64_t)want != e->end - e->begin) {
       st = BAD("safetensors %s: tensor '%s' spans %llu bytes but its shape and dtype %s need %lld", p, name,
                (unsigned long long)(e->end - e->begin), dt->valuestring, (long long)want);
-      break;
-    }
-    if (e->end > f->data_len) {
-      st = BAD("safetensors %s: tensor '%s' ends at byte %llu of a %llu-byte data area", p, name,
-               (unsigned long long)e->end, (unsigned long long)f->data_len);
       break;
     }
     e->name = strdup(name);

@@ -13,6 +13,9 @@
  * Every vocabulary line and entry is checked; a bad file is an error naming
  * it, the line and the problem.
  *
+ * lt_tokenizer_file_sha256 gives a vocabulary file's SHA-256 (libmd's), which
+ * lt.tokenizer.load checks as tiktoken checks its encodings' files.
+ *
  * Invalid UTF-8 in text is replaced by U+FFFD per maximal invalid subpart
  * (as Python's bytes.decode(errors="replace")), or is an error giving its
  * byte offset, as the caller asks.
@@ -21,12 +24,14 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <sha2.h> /* libmd */
 
 
 /* ---- the rank table: token bytes -> rank, open addressing ------------------- */
@@ -300,6 +305,17 @@ lt_status lt_tokenizer_load_tiktoken(const char *path, lt_tokenizer **out) {
   return st;
 }
 
+lt_status lt_tokenizer_file_sha256(const char *path, char hex[65]) {
+  size_t len;
+  lt_status st;
+  char *data = slurp(path, &len, &st);
+  if (!data)
+    return st;
+  SHA256Data((const uint8_t *)data, len, hex); /* 64 lowercase hex digits and a NUL */
+  free(data);
+  return LT_OK;
+}
+
 /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to
    U+0100 upwards, so every byte is a visible character in encoder.json. */
 static void byte_unicode_table(int *cp_of_byte) {
@@ -352,8 +368,14 @@ lt_status lt_tokenizer_parse_gpt2(const char *json, size_t json_len, const char 
     line++;
     if (strcmp(it->string, "<|endoftext|>") == 0)
       continue;
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble) {
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble)) {
       st = lt_fail(LT_ERR_IO, "vocabulary %s: encoder.json entry %lld is not a whole-number id", path, (long long)line);
+      break;
+    }
+    /* the range before the conversion (a double outside int64_t's is undefined to convert) */
+    if (!(it->valuedouble >= 0 && it->valuedouble < (double)t->nranks)) {
+      st = lt_fail(LT_ERR_IO, "vocabulary %s: encoder.json entry %lld: id %.17g is outside 0..%lld", path,
+                   (long long)line, it->valuedouble, (long long)t->nranks - 1);
       break;
     }
     long len = unicode_to_bytes(it->string, byte_of_cp, tok, sizeof tok);

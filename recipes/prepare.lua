@@ -1,12 +1,16 @@
 --- recipes/prepare.lua: text -> token shards (llm.c's format) for training.
--- The input is a text file, a directory of .txt files (each file one
--- document, in sorted order) or a .jsonl file (one document per line, the
--- text in --field). Each document is encoded with GPT-2's BPE on all
+-- The input is a directory of .txt files (each file one document, in
+-- sorted order) or a .jsonl file (one document per line, the text in
+-- --field); a single text file is one document, refused (below). Each document is encoded with GPT-2's BPE on all
 -- threads and followed by <|endoftext|>; documents go to the validation
 -- split deterministically (one in every 1/val_frac), the rest to training;
 -- each split is cut into shards of --shard_size tokens named
 -- <out>/train_000000.bin, <out>/val_000000.bin, ... The output depends only
--- on the input and the settings.
+-- on the input and the settings. An --out that holds anything is refused
+-- (old shards there would be read with the new ones) unless --overwrite,
+-- which deletes its train_*.bin and val_*.bin first; input of a single
+-- document (which goes whole to validation) is refused, as training would
+-- get no tokens.
 --
 --   ./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
 local lt = require "lutra"
@@ -15,18 +19,22 @@ local cfg = lt.config {
   input = "/usr/share/doc/python3.11/html/_sources",
   out = "data/pydocs",
   vocab = "data/gpt2.tiktoken",
+  vocab_sha256 = "", -- "": GPT-2's for a file named gpt2.tiktoken; "any"; or 64 hex digits
   shard_size = 10000000, -- tokens per shard
   val_frac = 0.02,
   field = "text", -- for .jsonl input
   batch_mb = 8, -- text encoded per parallel batch
   on_invalid_utf8 = "error", -- or "replace" (with U+FFFD)
+  overwrite = false, -- into an --out that is not empty: its old shards deleted
   quiet = false,
   _help = {
-    input = "a text file, a directory of .txt files (one document each) or a .jsonl file",
+    input = "a directory of .txt files (one document each) or a .jsonl file (one per line)",
     out = "the directory for train_*.bin and val_*.bin", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
+    vocab_sha256 = "the vocabulary's SHA-256: empty for GPT-2's where the file is named gpt2.tiktoken, any for no check",
     shard_size = "tokens per shard", val_frac = "the share of documents for validation (one in every 1/val_frac)",
     field = "the text's field in each .jsonl line", batch_mb = "MB of text encoded per parallel batch",
     on_invalid_utf8 = "error, or replace (with U+FFFD)", quiet = "no progress line",
+    overwrite = "write into a non-empty --out, deleting its train_*.bin and val_*.bin first",
   },
 }
 
@@ -74,9 +82,54 @@ local function documents(input)
   return docs
 end
 
-local tok = lt.tokenizer.load(cfg.vocab)
+--- The names in dir (none for a directory that is not there); raises if
+-- out is there but is not a directory.
+local function entries(dir)
+  local rc = os.execute("test -e " .. shell_quote(dir))
+  if not (rc == 0 or rc == true) then return {} end
+  rc = os.execute("test -d " .. shell_quote(dir))
+  if not (rc == 0 or rc == true) then error(("prepare: --out=%s is not a directory"):format(dir), 0) end
+  local names = {}
+  local p = io.popen("LC_ALL=C ls -A " .. shell_quote(dir))
+  for name in p:lines() do names[#names + 1] = name end
+  p:close()
+  return names
+end
+
+--- Refuses a non-empty --out unless --overwrite, which deletes the old
+-- shards (only those: other files stay).
+local function prepare_out(out)
+  local names = entries(out)
+  if #names > 0 and not cfg.overwrite then
+    local shown = {}
+    for k = 1, math.min(3, #names) do shown[k] = names[k] end
+    error(("prepare: --out=%s is not empty (%d entries: %s%s); shards already there would be read with the new ones: pass --overwrite to delete its train_*.bin and val_*.bin first, or give another --out")
+      :format(out, #names, table.concat(shown, ", "), #names > 3 and ", ..." or ""), 0)
+  end
+  for _, name in ipairs(names) do
+    if name:match("^train_%d+%.bin$") or name:match("^val_%d+%.bin$") then
+      local ok, err = os.remove(out .. "/" .. name)
+      if not ok then error(("prepare: --overwrite: cannot delete %s/%s: %s"):format(out, name, tostring(err)), 0) end
+    end
+  end
+  os.execute("mkdir -p " .. shell_quote(out))
+end
+
+local want_sha256 = nil -- (tokenizer.load's rule)
+if cfg.vocab_sha256 == "any" then want_sha256 = false elseif cfg.vocab_sha256 ~= "" then want_sha256 = cfg.vocab_sha256 end
+local ok_tok, tok = pcall(lt.tokenizer.load, cfg.vocab, { sha256 = want_sha256 })
+if not ok_tok then -- (in the terms of this recipe's settings)
+  local msg = tostring(tok):gsub("^tokenizer%.load: ", ""):gsub("load it with {sha256 = false}", "pass --vocab_sha256=any")
+    :gsub("sha256 must be 64 hex digits or false", "--vocab_sha256 must be 64 hex digits, any or empty")
+  error("prepare: " .. msg, 0)
+end
 local docs = documents(cfg.input)
-os.execute("mkdir -p " .. shell_quote(cfg.out))
+if #docs == 1 then
+  -- documents go whole to one split, the first to validation: training would get nothing
+  error(("prepare: %s is a single document, which goes whole to the validation split, leaving 0 training tokens; give a directory of several .txt files (split -l 1000 --additional-suffix=.txt FILE DIR/part_ cuts one) or a .jsonl file (one document per line)")
+    :format(docs[1].name), 0)
+end
+prepare_out(cfg.out)
 
 local every = math.max(2, math.floor(1 / cfg.val_frac + 0.5))
 local splits = {

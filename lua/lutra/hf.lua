@@ -8,13 +8,17 @@
 -- Layouts (transformers' modeling_gpt2.py and modeling_llama.py):
 -- - GPT-2: names transformer.wte.weight, transformer.h.<i>.attn.c_attn.weight,
 --   ...; the Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)
---   are stored (in, out), the transpose of lutra's Linear (out, in); the
---   output head is tied to wte and stored once (no lm_head.weight). Loading
+--   are stored (in, out), the transpose of lutra's Linear (out, in). Loading
 --   also takes names without the "transformer." prefix (GPT2Model files) and
 --   ignores the attn.bias / attn.masked_bias mask buffers older files hold.
 -- - Llama: the same names and (out, in) layout as lutra's; rotary embeddings
---   in the rotate-half convention both use; lm_head.weight unless
---   tie_word_embeddings.
+--   in the rotate-half convention both use.
+-- - The head: config.json's tie_word_embeddings (default true for GPT-2,
+--   false for Llama, as transformers' configs) gives the model's
+--   tie_embeddings. Tied, the head is the token embedding, one tensor
+--   counted once, and the file holds no lm_head.weight (one that holds it
+--   with the embedding's data is taken, other data refused); untied,
+--   lm_head.weight is a tensor of its own, which the file must hold.
 -- Errors name the file and the field or tensor: a missing config field, an
 -- unknown architecture, a missing, unexpected or mis-shaped tensor, a dtype
 -- safetensors cannot hold.
@@ -59,13 +63,15 @@ function M.export(model, dir, opts)
   local dtype = opts.dtype or sd[next(sd)].dtype
   if not DTYPE_NAMES[dtype] then error(("hf.export: dtype must be f32, bf16 or f16, got %s"):format(tostring(dtype)), 2) end
   local out = {}
+  local tied = cfg.tie_embeddings ~= false
+  if kind == "llama" then tied = cfg.tie_embeddings == true end
   lt.no_grad(function()
     for name, t in pairs(sd) do
       local v = t:to { device = "cpu", dtype = dtype }
-      if kind == "gpt2" then
-        if name == "lm_head.weight" then
-          v = nil -- tied to transformer.wte.weight, stored once as Hugging Face does
-        elseif name == "transformer.wte.weight" and cfg.padded_vocab_size ~= cfg.vocab_size then
+      if name == "lm_head.weight" and tied then
+        v = nil -- (not in a tied model's state dict: the embedding's, stored once as Hugging Face does)
+      elseif kind == "gpt2" then
+        if (name == "transformer.wte.weight" or name == "lm_head.weight") and cfg.padded_vocab_size ~= cfg.vocab_size then
           v = v:narrow(1, 1, cfg.vocab_size)
         elseif is_conv1d(name) then
           v = v:t()
@@ -81,7 +87,7 @@ function M.export(model, dir, opts)
       architectures = { "GPT2LMHeadModel" }, model_type = "gpt2", vocab_size = cfg.vocab_size,
       n_positions = cfg.block_size, n_ctx = cfg.block_size, n_embd = cfg.n_embd, n_layer = cfg.n_layer,
       n_head = cfg.n_head, activation_function = "gelu_new", layer_norm_epsilon = 1e-5,
-      resid_pdrop = cfg.dropout or 0, embd_pdrop = cfg.dropout or 0, attn_pdrop = 0, tie_word_embeddings = true,
+      resid_pdrop = cfg.dropout or 0, embd_pdrop = cfg.dropout or 0, attn_pdrop = 0, tie_word_embeddings = tied,
       torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
     }
     if cfg.vocab_size > 50256 then config.bos_token_id, config.eos_token_id = 50256, 50256 end -- <|endoftext|>
@@ -91,7 +97,7 @@ function M.export(model, dir, opts)
       hidden_size = cfg.dim, intermediate_size = cfg.ffn_dim, num_hidden_layers = cfg.n_layers,
       num_attention_heads = cfg.n_heads, num_key_value_heads = cfg.n_kv_heads,
       max_position_embeddings = cfg.max_seq_len, rms_norm_eps = cfg.norm_eps, rope_theta = cfg.rope_theta,
-      hidden_act = "silu", tie_word_embeddings = false, attention_bias = false, mlp_bias = false,
+      hidden_act = "silu", tie_word_embeddings = tied, attention_bias = false, mlp_bias = false,
       torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
     }
   end
@@ -151,8 +157,10 @@ local function architecture(cfg, path)
 end
 
 --- lt.hf.config(dir) -> kind ("gpt2" or "llama"), the lutra model config
--- read from dir/config.json. Raises naming the field that is missing or
--- that lutra's models do not support.
+-- read from dir/config.json (tie_embeddings from tie_word_embeddings: true
+-- where missing for GPT-2, false for Llama, as transformers' defaults).
+-- Raises naming the field that is missing or that lutra's models do not
+-- support.
 function M.config(dir)
   local cfg, path = read_config(dir)
   local kind = architecture(cfg, path)
@@ -166,12 +174,11 @@ function M.config(dir)
     if math.abs(eps - 1e-5) > 1e-12 then
       error(("hf.load: %s: layer_norm_epsilon %g is not supported (lutra's GPT-2 uses 1e-5)"):format(path, eps), 2)
     end
-    if cfg.tie_word_embeddings ~= nil and not flag(cfg, path, "tie_word_embeddings") then
-      error(("hf.load: %s: tie_word_embeddings is false; lutra's GPT-2 ties the head to wte"):format(path), 2)
-    end
     local out = {
       n_layer = field(cfg, path, "n_layer"), n_head = field(cfg, path, "n_head"), n_embd = field(cfg, path, "n_embd"),
       vocab_size = field(cfg, path, "vocab_size"), block_size = field(cfg, path, "n_positions"),
+      tie_embeddings = cfg.tie_word_embeddings == nil or cfg.tie_word_embeddings == json.null or
+        flag(cfg, path, "tie_word_embeddings"),
     }
     if out.n_embd % out.n_head ~= 0 then
       error(("hf.load: %s: n_embd %d is not a multiple of n_head %d"):format(path, out.n_embd, out.n_head), 2)
@@ -202,12 +209,13 @@ function M.config(dir)
     n_kv_heads = field(cfg, path, "num_key_value_heads", heads), vocab_size = field(cfg, path, "vocab_size"),
     max_seq_len = field(cfg, path, "max_position_embeddings", 2048),
     norm_eps = field(cfg, path, "rms_norm_eps", 1e-6, "real"), rope_theta = field(cfg, path, "rope_theta", 10000, "real"),
+    tie_embeddings = flag(cfg, path, "tie_word_embeddings"),
   }
   if out.dim % out.n_heads ~= 0 or out.n_heads % out.n_kv_heads ~= 0 or (out.dim / out.n_heads) % 2 ~= 0 then
     error(("hf.load: %s: hidden_size %d, num_attention_heads %d and num_key_value_heads %d do not fit (an even head size, key/value heads dividing heads)")
       :format(path, out.dim, out.n_heads, out.n_kv_heads), 2)
   end
-  return kind, out, flag(cfg, path, "tie_word_embeddings")
+  return kind, out
 end
 
 -- the file's tensors under lutra's names, in lutra's layout
@@ -223,8 +231,6 @@ local function gpt2_tensors(file, path)
     end
     if full:match("%.attn%.bias$") and t:dim() == 4 or full:match("%.attn%.masked_bias$") then
       full = nil -- the causal-mask buffers of older files
-    elseif full == "lm_head.weight" then
-      full = nil -- tied: checked against wte below
     elseif is_conv1d(full) then
       if t:dim() ~= 2 then error(("hf.load: %s: %s should be 2-D, got %s"):format(path, name, tostring(t:shape())), 4) end
       t = t:t():contiguous()
@@ -243,7 +249,7 @@ function M.load(dir, opts)
   if opts.dtype ~= nil and not (DTYPE_NAMES[opts.dtype] or opts.dtype == "f64") then
     error(("hf.load: dtype must be f32, bf16, f16 or f64, got %s"):format(tostring(opts.dtype)), 2)
   end
-  local kind, mcfg, tied = M.config(dir)
+  local kind, mcfg = M.config(dir)
   local wpath = dir .. "/model.safetensors"
   local ok, file = pcall(lt.load, wpath)
   if not ok then error(("hf.load: %s"):format(tostring(file):gsub("^.-safetensors ", "safetensors ")), 2) end
@@ -260,26 +266,38 @@ function M.load(dir, opts)
       kind == "gpt2" and "n_layer" or "num_hidden_layers", want, wpath, layers + 1), 2)
   end
   local model, tensors
+  local embed = kind == "gpt2" and "transformer.wte.weight" or "model.embed_tokens.weight"
   if kind == "gpt2" then
     mcfg.pad_vocab = opts.pad_vocab
     model = lt.models.gpt2(mcfg) -- config.json's values were checked above
     tensors = gpt2_tensors(file, wpath)
-    local wte = tensors["transformer.wte.weight"]
-    if wte and mcfg.pad_vocab and wte:size(1) == mcfg.vocab_size then
-      local padded = lt.zeros({ model.config.padded_vocab_size, mcfg.n_embd }, { dtype = wte.dtype })
-      padded:narrow(1, 1, mcfg.vocab_size):copy_(wte)
-      tensors["transformer.wte.weight"] = padded
-    end
-    local head, stored = file["lm_head.weight"], file["transformer.wte.weight"] or file["wte.weight"]
-    if head and stored and (tostring(head:shape()) ~= tostring(stored:shape()) or
-        (head:to("f64") - stored:to("f64")):abs():max():item() ~= 0) then
-      error(("hf.load: %s: lm_head.weight differs from transformer.wte.weight; lutra's GPT-2 ties them"):format(wpath), 2)
-    end
-    tensors["lm_head.weight"] = nil
   else
     model = lt.models.llama(mcfg)
     tensors = file
-    if tied and not tensors["lm_head.weight"] then tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] end
+  end
+  local head = tensors["lm_head.weight"]
+  if mcfg.tie_embeddings then
+    -- one tensor: a file may store it under both names (with the same data) or, rarely, as the head only
+    local stored = tensors[embed]
+    if head and stored and (tostring(head:shape()) ~= tostring(stored:shape()) or
+        (head:to("f64") - stored:to("f64")):abs():max():item() ~= 0) then
+      error(("hf.load: %s: lm_head.weight differs from %s, and %s/config.json ties them (tie_word_embeddings)")
+        :format(wpath, embed, dir), 2)
+    end
+    tensors[embed] = stored or head
+    tensors["lm_head.weight"] = nil
+  elseif not head then
+    error(("hf.load: %s/config.json: tie_word_embeddings is false but %s holds no lm_head.weight"):format(dir, wpath), 2)
+  end
+  if kind == "gpt2" then
+    for _, name in ipairs { "transformer.wte.weight", "lm_head.weight" } do
+      local w = tensors[name]
+      if w and mcfg.pad_vocab and w:dim() == 2 and w:size(1) == mcfg.vocab_size then
+        local padded = lt.zeros({ model.config.padded_vocab_size, w:size(2) }, { dtype = w.dtype })
+        padded:narrow(1, 1, mcfg.vocab_size):copy_(w)
+        tensors[name] = padded
+      end
+    end
   end
   local ok2, err = pcall(model.load_state_dict, model, tensors)
   if not ok2 then err = tostring(err):gsub("^.-load_state_dict: ", "") end

@@ -21,12 +21,28 @@ local bytes_box = ffi.new("char*[1]")
 local len_box = ffi.new("size_t[1]")
 
 M.DEFAULT = "data/gpt2.tiktoken"
+--- The SHA-256 of GPT-2's gpt2.tiktoken: the value tiktoken pins for its
+-- r50k_base (gpt2) encoding, and tools/fetch-vocab checks.
+M.GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
---- lt.tokenizer.load(path) for a tiktoken file, or load{encoder = "encoder.json",
--- bpe = "vocab.bpe"} for GPT-2's original files. Raises naming the file and
--- the problem (missing file, bad line, missing rank ...).
-function M.load(src)
+local hex_box = ffi.new("char[65]")
+
+--- lt.tokenizer.load(path[, {sha256 =}]) for a tiktoken file, or
+-- load{encoder = "encoder.json", bpe = "vocab.bpe"} for GPT-2's original
+-- files. A file named gpt2.tiktoken (the default, data/gpt2.tiktoken) is
+-- GPT-2's: its SHA-256 must be M.GPT2_SHA256, as tiktoken checks, so a copy
+-- cut short or damaged is refused instead of giving other ids. opts.sha256
+-- (64 hex digits) asks another file for its own value; false checks nothing
+-- (a different vocabulary under that name). Raises naming the file and the
+-- problem (missing file, bad line, missing rank, another SHA-256 ...).
+function M.load(src, opts)
   src = src or M.DEFAULT
+  local want = opts and opts.sha256
+  if opts ~= nil and type(opts) ~= "table" then error("tokenizer.load: opts must be a table ({sha256 =})", 2) end
+  if want ~= nil and want ~= false and not (type(want) == "string" and want:match("^%x+$") and #want == 64) then
+    error(("tokenizer.load: sha256 must be 64 hex digits or false, got %s"):format(tostring(want)), 2)
+  end
+  if type(src) == "table" and want then error("tokenizer.load: sha256 is checked for a tiktoken file (a path)", 2) end
   local st
   if type(src) == "table" then
     if type(src.encoder) ~= "string" then error("tokenizer.load: {encoder = path[, bpe = path]}", 2) end
@@ -38,8 +54,23 @@ function M.load(src)
   end
   if st ~= 0 then fail(2) end
   local t = ffi.gc(tok_box[0], C.lt_tokenizer_free)
-  return setmetatable({ t = t, n_vocab = tonumber(C.lt_tokenizer_vocab_size(t)),
+  local tok = setmetatable({ t = t, n_vocab = tonumber(C.lt_tokenizer_vocab_size(t)),
     eot = tonumber(C.lt_tokenizer_eot(t)) }, Tokenizer)
+  local gpt2 = want == nil and type(src) == "string" and src:match("[^/]*$") == "gpt2.tiktoken"
+  if gpt2 then want = M.GPT2_SHA256 end
+  if want then
+    if C.lt_tokenizer_file_sha256(src, hex_box) ~= 0 then fail(2) end
+    local got = ffi.string(hex_box)
+    if got ~= want:lower() then
+      if gpt2 then
+        error(("tokenizer.load: %s is not GPT-2's vocabulary: its SHA-256 is %s, GPT-2's (tiktoken's r50k_base) %s; it holds %d ids, GPT-2's 50257 (a copy cut short or damaged gives other ids): fetch it again (delete it; make data/gpt2.tiktoken runs tools/fetch-vocab), or load it with {sha256 = false} if it is another vocabulary")
+          :format(src, got, M.GPT2_SHA256, tok.n_vocab), 2)
+      end
+      error(("tokenizer.load: %s: its SHA-256 is %s, not the %s asked for (%d ids)"):format(src, got, want:lower(),
+        tok.n_vocab), 2)
+    end
+  end
+  return tok
 end
 
 local function allows(opts)

@@ -152,9 +152,11 @@ H.test("ZeRO 3: dropped parameters are named when used, and unshard brings them 
   H.raises(function() lt.dist.Zero(g, { stage = 3 }) end, "already sharded by another ZeRO-3 optimizer")
 end)
 
--- a named tiny model (lt.models' gpt2-tiny, llama-tiny) and SGD, plain (stage 0) or under ZeRO 3
+-- a named tiny model (lt.models' gpt2-tiny, llama-tiny; "+tied": tie_embeddings) and SGD, plain
+-- (stage 0) or under ZeRO 3
 local function model_opt(name, stage)
-  local m = lt.models[name:match("^%a+%d?")](name, { generator = lt.Generator(2) })
+  local base = name:gsub("%+tied$", "")
+  local m = lt.models[base:match("^%a+%d?")](base, { generator = lt.Generator(2), tie_embeddings = base ~= name or nil })
   local opt = stage == 3 and lt.dist.Zero(m, { stage = 3, optimizer = "SGD", lr = 0.5 })
     or lt.optim.SGD(m, { lr = 0.5 })
   return m, opt
@@ -190,7 +192,7 @@ H.test("ZeRO 3: model:loss runs the head and the loss as one op, as without ZeRO
     return fused(...)
   end
   local ok, err = pcall(function()
-    for _, name in ipairs { "gpt2-tiny", "llama-tiny" } do
+    for _, name in ipairs { "gpt2-tiny", "llama-tiny", "llama-tiny+tied" } do
       local x = lt.randint(0, 256, { 2, 8 }, { generator = lt.Generator(4 + r) })
       local m0, o0 = model_opt(name, 0)
       local m3, o3 = model_opt(name, 3)

@@ -188,6 +188,18 @@ describe("lt.ckpt", function()
     assert.are.equal(0, C.lt_path_kind(dir .. "/.tmp-step_00000004-999999999"))
   end)
 
+  it("a tied Llama comes back tied (load_model); an untied model refuses its checkpoint", function()
+    local dir = ROOT .. "/tied"
+    local m = lt.models.llama("llama-tiny", { tie_embeddings = true, generator = lt.Generator(5) })
+    lt.ckpt.save(dir, { model = m, step = 1 })
+    local back = lt.ckpt.load_model(dir)
+    assert.are.equal(back.model.embed_tokens.weight, back.lm_head.weight)
+    assert.are.equal(m:num_parameters(), back:num_parameters())
+    assert.are.equal(0, (back.lm_head.weight - m.lm_head.weight):abs():max():item())
+    H.assert_error(function() lt.ckpt.load(dir .. "/step_00000001", { model = lt.models.llama("llama-tiny") }) end,
+      "model_config.tie_embeddings is true, the model's is false")
+  end)
+
   it("keeps the newest keep_last checkpoints", function()
     local dir = ROOT .. "/keep"
     local m = tiny(1)

@@ -276,10 +276,14 @@ describe("recipes/prepare.lua", function()
     for x, y in val:batches() do ids[#ids + 1] = x:item() end
     local text = tok:decode(ids)
     assert.truthy(text:find("document 1 says hello<|endoftext|>document 5 says hello", 1, true), text)
-    local bad = assert(io.open(d .. "/bad.txt", "wb"))
+    os.execute("mkdir -p " .. d .. "/texts")
+    local good = assert(io.open(d .. "/texts/a.txt", "wb"))
+    good:write("fine\n")
+    good:close()
+    local bad = assert(io.open(d .. "/texts/bad.txt", "wb"))
     bad:write("fine\n\255 not utf8\n")
     bad:close()
-    local p = io.popen(("./lutra recipes/prepare.lua --input=%s/bad.txt --out=%s/c --quiet 2>&1"):format(d, d))
+    local p = io.popen(("./lutra recipes/prepare.lua --input=%s/texts --out=%s/c --quiet 2>&1"):format(d, d))
     local out = p:read("*a")
     p:close()
     assert.truthy(out:find("bad.txt", 1, true) and out:find("invalid UTF-8 at byte 6", 1, true), out)
@@ -290,6 +294,72 @@ describe("recipes/prepare.lua", function()
     out = p:read("*a")
     p:close()
     assert.truthy(out:find("blank.jsonl holds no documents (2 lines, none with text)", 1, true), out)
+    os.execute("rm -rf " .. d)
+  end)
+  local function run(cmd)
+    local p = io.popen(cmd .. " 2>&1; echo rc=$?")
+    local out = p:read("*a")
+    p:close()
+    return out, tonumber(out:match("rc=(%d+)%s*$"))
+  end
+  local function listing(dir)
+    local p = io.popen("LC_ALL=C ls -A " .. dir)
+    local names = {}
+    for name in p:lines() do names[#names + 1] = name end
+    p:close()
+    return names
+  end
+  it("refuses a non-empty --out unless --overwrite, which replaces the old shards (none left to mix in)", function()
+    local d = tmpdir()
+    local function docs(name, n)
+      local f = assert(io.open(d .. "/" .. name, "w"))
+      for i = 1, n do f:write(lt.json.encode { text = ("%s document %d"):format(name, i) }, "\n") end
+      f:close()
+    end
+    docs("big.jsonl", 40)
+    docs("small.jsonl", 4)
+    local cmd = "./lutra recipes/prepare.lua --input=%s/%s --out=%s/%s --shard_size=20 --val_frac=0.5 --quiet %s"
+    local out, rc = run(cmd:format(d, "big.jsonl", d, "out", ""))
+    assert.are.equal(0, rc, out)
+    local before = #listing(d .. "/out")
+    assert.is_true(before > 4, out) -- several train and val shards
+    out, rc = run(cmd:format(d, "small.jsonl", d, "out", ""))
+    assert.are_not.equal(0, rc)
+    assert.truthy(out:find("--out=" .. d .. "/out is not empty (" .. before .. " entries: train_000000.bin", 1, true), out)
+    assert.truthy(out:find("--overwrite", 1, true), out)
+    assert.are.equal(before, #listing(d .. "/out")) -- nothing written
+    local keep = assert(io.open(d .. "/out/notes.txt", "w")) -- not a shard: --overwrite leaves it
+    keep:write("mine\n")
+    keep:close()
+    out, rc = run(cmd:format(d, "small.jsonl", d, "out", "--overwrite"))
+    assert.are.equal(0, rc, out)
+    out, rc = run(cmd:format(d, "small.jsonl", d, "fresh", ""))
+    assert.are.equal(0, rc, out)
+    local fresh = listing(d .. "/fresh")
+    fresh[#fresh + 1] = "notes.txt"
+    table.sort(fresh)
+    assert.are.same(fresh, listing(d .. "/out")) -- only the new run's shards (and notes.txt)
+    for _, name in ipairs(listing(d .. "/fresh")) do
+      assert.is_true(os.execute(("cmp -s %s/fresh/%s %s/out/%s"):format(d, name, d, name)) == 0, name)
+    end
+    local train = lt.data.shards { path = d .. "/out/train", batch = 1, seq = 1, shuffle = false, epochs = 1 }
+    local ids = {}
+    for x in train:batches() do ids[#ids + 1] = x:item() end
+    local text = lt.tokenizer.load():decode(ids)
+    assert.is_nil(text:find("big.jsonl", 1, true), text)
+    assert.truthy(text:find("small.jsonl document 2", 1, true), text)
+    os.execute("rm -rf " .. d)
+  end)
+  it("refuses a single document (a text file), which would leave training 0 tokens", function()
+    local d = tmpdir()
+    local f = assert(io.open(d .. "/one.txt", "w"))
+    f:write("just one document\n")
+    f:close()
+    local out, rc = run(("./lutra recipes/prepare.lua --input=%s/one.txt --out=%s/out --quiet"):format(d, d))
+    assert.are_not.equal(0, rc)
+    assert.truthy(out:find(d .. "/one.txt is a single document", 1, true), out)
+    assert.truthy(out:find("0 training tokens", 1, true), out)
+    assert.are.same({ "one.txt" }, listing(d)) -- no --out made
     os.execute("rm -rf " .. d)
   end)
 end)
@@ -310,7 +380,7 @@ describe("lt.config", function()
     p:close()
     assert.truthy(out:find("--shard_size", 1, true) and out:find("number", 1, true), out)
     -- a default longer than its column goes on a line of its own; the type and text line up below it
-    assert.truthy(out:find('\n  %-%-input +"[^\n]+"\n +string +a text file'), out)
+    assert.truthy(out:find('\n  %-%-input +"[^\n]+"\n +string +a directory of'), out)
     assert.truthy(out:find("%-%-quiet +false +boolean +no progress line"), out)
     -- lutra's own --help on stdout (it pages), a bad option's usage on stderr with status 1
     p = io.popen("./lutra --help 2>/dev/null")

@@ -3,8 +3,10 @@
 -- the original release's layout) and Llama and reproduces their logits;
 -- exports reload to the same logits; where /usr/bin/python3 has torch,
 -- gen_hf.py check reloads lutra's export (and, with transformers, through
--- from_pretrained) and reproduces lutra's logits; bad directories are
--- rejected naming the file and field or tensor.
+-- from_pretrained) and reproduces lutra's logits; tie_word_embeddings is
+-- honoured both ways (tied: one tensor, counted once, PyTorch's count and
+-- gradient; untied: two); bad directories are rejected naming the file and
+-- field or tensor.
 local lt = require "lutra"
 local H = require "tests.lua.helpers"
 
@@ -58,6 +60,80 @@ describe("lt.hf", function()
     end)
   end
 
+  it("loads a tied Llama (no lm_head.weight) as one tensor: PyTorch's logits, count and gradient, tied after a step", function()
+    local ref = REF.llama_tied
+    local model = lt.hf.load("tests/ref/hf/llama_tied")
+    assert.is_true(model.config.tie_embeddings)
+    assert.are.equal(model.model.embed_tokens.weight, model.lm_head.weight) -- one tensor, not a copy
+    assert.are.equal(ref.num_parameters, model:num_parameters()) -- 21664: the embedding once, as PyTorch counts
+    local d = max_diff(lt.no_grad(function() return model(ids()) end), ref)
+    assert(d < 1e-4, ("max abs difference %g"):format(d))
+    -- the shared weight's gradient sums its two uses (embedding and head), as in PyTorch
+    local x = ids()
+    local T = x:size(2)
+    local loss = model:loss(x:narrow(2, 1, T - 1), x:narrow(2, 2, T - 1))
+    loss:backward()
+    local want = lt.tensor(ref.embed_grad, { dtype = "f64" }):reshape(model.lm_head.weight:shape())
+    local gd = (model.model.embed_tokens.weight.grad:to("f64") - want):abs():max():item()
+    assert(gd < 1e-5, ("embedding gradient: max abs difference %g"):format(gd))
+    local before = model.lm_head.weight:clone()
+    lt.optim.AdamW(model, { lr = 1e-2 }):step()
+    assert.are.equal(model.model.embed_tokens.weight, model.lm_head.weight)
+    assert.is_true((model.lm_head.weight - before):abs():max():item() > 0)
+    -- exported as transformers saves a tied model: the flag, no lm_head.weight; it loads back tied
+    local dir = TMP .. "/tied-export"
+    lt.hf.export(model, dir)
+    assert.is_true(H.load_json(dir .. "/config.json").tie_word_embeddings)
+    assert.is_nil(lt.load(dir .. "/model.safetensors")["lm_head.weight"])
+    local back = lt.hf.load(dir)
+    assert.are.equal(back.model.embed_tokens.weight, back.lm_head.weight)
+    assert.are.equal(0, (back.lm_head.weight - model.lm_head.weight):abs():max():item())
+  end)
+
+  it("takes a tied file that stores both names with equal data, refuses unequal ones and an untied file without a head", function()
+    local dir = TMP .. "/tied-both"
+    copy_dir("tests/ref/hf/llama_tied", dir)
+    local t = lt.load(dir .. "/model.safetensors")
+    t["lm_head.weight"] = t["model.embed_tokens.weight"]:clone()
+    lt.save(dir .. "/model.safetensors", t)
+    local model = lt.hf.load(dir)
+    assert.are.equal(model.model.embed_tokens.weight, model.lm_head.weight)
+    assert.are.equal(REF.llama_tied.num_parameters, model:num_parameters())
+    t["lm_head.weight"] = t["lm_head.weight"] + 1
+    lt.save(dir .. "/model.safetensors", t)
+    H.assert_error(function() lt.hf.load(dir) end, dir .. "/model.safetensors: lm_head.weight differs from model.embed_tokens.weight",
+      "tie_word_embeddings")
+    -- untied: two tensors, counted twice; an untied file must hold the head
+    local untied = lt.hf.load("tests/ref/hf/llama")
+    assert.is_false(untied.config.tie_embeddings)
+    assert.are_not.equal(untied.model.embed_tokens.weight, untied.lm_head.weight)
+    assert.are.equal(REF.llama_tied.num_parameters + 96 * 32, untied:num_parameters())
+    t["lm_head.weight"] = nil
+    lt.save(dir .. "/model.safetensors", t)
+    local cfg = H.load_json(dir .. "/config.json")
+    cfg.tie_word_embeddings = false
+    write(dir .. "/config.json", lt.json.encode(cfg))
+    H.assert_error(function() lt.hf.load(dir) end, "tie_word_embeddings is false", "holds no lm_head.weight")
+  end)
+
+  it("loads and exports an untied GPT-2 (tie_word_embeddings false) with its own head", function()
+    local model = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 50,
+      pad_vocab = 64, tie_embeddings = false, generator = lt.Generator(4) }
+    assert.are_not.equal(model.transformer.wte.weight, model.lm_head.weight)
+    local dir = TMP .. "/gpt2-untied"
+    lt.hf.export(model, dir)
+    assert.is_false(H.load_json(dir .. "/config.json").tie_word_embeddings)
+    assert.are.same({ 50, 16 }, lt.load(dir .. "/model.safetensors")["lm_head.weight"]:shape())
+    local back = lt.hf.load(dir, { pad_vocab = 64 })
+    assert.is_false(back.config.tie_embeddings)
+    assert.are_not.equal(back.transformer.wte.weight, back.lm_head.weight)
+    assert.are.equal(model:num_parameters(), back:num_parameters())
+    local x = lt.tensor({ { 1, 2, 3, 49 } }, { dtype = "i64" })
+    local a = lt.no_grad(function() return model(x) end)
+    local b = lt.no_grad(function() return back(x) end)
+    assert.are.equal(0, (a - b):abs():max():item())
+  end)
+
   it("stores GPT-2 as GPT2LMHeadModel does: Conv1D weights (in, out), the tied head once, the vocabulary unpadded", function()
     local model = lt.models.gpt2 { n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 50,
       pad_vocab = 64, generator = lt.Generator(3) }
@@ -84,6 +160,10 @@ describe("lt.hf", function()
       { "gpt2", lt.models.gpt2 { n_layer = 2, n_head = 4, n_embd = 32, block_size = 16, vocab_size = 96,
         pad_vocab = 64, generator = lt.Generator(8) } },
       { "llama", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(9) }) },
+      { "llama-tied", lt.models.llama("llama-tiny", { vocab_size = 96, tie_embeddings = true,
+        generator = lt.Generator(10) }) },
+      { "gpt2-untied", lt.models.gpt2 { n_layer = 1, n_head = 4, n_embd = 32, block_size = 16, vocab_size = 96,
+        tie_embeddings = false, generator = lt.Generator(11) } },
     } do
       local name, model = case[1], case[2]
       local dir = TMP .. "/torch-" .. name
@@ -138,7 +218,7 @@ describe("lt.hf", function()
     H.assert_error(function() lt.hf.load("tests/ref/hf/gpt2", { dtype = "f8" }) end, "dtype must be")
   end)
 
-  it("refuses a GPT-2 file with both name forms or an untied head", function()
+  it("refuses a GPT-2 file with both name forms or a head unlike wte where config.json ties them", function()
     local dir = TMP .. "/twice"
     copy_dir("tests/ref/hf/gpt2", dir)
     local t = lt.load(dir .. "/model.safetensors")

@@ -87,6 +87,11 @@ describe("safetensors", function()
       { image('{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', data8), "need 12" },
       { image('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', "\0\0"), "ends at byte 8" },
       { image('{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}}', data8), "begin <= end" },
+      -- offsets far outside uint64_t: range-checked before the conversion (UBSan: float-cast-overflow)
+      { image('{"a":{"dtype":"F32","shape":[0],"data_offsets":[1e30,1e30]}}'), "ends at byte 1e+30 of a" },
+      { image('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,1e30]}}', data8), "ends at byte 1e+30 of a" },
+      { image('{"a":{"dtype":"F32","shape":[2],"data_offsets":[-1e30,8]}}', data8), "begin <= end" },
+      { image('{"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}}', data8), "whole number" },
       { image('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}}', data8), "overlaps" },
       { image('{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', data8), "belong to no tensor" },
       { image('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', data8), "cover 4" },

@@ -146,6 +146,54 @@ describe("tokenizer", function()
     os.remove(bpe)
     os.remove(badbpe)
   end)
+  it("refuses a gpt2.tiktoken that is not GPT-2's (SHA-256, as tiktoken checks) unless told it is another vocabulary", function()
+    -- cut at a line boundary, it parses, with fewer ids, and encodes differently
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    local cut = dir .. "/gpt2.tiktoken"
+    assert.is_true(os.execute(("head -n 50000 data/gpt2.tiktoken > %s"):format(cut)) == 0)
+    H.assert_error(function() lt.tokenizer.load(cut) end, cut .. " is not GPT-2's vocabulary", "its SHA-256 is ",
+      lt.tokenizer.GPT2_SHA256, "it holds 50001 ids", "{sha256 = false}")
+    local other = lt.tokenizer.load(cut, { sha256 = false }) -- told: another vocabulary
+    assert.are.equal(50001, other.n_vocab)
+    local text = tok:decode { 50255 } -- a token past the cut
+    assert.are.same({ 50255 }, tok:encode(text))
+    assert.are_not.same({ 50255 }, other:encode(text))
+    -- an expected value of its own: checked against coreutils' sha256sum
+    local p = io.popen("sha256sum " .. cut)
+    local sum = p:read("*a"):match("^(%x+)")
+    p:close()
+    assert.are.equal(50001, lt.tokenizer.load(cut, { sha256 = sum:upper() }).n_vocab)
+    H.assert_error(function() lt.tokenizer.load(cut, { sha256 = lt.tokenizer.GPT2_SHA256 }) end, "its SHA-256 is " .. sum,
+      "not the " .. lt.tokenizer.GPT2_SHA256 .. " asked for")
+    H.assert_error(function() lt.tokenizer.load(cut, { sha256 = "abc" }) end, "sha256 must be 64 hex digits or false")
+    -- the value tools/fetch-vocab checks what it fetches against
+    local fv = assert(io.open("tools/fetch-vocab")):read("*a")
+    assert.are.equal(lt.tokenizer.GPT2_SHA256, fv:match("\nsum=(%x+)\n"))
+    -- the file itself, under its name and by default
+    assert.are.equal(50257, lt.tokenizer.load().n_vocab)
+    assert.are.equal(50257, lt.tokenizer.load("data/gpt2.tiktoken", { sha256 = lt.tokenizer.GPT2_SHA256 }).n_vocab)
+    local ok = pcall(lt.tokenizer.load, "data/gpt2.tiktoken")
+    assert.is_true(ok)
+    -- the recipe that writes shards says so too, in its own setting's terms
+    local jl = dir .. "/docs.jsonl"
+    local f = assert(io.open(jl, "w"))
+    f:write('{"text": "one"}\n{"text": "two"}\n')
+    f:close()
+    local q = io.popen(("./lutra recipes/prepare.lua --vocab=%s --input=%s --out=%s/out --quiet 2>&1; echo rc=$?")
+      :format(cut, jl, dir))
+    local out = q:read("*a")
+    q:close()
+    assert.truthy(out:find("is not GPT-2's vocabulary", 1, true) and out:find("--vocab_sha256=any", 1, true), out)
+    assert.truthy(out:find("rc=1", 1, true), out)
+    q = io.popen(("./lutra recipes/prepare.lua --vocab=%s --vocab_sha256=any --input=%s --out=%s/out --quiet 2>&1; echo rc=$?")
+      :format(cut, jl, dir))
+    out = q:read("*a")
+    q:close()
+    assert.truthy(out:find("rc=0", 1, true), out)
+    os.execute("rm -rf " .. dir)
+  end)
   it("rejects malformed vocabularies naming the file and the line", function()
     local p = tmpfile("IQ== 0\nIg== x\n")
     H.assert_error(function() lt.tokenizer.load(p) end, p, "line 2", "rank")
@@ -160,6 +208,11 @@ describe("tokenizer", function()
     H.assert_error(function() lt.tokenizer.load("/nonexistent/vocab") end, "cannot open")
     local p6 = tmpfile("not json")
     H.assert_error(function() lt.tokenizer.load { encoder = p6 } end, "encoder.json", "JSON")
-    for _, q in ipairs { p, p2, p3, p4, p5, p6 } do os.remove(q) end
+    -- ids far outside int64_t: range-checked before the conversion (UBSan: float-cast-overflow)
+    local p7 = tmpfile('{"!": 1e30}')
+    H.assert_error(function() lt.tokenizer.load { encoder = p7 } end, "encoder.json entry 1", "id 1e+30 is outside 0..0")
+    local p8 = tmpfile('{"!": -1e30}')
+    H.assert_error(function() lt.tokenizer.load { encoder = p8 } end, "encoder.json entry 1", "id -1e+30 is outside")
+    for _, q in ipairs { p, p2, p3, p4, p5, p6, p7, p8 } do os.remove(q) end
   end)
 end)

@@ -2,10 +2,13 @@
 """Hugging Face interop references for lt.hf (tests/lua/hf_spec.lua).
 
   gen_hf.py write OUT_DIR
-      Writes OUT_DIR/gpt2/ and OUT_DIR/llama/ (config.json, model.safetensors)
-      in the layouts transformers saves for GPT2LMHeadModel and
-      LlamaForCausalLM, with fixed random weights, and OUT_DIR/hf.json with an
-      input batch and the logits those weights give. The GPT-2 file uses the
+      Writes OUT_DIR/gpt2/, OUT_DIR/llama/ and OUT_DIR/llama_tied/
+      (config.json, model.safetensors) in the layouts transformers saves for
+      GPT2LMHeadModel and LlamaForCausalLM (llama_tied with
+      tie_word_embeddings: no lm_head.weight), with fixed random weights, and
+      OUT_DIR/hf.json with an input batch and the logits those weights give
+      (for llama_tied also its parameter count and the gradient of the
+      next-token loss for its one, shared, embedding). The GPT-2 file uses the
       older layout of the original GPT-2 release (names without
       "transformer.", the attn.bias mask buffers), which lutra must also read.
   gen_hf.py check DIR LOGITS_JSON
@@ -17,7 +20,7 @@
       that. Exit status 0 when everything compared agrees.
 
 The forward passes follow transformers' modeling_gpt2.py (Conv1D weights
-stored (in, out), tanh GELU, tied head) and modeling_llama.py (RMSNorm,
+stored (in, out), tanh GELU, the head tied unless lm_head.weight is stored) and modeling_llama.py (RMSNorm,
 rotate-half rotary embeddings, SwiGLU, grouped-query attention), computed in
 f64. Safetensors files are read and written by the small code here (the
 format: an 8-byte little-endian header length, a JSON header, raw data), so
@@ -100,7 +103,8 @@ def gpt2_forward(sd, cfg, idx):
         h = F.gelu(h @ p(f"h.{i}.mlp.c_fc.weight") + p(f"h.{i}.mlp.c_fc.bias"), approximate="tanh")
         x = x + h @ p(f"h.{i}.mlp.c_proj.weight") + p(f"h.{i}.mlp.c_proj.bias")
     x = F.layer_norm(x, (C,), p("ln_f.weight"), p("ln_f.bias"), eps)
-    return x @ p("wte.weight").t()  # tied head
+    head = sd["lm_head.weight"] if "lm_head.weight" in sd else p("wte.weight")  # tied unless the file holds a head
+    return x @ head.t()
 
 
 def rotate_half(x):
@@ -190,8 +194,12 @@ def write(out):
         ld[p + "mlp.up_proj.weight"] = torch.randn(H, D) * 0.1
         ld[p + "mlp.down_proj.weight"] = torch.randn(D, H) * 0.1
     idx = torch.randint(0, V, (2, T))
+    # Llama with tie_word_embeddings: the head is embed_tokens, the file holds no lm_head.weight (drawn after
+    # idx, so the fixtures above stay as they were)
+    tc = dict(lc, tie_word_embeddings=True)
+    td = {k: (v + 0.01 * torch.randn(v.shape) if v.dim() == 2 else v) for k, v in ld.items() if k != "lm_head.weight"}
     result = {"ids": idx.tolist()}
-    for name, cfg, weights in [("gpt2", g, sd), ("llama", lc, ld)]:
+    for name, cfg, weights in [("gpt2", g, sd), ("llama", lc, ld), ("llama_tied", tc, td)]:
         d = f"{out}/{name}"
         os.makedirs(d, exist_ok=True)
         save(d + "/model.safetensors", weights, {"format": "pt"})
@@ -199,6 +207,14 @@ def write(out):
             json.dump(cfg, f, indent=2)
         logits = forward(d, idx)
         result[name] = {"shape": list(logits.shape), "logits": logits.reshape(-1).tolist()}
+    # the tied Llama's parameter count (each tensor once, as transformers' num_parameters counts a tied
+    # weight) and the gradient of next-token cross-entropy on ids for the one embedding both uses share
+    tw = load(f"{out}/llama_tied/model.safetensors")
+    emb = tw["model.embed_tokens.weight"].requires_grad_()
+    logits = llama_forward(tw, tc, idx)
+    F.cross_entropy(logits[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1)).backward()
+    result["llama_tied"]["num_parameters"] = sum(t.numel() for t in tw.values())
+    result["llama_tied"]["embed_grad"] = emb.grad.reshape(-1).tolist()
     with open(f"{out}/hf.json", "w") as f:
         json.dump(result, f)
 

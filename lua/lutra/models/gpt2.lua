@@ -1,6 +1,7 @@
 --- lutra.models.gpt2: GPT-2 (Radford et al. 2019) as nanoGPT and llm.c build it:
 -- pre-LayerNorm blocks, learned positions, tanh-GELU MLP, the output head
--- tied to the token embedding, and Hugging Face GPT2LMHeadModel parameter
+-- tied to the token embedding (unless tie_embeddings = false: then a weight
+-- of its own, lm_head.weight), and Hugging Face GPT2LMHeadModel parameter
 -- names (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...;
 -- Linear weights are (out, in), where Hugging Face's Conv1D stores (in, out):
 -- lt.ckpt's Hugging Face import and export transpose them). Init as GPT-2:
@@ -105,7 +106,7 @@ function GPT:init(cfg, o)
   self.transformer = Transformer(cfg, o)
   self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size,
     { bias = false, dtype = o.dtype, device = o.device, init = false })
-  self.lm_head.weight = self.transformer.wte.weight -- tied: one tensor, stored once
+  if cfg.tie_embeddings then self.lm_head.weight = self.transformer.wte.weight end -- tied: one tensor, stored once
   self:init_weights(o.generator)
 end
 
@@ -180,11 +181,13 @@ GPT.loss_is_cross_entropy = GPT.loss
 --- lt.models.gpt2(name or config[, overrides]): a GPT-2. Overrides and
 -- configs take n_layer, n_head, n_embd, block_size, vocab_size, dropout,
 -- pad_vocab (round the embedding rows up to a multiple, e.g. 64 or 128, as
--- llm.c does for speed; logits keep vocab_size columns), dtype, device,
--- generator (for the initialisation).
+-- llm.c does for speed; logits keep vocab_size columns), tie_embeddings
+-- (true by default: the head is wte; false: a (padded) vocab x n_embd
+-- weight of its own), dtype, device, generator (for the initialisation).
 function M.gpt2(name, overrides)
   local cfg, o = require("lutra.models.config").resolve("gpt2", M.configs, name, overrides)
-  local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2 }
+  local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
+    tie_embeddings = 3 }
   for k, v in pairs(cfg) do
     if not known[k] then
       local names = {}
@@ -195,6 +198,9 @@ function M.gpt2(name, overrides)
     end
     if known[k] == 1 and (type(v) ~= "number" or v < 1 or v ~= math.floor(v) or v > 2 ^ 31) then
       error(("gpt2: config %s must be a whole number in 1..2^31, got %s"):format(k, tostring(v)), 2)
+    end
+    if known[k] == 3 and type(v) ~= "boolean" then
+      error(("gpt2: config %s must be true or false, got %s"):format(k, tostring(v)), 2)
     end
   end
   if cfg.dropout ~= nil and (type(cfg.dropout) ~= "number" or not (cfg.dropout >= 0 and cfg.dropout < 1)) then
@@ -208,6 +214,7 @@ function M.gpt2(name, overrides)
   end
   local pad = cfg.pad_vocab or 1
   cfg.padded_vocab_size = math.ceil(cfg.vocab_size / pad) * pad
+  cfg.tie_embeddings = cfg.tie_embeddings ~= false
   return GPT(cfg, o)
 end
 

@@ -1,8 +1,10 @@
 --- lutra.models.llama: Llama (Touvron et al. 2023; Llama 3 shapes) with
 -- RMSNorm, rotary position embeddings, a SwiGLU MLP, grouped-query attention
--- and an untied output head, under Hugging Face LlamaForCausalLM parameter
--- names (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight,
--- ..., lm_head.weight). Init N(0, 0.02).
+-- and an output head, untied unless tie_embeddings (then lm_head.weight is
+-- model.embed_tokens.weight, one tensor, as Hugging Face's
+-- tie_word_embeddings), under Hugging Face LlamaForCausalLM parameter names
+-- (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ...,
+-- lm_head.weight). Init N(0, 0.02).
 --
 --   local model = lt.models.llama("llama-tiny")
 --   local loss, n = model:loss(idx, targets)
@@ -86,6 +88,7 @@ function Llama:init(cfg, o)
   self.config = cfg
   self.model = Body(cfg, o)
   self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device, init = false })
+  if cfg.tie_embeddings then self.lm_head.weight = self.model.embed_tokens.weight end -- one tensor, stored once
   lt.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
       if not np[1]:match("norm") then np[2]:normal_(0, 0.02, o.generator) end
@@ -125,12 +128,13 @@ end
 Llama.loss_is_cross_entropy = Llama.loss
 
 --- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
--- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len; dtype,
--- device, generator.
+-- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len,
+-- tie_embeddings (false: the head its own (vocab_size, dim) weight; true: the
+-- head is the token embedding); dtype, device, generator.
 function M.llama(name, overrides)
   local cfg, o = require("lutra.models.config").resolve("llama", M.configs, name, overrides)
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
-    rope_theta = 2, norm_eps = 2 }
+    rope_theta = 2, norm_eps = 2, tie_embeddings = 3 }
   for k, v in pairs(cfg) do
     if not known[k] then
       local names = {}
@@ -145,6 +149,9 @@ function M.llama(name, overrides)
     if known[k] == 2 and (type(v) ~= "number" or not (v > 0) or v == math.huge) then
       error(("llama: config %s must be a positive number, got %s"):format(k, tostring(v)), 2)
     end
+    if known[k] == 3 and type(v) ~= "boolean" then
+      error(("llama: config %s must be true or false, got %s"):format(k, tostring(v)), 2)
+    end
   end
   for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do
     if cfg[k] == nil then error(("llama: config %s is missing"):format(k), 2) end
@@ -156,6 +163,7 @@ function M.llama(name, overrides)
   cfg.rope_theta = cfg.rope_theta or 10000
   cfg.norm_eps = cfg.norm_eps or 1e-5
   cfg.max_seq_len = cfg.max_seq_len or 2048
+  cfg.tie_embeddings = cfg.tie_embeddings == true
   return Llama(cfg, o)
 end
 
