@@ -48,7 +48,8 @@
 -- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
 -- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
 -- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
--- go to both as well.
+-- go to both as well. A line that cannot be written (a full disk) raises
+-- "train: cannot write <file>: <reason>": a run does not go on unrecorded.
 local lt = require "lutra"
 local C = require("lutra.capi").C
 local F = lt.F
@@ -285,13 +286,14 @@ function M.run(settings)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
 
-  local metrics = { write = function() end, flush = function() end, close = function() end }
+  local metrics_path = dir .. "/metrics.jsonl"
+  local metrics -- (rank 0's file; nil on the other ranks)
   local opened, why = true, nil
   if lead then
     opened, why = pcall(function()
       mkdir_p(dir)
-      local f, err = io.open(dir .. "/metrics.jsonl", "a")
-      if not f then error(("train: cannot open %s/metrics.jsonl: %s"):format(dir, err), 0) end
+      local f, err = io.open(metrics_path, "a")
+      if not f then error(("train: cannot open %s: %s"):format(metrics_path, err), 0) end
       metrics = f
     end)
   end
@@ -300,9 +302,12 @@ function M.run(settings)
     if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", 2) end
   end
   if not opened then error(why, 2) end
+  -- a line that cannot be written (a full disk) stops the run: its record would be lost
   local function record(t)
-    metrics:write(json_line(t), "\n")
-    metrics:flush()
+    if not metrics then return end
+    local ok, err = metrics:write(json_line(t), "\n")
+    if ok then ok, err = metrics:flush() end
+    if not ok then error(("train: cannot write %s: %s"):format(metrics_path, tostring(err)), 0) end
   end
   local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(lt.dist.rank()) or ""
   local function say(line)
@@ -498,7 +503,10 @@ function M.run(settings)
     end
   end)
   C.lt_preempt_watch(0)
-  pcall(metrics.close, metrics)
+  if metrics then
+    local closed, err = metrics:close()
+    if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
+  end
   if not ok_all then error(err_all, 0) end
   summary.seconds = lt.clock() - t_start
   summary.optimizer_steps = opt_step
