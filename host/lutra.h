@@ -167,6 +167,11 @@ void lt_set_num_threads(int n);
 void lt_interrupt(void);
 void lt_clear_interrupt(void);
 int lt_is_interrupted(void);
+/* The name of the outermost lutra op running on the calling thread ("matmul",
+   "all_reduce", ...), or NULL between ops: how the SIGINT machinery tells a
+   long op (the interrupt is taken when it returns) from a compiled Lua loop.
+   Async-signal-safe (it reads a thread-local). */
+const char *lt_op_running(void);
 
 /* ---- dtypes and devices ---------------------------------------------- */
 

@@ -9,7 +9,8 @@
  * lutra: <message>", then MPI_Abort ends the whole job). SIGINT during a call raises "interrupted!"
  * (from a hook in interpreted code, or from the next lutra op: compiled
  * loops that call nothing cannot be stopped this way; a second Ctrl-C ends
- * the process).
+ * the process). If nothing took it 2 s later, lutra says why: an op is
+ * running (it is taken when the op returns), or a compiled loop runs.
  */
 #include "../bindings/bindings.h"
 #include "lutra.h"
@@ -18,6 +19,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include <luajit.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 static lua_State *global_L;
+static pthread_t lua_thread; /* the thread running global_L (ops mark themselves there) */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
@@ -42,17 +45,35 @@ static void on_sigint(int sig) {
   alarm(2); /* on_stuck explains if nothing has taken the interrupt by then */
 }
 
-/* SIGALRM two seconds after a Ctrl-C that nothing took: the running code is
-   a JIT-compiled loop that calls neither Lua functions nor lutra ops, which
-   LuaJIT cannot interrupt. Only async-signal-safe calls here. */
+static void say_stuck(const char *a, const char *b, const char *c) {
+  char msg[512];
+  size_t n = 0;
+  const char *parts[] = {"\nlutra: Ctrl-C: ", a, b, c, "\n"};
+  for (int i = 0; i < 5; i++)
+    for (const char *p = parts[i]; p && *p && n < sizeof msg; p++)
+      msg[n++] = *p;
+  ssize_t w = write(STDERR_FILENO, msg, n);
+  (void)w;
+}
+
+/* SIGALRM two seconds after a Ctrl-C that nothing took. Either a lutra op is
+   still running on the Lua thread (the interrupt is taken when it returns),
+   or the running code is a JIT-compiled loop that calls neither Lua
+   functions nor lutra ops, which LuaJIT cannot interrupt. Only
+   async-signal-safe calls here. */
 static void on_stuck(int sig) {
-  (void)sig;
+  if (!pthread_equal(pthread_self(), lua_thread)) {
+    pthread_kill(lua_thread, sig); /* the op in progress is the Lua thread's */
+    return;
+  }
   if (!lt_is_interrupted())
     return;
-  static const char msg[] = "\nlutra: the running code is a compiled Lua loop that Ctrl-C cannot stop; "
-                            "press Ctrl-C again to end lutra\n";
-  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)w;
+  const char *op = lt_op_running();
+  if (op)
+    say_stuck("stopping when ", op, " returns (lutra cannot cut an op short; Ctrl-C again ends lutra)");
+  else
+    say_stuck("the running code is a compiled Lua loop that Ctrl-C cannot stop; ",
+              "press Ctrl-C again to end lutra", NULL);
 }
 
 static int traceback(lua_State *L) {
@@ -71,6 +92,7 @@ int lt_docall(lua_State *L, int nargs, int nres) {
   lua_pushcfunction(L, traceback);
   lua_insert(L, base);
   global_L = L;
+  lua_thread = pthread_self();
   lt_clear_interrupt();
   signal(SIGINT, on_sigint);
   signal(SIGALRM, on_stuck);

@@ -1,6 +1,7 @@
 /*
  * status.c: the thread-local error message behind lt_last_error(), the
- * interrupt flag, and lutra's version.
+ * interrupt flag, the op running on each thread, and
+ * lutra's version.
  */
 #include "status.h"
 
@@ -44,6 +45,22 @@ lt_status lt_fail_prefix(lt_status st, const char *prefix) {
 void lt_interrupt(void) { lt_interrupt_pending = 1; }
 void lt_clear_interrupt(void) { lt_interrupt_pending = 0; }
 int lt_is_interrupted(void) { return lt_interrupt_pending; }
+
+static _Thread_local const char *op_running;
+
+const char *lt_op_running(void) { return op_running; }
+
+const char *lt_op_scope_begin_(const char *name) {
+  const char *outer = op_running;
+  if (!outer)
+    op_running = name;
+  return outer;
+}
+
+void lt_op_scope_end_(const char **outer) {
+  if (!*outer)
+    op_running = NULL;
+}
 
 lt_status lt_check_interrupt(const char *op) {
   if (!lt_interrupt_pending)
