@@ -10,7 +10,10 @@
  * (from a hook in interpreted code, or from the next lutra op: compiled
  * loops that call nothing cannot be stopped this way; a second Ctrl-C ends
  * the process). If nothing took it 2 s later, lutra says why: an op is
- * running (it is taken when the op returns), or a compiled loop runs.
+ * running (it is taken when the op returns), interrupts are deferred (lt.train's
+ * update), or a compiled loop runs. A script or -e code during which a SIGINT
+ * arrived exits with status 130 (128 + SIGINT, as shells expect), whether it
+ * raised "interrupted!" or caught it and ended (lt.train returns a summary).
  */
 #include "../bindings/bindings.h"
 #include "lutra.h"
@@ -28,18 +31,20 @@
 
 static lua_State *global_L;
 static pthread_t lua_thread; /* the thread running global_L (ops mark themselves there) */
+static volatile sig_atomic_t sigint_seen; /* a SIGINT arrived during some lt_docall */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
-  if (!lt_is_interrupted())
-    return; /* a lutra op already raised it */
+  if (!lt_is_interrupted() || lt_interrupt_deferred())
+    return; /* a lutra op already raised it, or the deferral's end will */
   lt_clear_interrupt();
   luaL_error(L, "interrupted!");
 }
 
 static void on_sigint(int sig) {
   signal(sig, SIG_DFL); /* a second Ctrl-C ends the process */
+  sigint_seen = 1;
   lt_interrupt();
   lua_sethook(global_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
   alarm(2); /* on_stuck explains if nothing has taken the interrupt by then */
@@ -58,9 +63,9 @@ static void say_stuck(const char *a, const char *b, const char *c) {
 
 /* SIGALRM two seconds after a Ctrl-C that nothing took. Either a lutra op is
    still running on the Lua thread (the interrupt is taken when it returns),
-   or the running code is a JIT-compiled loop that calls neither Lua
-   functions nor lutra ops, which LuaJIT cannot interrupt. Only
-   async-signal-safe calls here. */
+   or interrupts are deferred (lt.train's update), or the running code is a
+   JIT-compiled loop that calls neither Lua functions nor lutra ops, which
+   LuaJIT cannot interrupt. Only async-signal-safe calls here. */
 static void on_stuck(int sig) {
   if (!pthread_equal(pthread_self(), lua_thread)) {
     pthread_kill(lua_thread, sig); /* the op in progress is the Lua thread's */
@@ -68,9 +73,11 @@ static void on_stuck(int sig) {
   }
   if (!lt_is_interrupted())
     return;
-  const char *op = lt_op_running();
+  const char *op = lt_op_running(), *deferred = lt_interrupt_deferred();
   if (op)
     say_stuck("stopping when ", op, " returns (lutra cannot cut an op short; Ctrl-C again ends lutra)");
+  else if (deferred)
+    say_stuck("stopping when ", *deferred ? deferred : "the deferred work", " is done (Ctrl-C again ends lutra)");
   else
     say_stuck("the running code is a compiled Lua loop that Ctrl-C cannot stop; ",
               "press Ctrl-C again to end lutra", NULL);
@@ -295,7 +302,11 @@ static int pmain(lua_State *L) {
     st = run_script(L, argv[o.script], o.script + 1, argv, argc);
   if (st != 0) {
     lt_report(L, st);
-    pa->status = 1;
+    pa->status = sigint_seen ? 130 : 1;
+    return 0;
+  }
+  if (sigint_seen && !want_repl) { /* interrupted, and the script stopped itself cleanly */
+    pa->status = 130;
     return 0;
   }
   if (want_repl && lt_repl(L) > 0 && !isatty(STDIN_FILENO))

@@ -15,7 +15,7 @@ lt_status lt_fail(lt_status st, const char *fmt, ...) __attribute__((format(prin
 /* Prepends "prefix: " to the current message (keeps the status). */
 lt_status lt_fail_prefix(lt_status st, const char *prefix);
 
-/* Set by the SIGINT handler; ops check it on entry. */
+/* Set by the SIGINT handler; ops check it on entry (not while deferred). */
 extern volatile int lt_interrupt_pending;
 lt_status lt_check_interrupt(const char *op);
 

@@ -22,7 +22,11 @@
 -- rate for this optimizer step, and steps. A step whose
 -- loss or gradient norm is not finite stops training with a message naming
 -- the step, or, with skip_nonfinite, is skipped and counted (the schedule
--- does not advance). Ctrl-C stops cleanly after a message. Each evaluation
+-- does not advance). Ctrl-C stops after a message naming the last complete
+-- step (the summary's steps, loss and seconds are up to it): the step in
+-- progress is dropped with its partial gradients, except that an update
+-- once begun is finished and recorded first (lt_interrupt_defer). lutra then
+-- exits with status 130 when the script ends. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare.
 --
@@ -339,6 +343,7 @@ function M.run(settings)
   end
 
   local t_start = lt.clock()
+  local t_done = t_start -- when the last complete step (and its evaluation, sample) ended
 
   local function save(step)
     local t0 = lt.clock()
@@ -416,6 +421,8 @@ function M.run(settings)
       norm = clip(o.clip > 0 and o.clip or math.huge)
       finite = norm == norm and norm ~= math.huge
     end
+    -- from here to the step's record a Ctrl-C waits: an update is not left halfway
+    C.lt_interrupt_defer(1, "the step's update")
     local lr
     if not finite then
       if not o.skip_nonfinite then
@@ -446,6 +453,13 @@ function M.run(settings)
     local rec = { step = step, loss = loss, lr = lr, grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu,
       mem = mem, mem_peak = mem_peak, skipped = not finite or nil }
     record(rec)
+    summary.steps = summary.steps + 1 -- (complete: updated and recorded)
+    t_done = lt.clock()
+    C.lt_interrupt_defer(0, nil)
+    if C.lt_is_interrupted() ~= 0 then
+      C.lt_clear_interrupt()
+      error("interrupted!", 0)
+    end
     if step % o.log_every == 0 or step == o.steps then
       say(("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s%s"):format(step,
         o.steps, loss, lr or 0, norm, dt * 1e3, tps, mfu and ("%.1f%%"):format(mfu * 100) or "n/a",
@@ -474,6 +488,7 @@ function M.run(settings)
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end
     if unsharded then opt:reshard() end
+    t_done = lt.clock()
   end
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
@@ -483,15 +498,26 @@ function M.run(settings)
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
       if not ok then
-        if tostring(err):find("interrupted", 1, true) then
+        C.lt_interrupt_defer(0, nil) -- (an error inside the update)
+        if tostring(err):find("interrupted!", 1, true) then
+          -- Ctrl-C: the step in progress is dropped, with its partial gradients
+          -- (one that was updated and recorded counts: it stopped in its evaluation or sample)
           summary.interrupted = true
-          say(("train: interrupted at step %d; %d steps done, metrics in %s/metrics.jsonl"):format(step, summary.steps,
-            dir))
+          local last = start_step + summary.steps
+          if last < step then opt:zero_grad() end
+          if last == step then
+            say(("train: interrupted after step %d (loss %.4f), metrics in %s"):format(step, summary.loss, metrics_path))
+          elseif last > start_step then
+            say(("train: interrupted during step %d; the last complete step is %d (loss %.4f), metrics in %s")
+              :format(step, last, summary.loss, metrics_path))
+          else
+            say(("train: interrupted during step %d, before a step of this run was complete; metrics in %s")
+              :format(step, metrics_path))
+          end
           break
         end
         error(err, 0)
       end
-      summary.steps = summary.steps + 1
       local sig = ddp and job_signal or C.lt_preempt_signal()
       if sig ~= 0 then
         summary.preempted = sig == 15 and "SIGTERM" or "SIGUSR1"
@@ -508,7 +534,7 @@ function M.run(settings)
     if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
   end
   if not ok_all then error(err_all, 0) end
-  summary.seconds = lt.clock() - t_start
+  summary.seconds = (summary.interrupted and t_done or lt.clock()) - t_start
   summary.optimizer_steps = opt_step
   summary.resumed_from = resumed_from
   return summary

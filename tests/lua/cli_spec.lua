@@ -69,29 +69,69 @@ describe("the lutra executable", function()
     os.remove(s)
     os.remove(s2)
   end)
-  it("turns SIGINT into 'interrupted!' and status 1", function()
+  it("turns SIGINT into 'interrupted!' and status 130 (128 + SIGINT)", function()
     local out, rc = sh("./lutra -e 'local x = lt.zeros{1} while true do x = x + 1 end' & p=$!; sleep 1; kill -INT $p; wait $p")
-    assert.are.equal(1, rc)
+    assert.are.equal(130, rc)
     assert.truthy(out:find("interrupted!", 1, true), out)
   end)
-  it("stops lt.train cleanly on SIGINT, with a message and the summary", function()
-    local s = tmpfile([[
+  -- a tiny GPT-2 trained on random tokens; the marker file, when set, is
+  -- created as step 4's update begins, which then takes 2.5 s of small ops
+  local train_script = [[
 local lt = require "lutra"
+local marker = ...
 local m = lt.models.gpt2("gpt2-tiny")
 local g = lt.Generator(1)
 local loader = { next = function()
   local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
   return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
 end }
-local s = lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.01 }), train = loader, steps = 1000000,
-  out_dir = os.tmpname() .. "-runs", quiet = false, log_every = 1000 }
-print("after training", s.interrupted, s.steps > 0)
-]])
+local sgd, updates = lt.optim.SGD(m, { lr = 0.01 }), 0
+local opt = setmetatable({ step = function(_, a)
+  if marker and updates == 3 then
+    assert(io.open(marker, "w")):close()
+    local t = lt.clock()
+    while lt.clock() - t < 2.5 do lt.zeros(1):add(1) end
+  end
+  sgd:step(a)
+  updates = updates + 1
+end }, { __index = sgd })
+local out = os.tmpname() .. "-runs"
+local s = lt.train { model = m, optimizer = opt, train = loader, steps = 1000000, out_dir = out, quiet = false,
+  log_every = 1000 }
+local with_grad = 0
+for _, p in ipairs(m:parameters()) do if p.grad ~= nil then with_grad = with_grad + 1 end end
+local last
+for line in io.lines(out .. "/run/metrics.jsonl") do last = lt.json.decode(line).step or last end
+print("after training", s.interrupted, s.steps, updates, last, with_grad == 0 or with_grad == #m:parameters())
+]]
+  it("stops lt.train on SIGINT at the last complete step, with a message, the summary and status 130", function()
+    local s = tmpfile(train_script)
     local out, rc = sh("./lutra " .. s .. " & p=$!; sleep 2; kill -INT $p; wait $p")
-    assert.are.equal(0, rc, out)
-    assert.truthy(out:find("train: interrupted at step", 1, true), out)
-    assert.truthy(out:find("after training\ttrue\ttrue"), out)
+    assert.are.equal(130, rc, out)
+    -- (during a step's forward or backward, or in its update, which is finished first)
+    local step, last = out:match("train: interrupted during step (%d+); the last complete step is (%d+) %(loss [%d.]+%)")
+    if step then
+      assert.are.equal(tonumber(step) - 1, tonumber(last), out)
+    else
+      last = out:match("train: interrupted after step (%d+) %(loss [%d.]+%)")
+      assert.truthy(last, out)
+    end
+    -- the summary, the updates made and the metrics end at that step; no half-step's gradients are left
+    assert.truthy(out:find("after training\ttrue\t" .. last .. "\t" .. last .. "\t" .. last .. "\ttrue", 1, true), out)
     os.remove(s)
+  end)
+  it("finishes and records an update that a SIGINT interrupts, then stops", function()
+    local s = tmpfile(train_script)
+    local marker = os.tmpname()
+    os.remove(marker)
+    local out, rc = sh("./lutra " .. s .. " " .. marker .. " 2>&1 & p=$!; while [ ! -e " .. marker .. " ]; do sleep 0.05; done; "
+      .. "kill -INT $p; wait $p")
+    assert.are.equal(130, rc, out)
+    assert.truthy(out:find("lutra: Ctrl-C: stopping when the step's update is done", 1, true), out)
+    assert.truthy(out:find("train: interrupted after step 4 (loss", 1, true), out)
+    assert.truthy(out:find("after training\ttrue\t4\t4\t4\ttrue", 1, true), out)
+    os.remove(s)
+    os.remove(marker)
   end)
   it("reads piped REPL input without prompts, keeps going after errors and then exits 1", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")
