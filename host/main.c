@@ -1,7 +1,7 @@
 /*
  * main.c: the lutra executable. Starts a LuaJIT state with lutra's library
  * (bindings/), handles the command line as luajit does (`lutra script.lua a b`
- * with `arg`, -e, -l, -i, -v, `-` for stdin), runs recipes with strict globals,
+ * with `arg`, -e, -l, -i, -v, `-` for stdin; and --threads=N), runs recipes with strict globals,
  * and enters the REPL (repl.c) when asked or when nothing else is given.
  *
  * Errors: an uncaught Lua error prints "lutra: <message>" and a traceback on
@@ -135,6 +135,7 @@ static void print_usage(FILE *to) {
           "  -e chunk   run the string chunk (lt is predefined)\n"
           "  -l name    require library name into the global name\n"
           "  -i         enter the REPL after running script\n"
+          "  --threads=N  CPU threads for kernels and BLAS (default: the cores lutra may use, or OMP_NUM_THREADS)\n"
           "  -v, --version  show the version and the backends found\n"
           "  -h, --help     show this help\n"
           "  --         stop handling options\n"
@@ -185,7 +186,19 @@ static int run_script(lua_State *L, const char *path, int nargs_from, char **arg
 struct options {
   int script; /* index of the script in argv, or 0 */
   int interactive, version, help, has_e;
+  int threads; /* --threads=N, or 0 */
 };
+
+/* --threads' value: a whole number 1..1024, or -1 (with the message printed). */
+static int parse_threads(const char *v) {
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (!*v || *end || n < 1 || n > 1024) {
+    fprintf(stderr, "lutra: --threads needs a whole number of threads 1..1024, got '%s'\n", v);
+    return -1;
+  }
+  return (int)n;
+}
 
 /* First pass: find the script and flags; returns 0 or -1 on a bad option. */
 static int scan_args(int argc, char **argv, struct options *o) {
@@ -203,6 +216,14 @@ static int scan_args(int argc, char **argv, struct options *o) {
       break;
     if (strcmp(a, "-i") == 0)
       o->interactive = 1;
+    else if (strncmp(a, "--threads", 9) == 0 && (a[9] == '=' || a[9] == 0)) {
+      if (a[9] == 0 && ++i >= argc) {
+        fprintf(stderr, "lutra: '--threads' needs an argument\n");
+        return -1;
+      }
+      if ((o->threads = parse_threads(a[9] ? a + 10 : argv[i])) < 0)
+        return -1;
+    }
     else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0)
       o->version = 1;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
@@ -290,6 +311,8 @@ static int pmain(lua_State *L) {
   lua_gc(L, LUA_GCSTOP, 0);
   luaL_openlibs(L);
   lua_gc(L, LUA_GCRESTART, -1);
+  if (o.threads > 0)
+    lt_set_num_threads(o.threads);
   lt_bindings_open(L);
   create_arg_table(L, argc, argv, o.script);
   int st = 0;

@@ -1,6 +1,7 @@
 -- tests/lua/cli_spec.lua: the lutra executable as a process: running scripts
--- with arg, -e, -l, -i, --version, exit status and traceback on errors,
--- strict globals in scripts, SIGINT, piped REPL input, LUTRA_PATH.
+-- with arg, -e, -l, -i, --threads, --version, exit status and traceback on
+-- errors, strict globals in scripts, SIGINT (status 130; lt.train stopping at
+-- a complete step), piped REPL input, LUTRA_PATH.
 local sh = require("tests.lua.helpers").sh
 
 local function tmpfile(text)
@@ -168,6 +169,21 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad == 0 or
     out = sh("./lutra -e 'print(pcall(require, \"lutra.marker\"))'")
     assert.truthy(out:find("false", 1, true), out) -- the embedded library has no such module
     os.execute("rm -rf " .. dir)
+  end)
+  it("sets the CPU threads of kernels (OpenMP) and matrix products (OpenBLAS) with --threads", function()
+    local show = "'local ffi = require \"ffi\" ffi.cdef \"int openblas_get_num_threads(void);\" "
+      .. "print(lt.get_num_threads(), ffi.C.openblas_get_num_threads())'"
+    for _, form in ipairs { "--threads=1", "--threads 1" } do
+      local out, rc = sh("./lutra " .. form .. " -e " .. show)
+      assert.are.equal(0, rc, out)
+      assert.are.equal("1\t1\n", out)
+    end
+    local out, rc = sh("./lutra --threads=0 -e 'print(1)' 2>&1")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("--threads needs a whole number of threads 1..1024, got '0'", 1, true), out)
+    out, rc = sh("./lutra recipes/gpt2.lua --threads=1.5 2>&1")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("--threads must be a whole number of threads 1..1024 (0: every core), got 1.5", 1, true), out)
   end)
   it("rejects unknown options", function()
     local out, rc = sh("./lutra --bogus")
