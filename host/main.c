@@ -74,10 +74,10 @@ static void on_stuck(int sig) {
   if (!lt_is_interrupted())
     return;
   const char *op = lt_op_running(), *deferred = lt_interrupt_deferred();
-  if (op)
-    say_stuck("stopping when ", op, " returns (lutra cannot cut an op short; Ctrl-C again ends lutra)");
-  else if (deferred)
+  if (deferred) /* (the wider wait: ops run inside it) */
     say_stuck("stopping when ", *deferred ? deferred : "the deferred work", " is done (Ctrl-C again ends lutra)");
+  else if (op)
+    say_stuck("stopping when ", op, " returns (lutra cannot cut an op short; Ctrl-C again ends lutra)");
   else
     say_stuck("the running code is a compiled Lua loop that Ctrl-C cannot stop; ",
               "press Ctrl-C again to end lutra", NULL);

@@ -75,11 +75,13 @@ describe("the lutra executable", function()
     assert.are.equal(130, rc)
     assert.truthy(out:find("interrupted!", 1, true), out)
   end)
-  -- a tiny GPT-2 trained on random tokens; the marker file, when set, is
-  -- created as step 4's update begins, which then takes 2.5 s of small ops
+  -- a tiny GPT-2 trained on random tokens; the file `started` is created after
+  -- step 2, the file `marker`, when not "-", as step 4's update begins, which
+  -- then takes 2.5 s of small ops
   local train_script = [[
 local lt = require "lutra"
-local marker = ...
+local started, marker = ...
+if marker == "-" then marker = nil end
 local m = lt.models.gpt2("gpt2-tiny")
 local g = lt.Generator(1)
 local loader = { next = function()
@@ -98,7 +100,7 @@ local opt = setmetatable({ step = function(_, a)
 end }, { __index = sgd })
 local out = os.tmpname() .. "-runs"
 local s = lt.train { model = m, optimizer = opt, train = loader, steps = 1000000, out_dir = out, quiet = false,
-  log_every = 1000 }
+  log_every = 1000, on_step = function(rec) if rec.step == 2 then assert(io.open(started, "w")):close() end end }
 local with_grad = 0
 for _, p in ipairs(m:parameters()) do if p.grad ~= nil then with_grad = with_grad + 1 end end
 local last
@@ -107,7 +109,10 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad == 0 or
 ]]
   it("stops lt.train on SIGINT at the last complete step, with a message, the summary and status 130", function()
     local s = tmpfile(train_script)
-    local out, rc = sh("./lutra " .. s .. " & p=$!; sleep 2; kill -INT $p; wait $p")
+    local started = os.tmpname()
+    os.remove(started)
+    local out, rc = sh("./lutra " .. s .. " " .. started .. " - & p=$!; while [ ! -e " .. started .. " ] && kill -0 $p; do sleep 0.05; done; "
+      .. "sleep 0.5; kill -INT $p; wait $p")
     assert.are.equal(130, rc, out)
     -- (during a step's forward or backward, or in its update, which is finished first)
     local step, last = out:match("train: interrupted during step (%d+); the last complete step is (%d+) %(loss [%d.]+%)")
@@ -120,19 +125,22 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad == 0 or
     -- the summary, the updates made and the metrics end at that step; no half-step's gradients are left
     assert.truthy(out:find("after training\ttrue\t" .. last .. "\t" .. last .. "\t" .. last .. "\ttrue", 1, true), out)
     os.remove(s)
+    os.remove(started)
   end)
   it("finishes and records an update that a SIGINT interrupts, then stops", function()
     local s = tmpfile(train_script)
     local marker = os.tmpname()
     os.remove(marker)
-    local out, rc = sh("./lutra " .. s .. " " .. marker .. " 2>&1 & p=$!; while [ ! -e " .. marker .. " ]; do sleep 0.05; done; "
-      .. "kill -INT $p; wait $p")
+    local started = os.tmpname()
+    local out, rc = sh("./lutra " .. s .. " " .. started .. " " .. marker .. " 2>&1 & p=$!; "
+      .. "while [ ! -e " .. marker .. " ] && kill -0 $p; do sleep 0.05; done; kill -INT $p; wait $p")
     assert.are.equal(130, rc, out)
     assert.truthy(out:find("lutra: Ctrl-C: stopping when the step's update is done", 1, true), out)
     assert.truthy(out:find("train: interrupted after step 4 (loss", 1, true), out)
     assert.truthy(out:find("after training\ttrue\t4\t4\t4\ttrue", 1, true), out)
     os.remove(s)
     os.remove(marker)
+    os.remove(started)
   end)
   it("reads piped REPL input without prompts, keeps going after errors and then exits 1", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")
