@@ -339,7 +339,10 @@ static lt_status cuda_synchronize(lt_device device) {
   return e == cudaSuccess ? checks_poll(c, 1) : lt_cuda_error("a kernel failed", c->index, e);
 }
 
-lt_status lt_cuda_synchronize(int device_index) { return cuda_synchronize(LT_DEVICE_CUDA + device_index); }
+lt_status lt_cuda_synchronize(int device_index) {
+  LT_OP_SCOPE("cuda synchronize");
+  return cuda_synchronize(LT_DEVICE_CUDA + device_index);
+}
 
 /* ---- kernels: the descriptors carry device pointers; pick the stream ---------- */
 

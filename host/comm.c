@@ -134,6 +134,7 @@ static int env_int(const char *name, int dflt) {
 }
 
 lt_status lt_dist_init(void) {
+  LT_OP_SCOPE("dist init");
   if (initialised)
     return LT_OK;
   int size = env_int("OMPI_COMM_WORLD_SIZE", 1);
@@ -390,6 +391,7 @@ static lt_status wait_request(MPI_Request *req, const char *op, const lt_comm *c
 #endif
 
 lt_status lt_comm_bcast_bytes(lt_comm *c, void *buf, int n, int root) {
+  LT_OP_SCOPE("broadcast");
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     MPI_Request req;
@@ -671,6 +673,7 @@ static lt_status finish(lt_work *w) {
 }
 
 lt_status lt_work_wait(lt_work *w) {
+  LT_OP_SCOPE("wait");
   if (!w || w->done)
     return LT_OK;
 #ifdef LT_WITH_MPI
@@ -755,6 +758,7 @@ static lt_status refused(lt_comm *c, lt_status st) {
 }
 
 lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **out) {
+  LT_OP_SCOPE("all_reduce");
   if (out)
     *out = NULL;
   lt_status chk = check_tensor("all_reduce", t);
@@ -807,6 +811,7 @@ lt_status lt_comm_all_reduce(lt_comm *c, lt_tensor *t, lt_comm_op op, lt_work **
 }
 
 lt_status lt_comm_broadcast(lt_comm *c, lt_tensor *t, int root, lt_work **out) {
+  LT_OP_SCOPE("broadcast");
   if (out)
     *out = NULL;
   lt_status chk = check_tensor("broadcast", t);
@@ -852,6 +857,7 @@ static void rows_of(const lt_tensor *t, int64_t *rows, int64_t *row_elems) {
 }
 
 lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *counts) {
+  LT_OP_SCOPE("all_gather");
   /* counts[r] = rows of rank r (filled for the caller to size the output) */
   lt_status chk = check_tensor("all_gather", t);
   if (chk != LT_OK)
@@ -870,6 +876,7 @@ lt_status lt_comm_all_gather_rows(lt_comm *c, const lt_tensor *t, int64_t *count
 }
 
 lt_status lt_comm_all_gather(lt_comm *c, lt_tensor *outp, const lt_tensor *t, const int64_t *counts, lt_work **out) {
+  LT_OP_SCOPE("all_gather");
   if (out)
     *out = NULL;
   LT_TRY(check_tensor("all_gather", t));
@@ -936,6 +943,7 @@ void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *le
 }
 
 lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_comm_op op, lt_work **out) {
+  LT_OP_SCOPE("reduce_scatter");
   if (out)
     *out = NULL;
   lt_status chk = check_tensor("reduce_scatter", t);
@@ -1024,6 +1032,7 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *outp, lt_tensor *t, lt_c
 }
 
 lt_status lt_comm_barrier(lt_comm *c) {
+  LT_OP_SCOPE("barrier");
 #ifdef LT_WITH_MPI
   if (use_mpi) {
     lt_work *w = NULL;
@@ -1041,6 +1050,7 @@ lt_status lt_comm_barrier(lt_comm *c) {
 }
 
 lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst) {
+  LT_OP_SCOPE("send");
   LT_TRY(check_tensor("send", t));
   if (dst < 0 || dst >= c->size || dst == c->rank)
     return lt_fail(LT_ERR_ARG, "send: destination %d is not another rank of the group (0..%d)", dst, c->size - 1);
@@ -1060,6 +1070,7 @@ lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst) {
 }
 
 lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
+  LT_OP_SCOPE("recv");
   LT_TRY(check_tensor("recv", t));
   if (src < 0 || src >= c->size || src == c->rank)
     return lt_fail(LT_ERR_ARG, "recv: source %d is not another rank of the group (0..%d)", src, c->size - 1);

@@ -52,6 +52,7 @@ static const char *dir_of(const char *path, char *buf, size_t cap) {
 }
 
 lt_status lt_write_file_atomic(const char *path, const char *data, int64_t len) {
+  LT_OP_SCOPE("write_file_atomic");
   if (len < 0)
     return lt_fail(LT_ERR_ARG, "write %s: negative length %lld", path, (long long)len);
   size_t tl = strlen(path) + 32;

@@ -120,6 +120,7 @@ static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_t
   const lt_tensor *ins[2] = {t, index};
   static const char *const embedding_names[2] = {"weight", "ids"}, *const select_names[2] = {"input", "index"};
   const lt_backend_i *be;
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, 2, ins, kind == LT_REPORT_IDS ? embedding_names : select_names, &be));
   LT_TRY(check_dim(op, t, dim));
   LT_TRY(check_index_dtype(op, index));
@@ -179,6 +180,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
   const lt_backend_i *be;
   char b1[200], b2[200];
   static const char *const names[3] = {"self", "index", "source"};
+  LT_OP_SCOPE("index_add_");
   LT_TRY(lt_same_device_named("index_add_", 3, ins, names, &be));
   LT_TRY(check_dim("index_add_", t, dim));
   LT_TRY(check_index_dtype("index_add_", index));
@@ -265,6 +267,7 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
   const lt_tensor *ins[2] = {t, index};
   const lt_backend_i *be;
   static const char *const names[2] = {"input", "index"};
+  LT_OP_SCOPE("gather");
   LT_TRY(lt_same_device_named("gather", 2, ins, names, &be));
   LT_TRY(check_dim("gather", t, dim));
   LT_TRY(check_index_dtype("gather", index));
@@ -298,6 +301,7 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   const lt_tensor *ins[3] = {t, index, src};
   const lt_backend_i *be;
   static const char *const names[3] = {"self", "index", "source"};
+  LT_OP_SCOPE("scatter_add_");
   LT_TRY(lt_same_device_named("scatter_add_", 3, ins, names, &be));
   LT_TRY(check_dim("scatter_add_", t, dim));
   LT_TRY(check_index_dtype("scatter_add_", index));

@@ -350,6 +350,7 @@ lt_status lt_linear(const lt_tensor *x, const lt_tensor *w, const lt_tensor *b, 
   static const char *const names[3] = {"input", "weight", "bias"};
   int nin = b ? 3 : 2;
   const lt_backend_i *be;
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   if (act != 0 && act != 1)
     return lt_fail(LT_ERR_ARG, "%s: activation %d is not 0 (none) or 1 (gelu)", op, act);
@@ -448,6 +449,7 @@ lt_status lt_mlp(const lt_tensor *x, const lt_tensor *w1, const lt_tensor *b1, c
   if (b2)
     names[nin] = "projection bias", ins[nin++] = b2;
   const lt_backend_i *be;
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   LT_TRY(check_dtypes(op, nin, ins, names));
   if (x->ndim < 1)
@@ -548,6 +550,7 @@ lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const 
   static const char *const names[3] = {"input", "weight", "targets"};
   const lt_backend_i *be;
   char b1[200], b2[200];
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, 3, ins, names, &be));
   LT_TRY(check_dtypes(op, 2, ins, names));
   if (x->ndim < 2)

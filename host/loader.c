@@ -69,6 +69,7 @@ lt_status lt_shard_parse_header(const void *data, size_t len, const char *label,
 }
 
 lt_status lt_shard_write(const char *path, const int32_t *ids, int64_t n, int64_t vocab_size) {
+  LT_OP_SCOPE("shard write");
   if (n < 0 || n > INT32_MAX)
     return lt_fail(LT_ERR_ARG, "shard %s: %lld tokens do not fit a shard (at most %d)", path, (long long)n, INT32_MAX);
   int tb = vocab_size > 65536 ? 4 : 2;
@@ -380,6 +381,7 @@ static lt_status open_shard(shard *s, const char *path) {
 }
 
 lt_status lt_shard_read(const char *path, lt_tensor **out) {
+  LT_OP_SCOPE("shard read");
   shard s = {0};
   lt_status st = open_shard(&s, path);
   lt_tensor *t = NULL;
@@ -467,6 +469,7 @@ lt_status lt_loader_open(int npaths, const char *const *paths, int64_t B, int64_
 }
 
 lt_status lt_loader_next(lt_loader *l, lt_tensor **x, lt_tensor **y) {
+  LT_OP_SCOPE("loader");
   LT_TRY(lt_check_interrupt("loader"));
   pthread_mutex_lock(&l->mu);
   while (l->qlen == 0 && !l->failed && l->running)

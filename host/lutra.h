@@ -167,6 +167,20 @@ void lt_set_num_threads(int n);
 void lt_interrupt(void);
 void lt_clear_interrupt(void);
 int lt_is_interrupted(void);
+/* The name of the outermost lutra op running on the calling thread ("matmul",
+   "all_reduce", ...), or NULL between ops: how the SIGINT machinery tells a
+   long op (the interrupt is taken when it returns) from a compiled Lua loop.
+   Async-signal-safe (it reads a thread-local). */
+const char *lt_op_running(void);
+/* Defers interrupts while on (nonzero): ops do not fail with
+   LT_ERR_INTERRUPTED and the pending interrupt is kept, for work that must not
+   stop halfway (an optimizer update); the caller checks lt_is_interrupted()
+   after turning it off. what (copied; may be NULL) says what it waits for,
+   for the message after a Ctrl-C that waits ("the optimizer step"). */
+void lt_interrupt_defer(int on, const char *what);
+/* What a deferral on now waits for (its what, or "" without one), or NULL when
+   interrupts are not deferred. Async-signal-safe. */
+const char *lt_interrupt_deferred(void);
 
 /* ---- dtypes and devices ---------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * main.c: the lutra executable. Starts a LuaJIT state with lutra's library
  * (bindings/), handles the command line as luajit does (`lutra script.lua a b`
- * with `arg`, -e, -l, -i, -v, `-` for stdin), runs recipes with strict globals,
+ * with `arg`, -e, -l, -i, -v, `-` for stdin; and --threads=N), runs recipes with strict globals,
  * and enters the REPL (repl.c) when asked or when nothing else is given.
  *
  * Errors: an uncaught Lua error prints "lutra: <message>" and a traceback on
@@ -9,7 +9,11 @@
  * lutra: <message>", then MPI_Abort ends the whole job). SIGINT during a call raises "interrupted!"
  * (from a hook in interpreted code, or from the next lutra op: compiled
  * loops that call nothing cannot be stopped this way; a second Ctrl-C ends
- * the process).
+ * the process). If nothing took it 2 s later, lutra says why: an op is
+ * running (it is taken when the op returns), interrupts are deferred (lt.train's
+ * update), or a compiled loop runs. A script or -e code during which a SIGINT
+ * arrived exits with status 130 (128 + SIGINT, as shells expect), whether it
+ * raised "interrupted!" or caught it and ended (lt.train returns a summary).
  */
 #include "../bindings/bindings.h"
 #include "lutra.h"
@@ -18,6 +22,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include <luajit.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,34 +30,57 @@
 #include <unistd.h>
 
 static lua_State *global_L;
+static pthread_t lua_thread; /* the thread running global_L (ops mark themselves there) */
+static volatile sig_atomic_t sigint_seen; /* a SIGINT arrived during some lt_docall */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
-  if (!lt_is_interrupted())
-    return; /* a lutra op already raised it */
+  if (!lt_is_interrupted() || lt_interrupt_deferred())
+    return; /* a lutra op already raised it, or the deferral's end will */
   lt_clear_interrupt();
   luaL_error(L, "interrupted!");
 }
 
 static void on_sigint(int sig) {
   signal(sig, SIG_DFL); /* a second Ctrl-C ends the process */
+  sigint_seen = 1;
   lt_interrupt();
   lua_sethook(global_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
   alarm(2); /* on_stuck explains if nothing has taken the interrupt by then */
 }
 
-/* SIGALRM two seconds after a Ctrl-C that nothing took: the running code is
-   a JIT-compiled loop that calls neither Lua functions nor lutra ops, which
+static void say_stuck(const char *a, const char *b, const char *c) {
+  char msg[512];
+  size_t n = 0;
+  const char *parts[] = {"\nlutra: Ctrl-C: ", a, b, c, "\n"};
+  for (int i = 0; i < 5; i++)
+    for (const char *p = parts[i]; p && *p && n < sizeof msg; p++)
+      msg[n++] = *p;
+  ssize_t w = write(STDERR_FILENO, msg, n);
+  (void)w;
+}
+
+/* SIGALRM two seconds after a Ctrl-C that nothing took. Either a lutra op is
+   still running on the Lua thread (the interrupt is taken when it returns),
+   or interrupts are deferred (lt.train's update), or the running code is a
+   JIT-compiled loop that calls neither Lua functions nor lutra ops, which
    LuaJIT cannot interrupt. Only async-signal-safe calls here. */
 static void on_stuck(int sig) {
-  (void)sig;
+  if (!pthread_equal(pthread_self(), lua_thread)) {
+    pthread_kill(lua_thread, sig); /* the op in progress is the Lua thread's */
+    return;
+  }
   if (!lt_is_interrupted())
     return;
-  static const char msg[] = "\nlutra: the running code is a compiled Lua loop that Ctrl-C cannot stop; "
-                            "press Ctrl-C again to end lutra\n";
-  ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)w;
+  const char *op = lt_op_running(), *deferred = lt_interrupt_deferred();
+  if (deferred) /* (the wider wait: ops run inside it) */
+    say_stuck("stopping when ", *deferred ? deferred : "the deferred work", " is done (Ctrl-C again ends lutra)");
+  else if (op)
+    say_stuck("stopping when ", op, " returns (lutra cannot cut an op short; Ctrl-C again ends lutra)");
+  else
+    say_stuck("the running code is a compiled Lua loop that Ctrl-C cannot stop; ",
+              "press Ctrl-C again to end lutra", NULL);
 }
 
 static int traceback(lua_State *L) {
@@ -71,6 +99,7 @@ int lt_docall(lua_State *L, int nargs, int nres) {
   lua_pushcfunction(L, traceback);
   lua_insert(L, base);
   global_L = L;
+  lua_thread = pthread_self();
   lt_clear_interrupt();
   signal(SIGINT, on_sigint);
   signal(SIGALRM, on_stuck);
@@ -106,6 +135,7 @@ static void print_usage(FILE *to) {
           "  -e chunk   run the string chunk (lt is predefined)\n"
           "  -l name    require library name into the global name\n"
           "  -i         enter the REPL after running script\n"
+          "  --threads=N  CPU threads for kernels and BLAS (default: the cores lutra may use, or OMP_NUM_THREADS)\n"
           "  -v, --version  show the version and the backends found\n"
           "  -h, --help     show this help\n"
           "  --         stop handling options\n"
@@ -156,7 +186,19 @@ static int run_script(lua_State *L, const char *path, int nargs_from, char **arg
 struct options {
   int script; /* index of the script in argv, or 0 */
   int interactive, version, help, has_e;
+  int threads; /* --threads=N, or 0 */
 };
+
+/* --threads' value: a whole number 1..1024, or -1 (with the message printed). */
+static int parse_threads(const char *v) {
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (!*v || *end || n < 1 || n > 1024) {
+    fprintf(stderr, "lutra: --threads needs a whole number of threads 1..1024, got '%s'\n", v);
+    return -1;
+  }
+  return (int)n;
+}
 
 /* First pass: find the script and flags; returns 0 or -1 on a bad option. */
 static int scan_args(int argc, char **argv, struct options *o) {
@@ -174,6 +216,14 @@ static int scan_args(int argc, char **argv, struct options *o) {
       break;
     if (strcmp(a, "-i") == 0)
       o->interactive = 1;
+    else if (strncmp(a, "--threads", 9) == 0 && (a[9] == '=' || a[9] == 0)) {
+      if (a[9] == 0 && ++i >= argc) {
+        fprintf(stderr, "lutra: '--threads' needs an argument\n");
+        return -1;
+      }
+      if ((o->threads = parse_threads(a[9] ? a + 10 : argv[i])) < 0)
+        return -1;
+    }
     else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0)
       o->version = 1;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
@@ -261,6 +311,8 @@ static int pmain(lua_State *L) {
   lua_gc(L, LUA_GCSTOP, 0);
   luaL_openlibs(L);
   lua_gc(L, LUA_GCRESTART, -1);
+  if (o.threads > 0)
+    lt_set_num_threads(o.threads);
   lt_bindings_open(L);
   create_arg_table(L, argc, argv, o.script);
   int st = 0;
@@ -273,7 +325,11 @@ static int pmain(lua_State *L) {
     st = run_script(L, argv[o.script], o.script + 1, argv, argc);
   if (st != 0) {
     lt_report(L, st);
-    pa->status = 1;
+    pa->status = sigint_seen ? 130 : 1;
+    return 0;
+  }
+  if (sigint_seen && !want_repl) { /* interrupted, and the script stopped itself cleanly */
+    pa->status = 130;
     return 0;
   }
   if (want_repl && lt_repl(L) > 0 && !isatty(STDIN_FILENO))

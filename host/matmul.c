@@ -186,6 +186,7 @@ static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **
   const lt_tensor *ins[2] = {a, b};
   const lt_backend_i *be;
   char b1[200], b2[200];
+  LT_OP_SCOPE("matmul");
   LT_TRY(lt_same_device("matmul", 2, ins, &be));
   if (a->ndim == 0 || b->ndim == 0)
     return lt_fail(LT_ERR_SHAPE, "matmul: operands need at least 1 dim, got shapes %s and %s",

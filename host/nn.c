@@ -209,6 +209,7 @@ static lt_status norm(int rms, const lt_tensor *x, const lt_tensor *res, const l
     names[nin] = "bias", ins[nin++] = b;
   if (!w && b)
     return lt_fail(LT_ERR_ARG, "%s: a bias needs a weight", op);
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, nin, ins, names, &be));
   LT_TRY(need_float(op, x));
   if (x->ndim == 0)
@@ -392,6 +393,7 @@ static const lt_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backwa
 static lt_status softmax_any(const char *op, const lt_tensor *x, int dim, int log, double scale, int causal,
                               lt_tensor **res) {
   const lt_backend_i *be;
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device(op, 1, &x, &be));
   LT_TRY(need_float(op, x));
   if (x->ndim == 0 || dim < 0 || dim >= x->ndim) {
@@ -531,6 +533,7 @@ static lt_status strided_attention(const lt_tensor *q, const lt_tensor *k, const
 
 lt_status lt_attention(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                        lt_tensor **res) {
+  LT_OP_SCOPE("attention");
   const char *op = "scaled_dot_product_attention";
   const lt_tensor *ins[3] = {q, k, v};
   const lt_backend_i *be;
@@ -773,6 +776,7 @@ static const lt_node_ops half_attention_ops = {"AttentionBackward", sdpa_backwar
 
 lt_status lt_attention_library(const lt_tensor *q, const lt_tensor *k, const lt_tensor *v, double scale, int causal,
                                lt_tensor **res) {
+  LT_OP_SCOPE("scaled_dot_product_attention");
   return strided_attention(q, k, v, scale, causal, 0, res);
 }
 
@@ -958,6 +962,7 @@ lt_status lt_ce_forward_run(const char *op, const lt_tensor *logits, const lt_te
   const lt_backend_i *be;
   char b1[200], b2[200];
   memset(c, 0, sizeof *c);
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device_named(op, 2, ins, names, &be));
   LT_TRY(need_float(op, logits));
   if (targets->dtype != LT_DTYPE_I32 && targets->dtype != LT_DTYPE_I64)
@@ -1112,6 +1117,7 @@ static const lt_node_ops rope_ops = {"RopeBackward", rope_backward, NULL};
 lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **res) {
   const lt_backend_i *be;
   char b[200];
+  LT_OP_SCOPE("rope");
   LT_TRY(lt_same_device("rope", 1, &x, &be));
   LT_TRY(need_float("rope", x));
   if (x->ndim < 2 || x->sizes[x->ndim - 1] % 2 != 0)

@@ -64,6 +64,7 @@ lt_status lt_unary(lt_unary_op op, const lt_tensor *a, lt_tensor *out, lt_tensor
     return lt_fail(LT_ERR_ARG, "unary: invalid op code %d", (int)op);
   const char *name = unary_names[op];
   const lt_backend_i *be;
+  LT_OP_SCOPE(name);
   LT_TRY(lt_same_device(name, 1, &a, &be));
   lt_dtype rd = a->dtype;
   if (op == LT_UNARY_NEG || op == LT_UNARY_ABS || op == LT_UNARY_SIGN) {
@@ -111,6 +112,7 @@ lt_status lt_binary(lt_binary_op op, const lt_tensor *a, const lt_tensor *b, lt_
   const char *name = binary_names[op];
   const lt_tensor *ins[2] = {a, b};
   const lt_backend_i *be;
+  LT_OP_SCOPE(name);
   LT_TRY(lt_same_device(name, 2, ins, &be));
   int ndim;
   int64_t shape[LT_MAX_DIMS];
@@ -147,6 +149,7 @@ lt_status lt_binary_scalar(lt_binary_op op, const lt_tensor *a, double s, int re
     return lt_fail(LT_ERR_ARG, "binary: invalid op code %d", (int)op);
   const char *name = binary_names[op];
   const lt_backend_i *be;
+  LT_OP_SCOPE(name);
   LT_TRY(lt_same_device(name, 1, &a, &be));
   lt_dtype cd = a->dtype;
   if (!lt_dtype_is_float(cd)) {
@@ -184,6 +187,7 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
   const lt_tensor *ins[3] = {cond, a, b};
   const lt_backend_i *be;
   static const char *const names[3] = {"condition", "input", "other"};
+  LT_OP_SCOPE("where");
   LT_TRY(lt_same_device_named("where", 3, ins, names, &be));
   if (cond->dtype != LT_DTYPE_BOOL)
     return lt_fail(LT_ERR_DTYPE, "where: the condition must be bool, got %s (compare it first, e.g. x:ne(0))",
@@ -217,6 +221,7 @@ lt_status lt_where(const lt_tensor *cond, const lt_tensor *a, const lt_tensor *b
 lt_status lt_clamp(const lt_tensor *a, double lo, int has_lo, double hi, int has_hi, lt_tensor *out,
                    lt_tensor **res) {
   const lt_backend_i *be;
+  LT_OP_SCOPE("clamp");
   LT_TRY(lt_same_device("clamp", 1, &a, &be));
   lt_dtype rd = a->dtype;
   if (a->dtype == LT_DTYPE_BOOL)
@@ -312,6 +317,7 @@ static lt_status copy_across_devices(lt_tensor *dst, const lt_tensor *src) {
 lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
   LT_TRY(lt_check_tensor("copy_", dst, 1));
   LT_TRY(lt_check_tensor("copy_", src, 2));
+  LT_OP_SCOPE("copy_");
   LT_TRY(lt_check_interrupt("copy_"));
   LT_TRY(lt_ag_check_inplace("copy_", dst, 1, &src));
   const lt_tensor *ins[2] = {dst, src};
@@ -329,6 +335,7 @@ lt_status lt_tensor_copy_(lt_tensor *dst, const lt_tensor *src) {
 }
 
 lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
+  LT_OP_SCOPE("clone");
   LT_TRY(lt_check_tensor("clone", t, 1));
   lt_tensor *r;
   LT_TRY(lt_tensor_empty_like(t, t->dtype, &r));
@@ -339,6 +346,7 @@ lt_status lt_tensor_clone(const lt_tensor *t, lt_tensor **out) {
 }
 
 lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor **out) {
+  LT_OP_SCOPE("to");
   LT_TRY(lt_check_tensor("to", t, 1));
   if (t->dtype == dtype && t->storage->device == device) {
     lt_tensor_retain(t);
@@ -357,6 +365,7 @@ lt_status lt_tensor_to(lt_tensor *t, lt_dtype dtype, lt_device device, lt_tensor
 lt_status lt_tensor_fill_(lt_tensor *t, double value) {
   LT_TRY(lt_check_tensor("fill_", t, 1));
   const lt_backend_i *be = t->storage->backend;
+  LT_OP_SCOPE("fill_");
   LT_TRY(lt_check_interrupt("fill_"));
   LT_TRY(lt_ag_check_inplace("fill_", t, 0, NULL));
   if (!be->fill)
@@ -390,6 +399,7 @@ static void wrap_f64(lt_tensor *t, lt_storage *s, const double *data, int ndim, 
 
 lt_status lt_tensor_from_f64(const double *values, int ndim, const int64_t *sizes, lt_dtype dtype,
                              lt_device device, lt_tensor **out) {
+  LT_OP_SCOPE("tensor");
   lt_tensor *r;
   LT_TRY(lt_tensor_empty(ndim, sizes, dtype, device, &r));
   lt_tensor src;
@@ -406,6 +416,7 @@ void lt_canonical_nans(double *v, int64_t n) {
 }
 
 lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
+  LT_OP_SCOPE("totable");
   LT_TRY(lt_check_tensor("to_f64", t, 1));
   int64_t numel = lt_tensor_numel(t);
   if (n < numel)
@@ -422,6 +433,7 @@ lt_status lt_tensor_to_f64(const lt_tensor *t, double *dst, int64_t n) {
 }
 
 lt_status lt_tensor_item(const lt_tensor *t, double *value) {
+  LT_OP_SCOPE("item");
   LT_TRY(lt_check_tensor("item", t, 1));
   if (lt_tensor_numel(t) != 1) {
     char b[200];

@@ -113,6 +113,7 @@ static lt_status run_group(const char *op, int n, lt_tensor *const *params, lt_t
     return LT_OK;
   if (!params || !grads)
     return lt_fail(LT_ERR_ARG, "%s: missing parameter or gradient list", op);
+  LT_OP_SCOPE(op);
   LT_TRY(lt_check_interrupt(op));
   lt_optim_tensor *ts = calloc((size_t)n, sizeof *ts);
   lt_tensor **tmp = calloc((size_t)n, sizeof *tmp);
@@ -182,6 +183,7 @@ lt_status lt_sgd_step(int n, lt_tensor *const *params, lt_tensor *const *grads, 
 }
 
 lt_status lt_grad_sum_squares(int n, lt_tensor *const *grads, double *out) {
+  LT_OP_SCOPE("grad_norm");
   *out = 0;
   if (n < 0)
     return lt_fail(LT_ERR_ARG, "grad_norm: negative number of gradients (%d)", n);

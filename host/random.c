@@ -39,6 +39,7 @@ typedef enum { UNIFORM, NORMAL } dist;
 
 static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, double p1, double p2) {
   const lt_backend_i *be;
+  LT_OP_SCOPE(op);
   LT_TRY(lt_same_device(op, 1, (const lt_tensor *const *)&t, &be));
   if (!lt_dtype_is_float(t->dtype))
     return lt_fail(LT_ERR_DTYPE, "%s: needs a float tensor, got %s", op, lt_dtype_name(t->dtype));

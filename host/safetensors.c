@@ -281,6 +281,7 @@ lt_status lt_safetensors_open_memory(const void *data, size_t len, const char *l
 }
 
 lt_status lt_safetensors_open(const char *path, lt_safetensors **out) {
+  LT_OP_SCOPE("safetensors load");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return lt_fail(LT_ERR_IO, "safetensors %s: cannot open: %s", path, strerror(errno));
@@ -328,6 +329,7 @@ const char *lt_safetensors_name(const lt_safetensors *f, int64_t i) {
 const char *lt_safetensors_metadata(const lt_safetensors *f) { return f ? f->metadata : "{}"; }
 
 lt_status lt_safetensors_get(const lt_safetensors *f, const char *name, lt_tensor **out) {
+  LT_OP_SCOPE("safetensors load");
   if (!f || !name)
     return lt_fail(LT_ERR_ARG, "safetensors: get needs an open file and a name");
   int64_t lo = 0, hi = f->n - 1, found = -1;
@@ -384,6 +386,7 @@ static lt_status write_all(int fd, const void *buf, size_t n, const char *path) 
 
 lt_status lt_safetensors_save(const char *path, int64_t n, const char *const *names, lt_tensor *const *tensors,
                               const char *metadata_json) {
+  LT_OP_SCOPE("safetensors save");
   if (!path)
     return lt_fail(LT_ERR_ARG, "safetensors: save needs a path");
   cJSON *root = cJSON_CreateObject();

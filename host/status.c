@@ -1,10 +1,12 @@
 /*
  * status.c: the thread-local error message behind lt_last_error(), the
- * interrupt flag, and lutra's version.
+ * interrupt flag (and its deferral), the op running on each thread, and
+ * lutra's version.
  */
 #include "status.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #define LT_ERR_MAX 2048
@@ -45,8 +47,38 @@ void lt_interrupt(void) { lt_interrupt_pending = 1; }
 void lt_clear_interrupt(void) { lt_interrupt_pending = 0; }
 int lt_is_interrupted(void) { return lt_interrupt_pending; }
 
+static _Thread_local const char *op_running;
+
+const char *lt_op_running(void) { return op_running; }
+
+const char *lt_op_scope_begin_(const char *name) {
+  const char *outer = op_running;
+  if (!outer)
+    op_running = name;
+  return outer;
+}
+
+void lt_op_scope_end_(const char **outer) {
+  if (!*outer)
+    op_running = NULL;
+}
+
+static volatile int deferred;
+static char deferred_what[128];
+
+void lt_interrupt_defer(int on, const char *what) {
+  if (on) {
+    snprintf(deferred_what, sizeof deferred_what, "%s", what ? what : "");
+    deferred = 1;
+  } else {
+    deferred = 0;
+  }
+}
+
+const char *lt_interrupt_deferred(void) { return deferred ? deferred_what : NULL; }
+
 lt_status lt_check_interrupt(const char *op) {
-  if (!lt_interrupt_pending)
+  if (!lt_interrupt_pending || deferred)
     return LT_OK;
   lt_interrupt_pending = 0;
   return lt_fail(LT_ERR_INTERRUPTED, "interrupted! (in %s)", op);

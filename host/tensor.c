@@ -587,6 +587,7 @@ lt_status lt_tensor_unsqueeze(lt_tensor *t, int dim, lt_tensor **out) {
 }
 
 lt_status lt_tensor_contiguous(lt_tensor *t, lt_tensor **out) {
+  LT_OP_SCOPE("contiguous");
   LT_TRY(lt_check_tensor("contiguous", t, 1));
   if (lt_tensor_is_contiguous(t)) {
     lt_tensor_retain(t);

@@ -295,6 +295,7 @@ lt_status lt_tokenizer_parse_tiktoken(const char *data, size_t len, const char *
 }
 
 lt_status lt_tokenizer_load_tiktoken(const char *path, lt_tokenizer **out) {
+  LT_OP_SCOPE("tokenizer load");
   size_t len;
   lt_status st;
   char *data = slurp(path, &len, &st);
@@ -433,6 +434,7 @@ lt_status lt_tokenizer_parse_gpt2(const char *json, size_t json_len, const char 
 }
 
 lt_status lt_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe, lt_tokenizer **out) {
+  LT_OP_SCOPE("tokenizer load");
   size_t jl, bl = 0;
   lt_status st;
   char *json = slurp(encoder_json, &jl, &st), *bpe = NULL;
@@ -640,6 +642,7 @@ static const char EOT_TEXT[] = "<|endoftext|>";
 
 lt_status lt_tokenizer_encode(const lt_tokenizer *t, const char *text, size_t len, int allow_special,
                               int replace_invalid, int32_t **ids, int64_t *n) {
+  LT_OP_SCOPE("encode");
   if (!t)
     return lt_fail(LT_ERR_ARG, "tokenizer: not loaded");
   char *clean = NULL;
@@ -676,6 +679,7 @@ lt_status lt_tokenizer_encode(const lt_tokenizer *t, const char *text, size_t le
 lt_status lt_tokenizer_encode_many(const lt_tokenizer *t, int64_t ndocs, const char *const *texts,
                                    const size_t *lens, int allow_special, int replace_invalid, int append_eot,
                                    int32_t **ids, int64_t *n, int64_t *doc_ends) {
+  LT_OP_SCOPE("encode_many");
   idvec *parts = calloc((size_t)(ndocs > 0 ? ndocs : 1), sizeof(idvec));
   lt_status *sts = calloc((size_t)(ndocs > 0 ? ndocs : 1), sizeof(lt_status));
   char (*errs)[256] = calloc((size_t)(ndocs > 0 ? ndocs : 1), 256);
@@ -732,6 +736,7 @@ lt_status lt_tokenizer_encode_many(const lt_tokenizer *t, int64_t ndocs, const c
 }
 
 lt_status lt_tokenizer_decode(const lt_tokenizer *t, const int32_t *ids, int64_t n, char **bytes, size_t *len) {
+  LT_OP_SCOPE("decode");
   if (!t)
     return lt_fail(LT_ERR_ARG, "tokenizer: not loaded");
   size_t total = 0;

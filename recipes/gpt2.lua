@@ -19,6 +19,7 @@
 -- baseline is 6.27).
 --   ./lutra recipes/gpt2.lua --ckpt_every=250 --resume=auto   # checkpoints in runs/<name>/ckpt, resumed
 --   mpirun -np 4 ./lutra recipes/gpt2.lua --zero=3             # data parallel, ZeRO stage 1, 2 or 3
+--   ./lutra recipes/gpt2.lua --threads=1                      # one CPU thread (default: every core)
 --   ./lutra recipes/gpt2.lua --help
 local lt = require "lutra"
 
@@ -29,6 +30,7 @@ local cfg = lt.config {
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 0.8,
   prompt = "The ", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
   schedule = "linear", zero = 0, log_all_ranks = false,
+  threads = 0,
   _help = {
     data = "token shards: a directory with train_*.bin and val_*.bin (make data)",
     vocab = "GPT-2's BPE vocabulary (tiktoken format), for the samples",
@@ -48,6 +50,7 @@ local cfg = lt.config {
     keep_last = "checkpoints kept (0: all)", resume = "none, auto (the newest checkpoint) or a checkpoint directory",
     schedule = "after warmup: linear or cosine decay to min_lr, or wsd (warmup-stable-decay)", zero = "ZeRO stage 0-3 under mpirun",
     log_all_ranks = "every rank prints (under mpirun)",
+    threads = "CPU threads for kernels and BLAS, per rank (0: the cores it may use, or OMP_NUM_THREADS)",
   },
 }
 
@@ -57,6 +60,13 @@ if cfg.accum < 1 or cfg.accum ~= math.floor(cfg.accum) then error("--accum must 
 if cfg.batch < 1 or cfg.seq < 1 then error("--batch and --seq must be >= 1", 0) end
 if cfg.zero ~= 0 and cfg.zero ~= 1 and cfg.zero ~= 2 and cfg.zero ~= 3 then
   error(("--zero must be a ZeRO stage 0-3, got %s"):format(tostring(cfg.zero)), 0)
+end
+
+if cfg.threads ~= 0 then
+  if cfg.threads ~= math.floor(cfg.threads) or cfg.threads < 1 or cfg.threads > 1024 then
+    error(("--threads must be a whole number of threads 1..1024 (0: every core), got %s"):format(tostring(cfg.threads)), 0)
+  end
+  lt.set_num_threads(cfg.threads)
 end
 
 if tostring(cfg.device):match("^cuda") then -- say so before loading anything

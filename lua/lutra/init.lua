@@ -48,8 +48,12 @@ function lt.build_info() return ffi.string(C.lt_build_info()) end
 --- lt.clock() -> seconds on a monotonic clock, for timing.
 function lt.clock() return C.lt_clock() end
 
---- lt.num_threads() / lt.set_num_threads(n): CPU threads for kernels and BLAS.
+--- lt.get_num_threads() (or lt.num_threads()) -> the CPU threads that kernels
+-- (OpenMP) and matrix products (OpenBLAS) use; every core by default, or
+-- OMP_NUM_THREADS, or `lutra --threads=N`.
+-- lt.set_num_threads(n): both pools' threads (n a whole number 1..1024; raises otherwise).
 function lt.num_threads() return C.lt_num_threads() end
+lt.get_num_threads = lt.num_threads
 function lt.set_num_threads(n)
   if type(n) ~= "number" or n ~= math.floor(n) or n < 1 or n > 1024 then
     error("set_num_threads: n must be a whole number in 1..1024, got " .. tostring(n), 2)

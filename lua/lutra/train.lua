@@ -22,7 +22,11 @@
 -- rate for this optimizer step, and steps. A step whose
 -- loss or gradient norm is not finite stops training with a message naming
 -- the step, or, with skip_nonfinite, is skipped and counted (the schedule
--- does not advance). Ctrl-C stops cleanly after a message. Each evaluation
+-- does not advance). Ctrl-C stops after a message naming the last complete
+-- step (the summary's steps, loss and seconds are up to it): the step in
+-- progress is dropped with its partial gradients, except that an update
+-- once begun is finished and recorded first (lt_interrupt_defer). lutra then
+-- exits with status 130 when the script ends. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare.
 --
@@ -48,7 +52,8 @@
 -- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
 -- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
 -- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
--- go to both as well.
+-- go to both as well. A line that cannot be written (a full disk) raises
+-- "train: cannot write <file>: <reason>": a run does not go on unrecorded.
 local lt = require "lutra"
 local C = require("lutra.capi").C
 local F = lt.F
@@ -285,13 +290,14 @@ function M.run(settings)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
 
-  local metrics = { write = function() end, flush = function() end, close = function() end }
+  local metrics_path = dir .. "/metrics.jsonl"
+  local metrics -- (rank 0's file; nil on the other ranks)
   local opened, why = true, nil
   if lead then
     opened, why = pcall(function()
       mkdir_p(dir)
-      local f, err = io.open(dir .. "/metrics.jsonl", "a")
-      if not f then error(("train: cannot open %s/metrics.jsonl: %s"):format(dir, err), 0) end
+      local f, err = io.open(metrics_path, "a")
+      if not f then error(("train: cannot open %s: %s"):format(metrics_path, err), 0) end
       metrics = f
     end)
   end
@@ -300,9 +306,12 @@ function M.run(settings)
     if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", 2) end
   end
   if not opened then error(why, 2) end
+  -- a line that cannot be written (a full disk) stops the run: its record would be lost
   local function record(t)
-    metrics:write(json_line(t), "\n")
-    metrics:flush()
+    if not metrics then return end
+    local ok, err = metrics:write(json_line(t), "\n")
+    if ok then ok, err = metrics:flush() end
+    if not ok then error(("train: cannot write %s: %s"):format(metrics_path, tostring(err)), 0) end
   end
   local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(lt.dist.rank()) or ""
   local function say(line)
@@ -334,6 +343,7 @@ function M.run(settings)
   end
 
   local t_start = lt.clock()
+  local t_done = t_start -- when the last complete step (and its evaluation, sample) ended
 
   local function save(step)
     local t0 = lt.clock()
@@ -411,6 +421,8 @@ function M.run(settings)
       norm = clip(o.clip > 0 and o.clip or math.huge)
       finite = norm == norm and norm ~= math.huge
     end
+    -- from here to the step's record a Ctrl-C waits: an update is not left halfway
+    C.lt_interrupt_defer(1, "the step's update")
     local lr
     if not finite then
       if not o.skip_nonfinite then
@@ -441,6 +453,13 @@ function M.run(settings)
     local rec = { step = step, loss = loss, lr = lr, grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu,
       mem = mem, mem_peak = mem_peak, skipped = not finite or nil }
     record(rec)
+    summary.steps = summary.steps + 1 -- (complete: updated and recorded)
+    t_done = lt.clock()
+    C.lt_interrupt_defer(0, nil)
+    if C.lt_is_interrupted() ~= 0 then
+      C.lt_clear_interrupt()
+      error("interrupted!", 0)
+    end
     if step % o.log_every == 0 or step == o.steps then
       say(("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s%s"):format(step,
         o.steps, loss, lr or 0, norm, dt * 1e3, tps, mfu and ("%.1f%%"):format(mfu * 100) or "n/a",
@@ -469,6 +488,7 @@ function M.run(settings)
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end
     if unsharded then opt:reshard() end
+    t_done = lt.clock()
   end
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
@@ -478,15 +498,26 @@ function M.run(settings)
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
       if not ok then
-        if tostring(err):find("interrupted", 1, true) then
+        C.lt_interrupt_defer(0, nil) -- (an error inside the update)
+        if tostring(err):find("interrupted!", 1, true) then
+          -- Ctrl-C: the step in progress is dropped, with its partial gradients
+          -- (one that was updated and recorded counts: it stopped in its evaluation or sample)
           summary.interrupted = true
-          say(("train: interrupted at step %d; %d steps done, metrics in %s/metrics.jsonl"):format(step, summary.steps,
-            dir))
+          local last = start_step + summary.steps
+          if last < step then opt:zero_grad() end
+          if last == step then
+            say(("train: interrupted after step %d (loss %.4f), metrics in %s"):format(step, summary.loss, metrics_path))
+          elseif last > start_step then
+            say(("train: interrupted during step %d; the last complete step is %d (loss %.4f), metrics in %s")
+              :format(step, last, summary.loss, metrics_path))
+          else
+            say(("train: interrupted during step %d, before a step of this run was complete; metrics in %s")
+              :format(step, metrics_path))
+          end
           break
         end
         error(err, 0)
       end
-      summary.steps = summary.steps + 1
       local sig = ddp and job_signal or C.lt_preempt_signal()
       if sig ~= 0 then
         summary.preempted = sig == 15 and "SIGTERM" or "SIGUSR1"
@@ -498,9 +529,12 @@ function M.run(settings)
     end
   end)
   C.lt_preempt_watch(0)
-  pcall(metrics.close, metrics)
+  if metrics then
+    local closed, err = metrics:close()
+    if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
+  end
   if not ok_all then error(err_all, 0) end
-  summary.seconds = lt.clock() - t_start
+  summary.seconds = (summary.interrupted and t_done or lt.clock()) - t_start
   summary.optimizer_steps = opt_step
   summary.resumed_from = resumed_from
   return summary

@@ -2,7 +2,8 @@
 """tests/cli/repl_pty.py: drives `lutra` on a pseudo-terminal, as a person at
 a keyboard would, and prints TAP: prompts, values printed, multi-line input,
 errors that keep the REPL alive, TAB completion (lt.ze<TAB> -> lt.zeros),
-Ctrl-C during a call and at the prompt, history in ~/.lutra_history, and
+Ctrl-C during a call, during one long op (it stops when the op returns) and
+at the prompt, history in ~/.lutra_history, and
 Ctrl-D leaving with status 0.
 
     python3 tests/cli/repl_pty.py ./lutra
@@ -141,6 +142,23 @@ with tempfile.TemporaryDirectory() as home:
     s.send("print('still here')\r")
     out = s.read_until(PROMPT)
     check("the REPL works after an interrupt", out is not None and "still here" in out, repr(out))
+
+    # one long op (a 6500 x 6500 product on one thread: 4 s or more): Ctrl-C
+    # says it stops when the op returns, and it does, keeping the session
+    s.send("lt.set_num_threads(1) a = lt.randn(6500, 6500) kept = 42\r")
+    s.read_until(PROMPT, timeout=30)
+    s.send("c = lt.matmul(a, a)\r")
+    time.sleep(0.5)
+    s.send("\x03")
+    out = s.read_until(PROMPT, timeout=60)
+    check("Ctrl-C during one long op says it stops when the op returns",
+          out is not None and "stopping when matmul returns" in out and "compiled Lua loop" not in out, repr(out))
+    check("... and stops there, back at the prompt", out is not None and "interrupted!" in out, repr(out))
+    s.send("print(kept, c)\r")
+    out = s.read_until(PROMPT)
+    check("the session is kept after an op is interrupted", out is not None and "42\tnil" in out, repr(out))
+    s.send("a = nil collectgarbage()\r")
+    s.read_until(PROMPT)
 
     s.send("local s = 0 for i = 1, 1e12 do s = s + i end\r")
     time.sleep(0.5)

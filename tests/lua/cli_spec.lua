@@ -1,6 +1,7 @@
 -- tests/lua/cli_spec.lua: the lutra executable as a process: running scripts
--- with arg, -e, -l, -i, --version, exit status and traceback on errors,
--- strict globals in scripts, SIGINT, piped REPL input, LUTRA_PATH.
+-- with arg, -e, -l, -i, --threads, --version, exit status and traceback on
+-- errors, strict globals in scripts, SIGINT (status 130; lt.train stopping at
+-- a complete step), piped REPL input, LUTRA_PATH.
 local sh = require("tests.lua.helpers").sh
 
 local function tmpfile(text)
@@ -69,29 +70,79 @@ describe("the lutra executable", function()
     os.remove(s)
     os.remove(s2)
   end)
-  it("turns SIGINT into 'interrupted!' and status 1", function()
+  it("turns SIGINT into 'interrupted!' and status 130 (128 + SIGINT)", function()
     local out, rc = sh("./lutra -e 'local x = lt.zeros{1} while true do x = x + 1 end' & p=$!; sleep 1; kill -INT $p; wait $p")
-    assert.are.equal(1, rc)
+    assert.are.equal(130, rc)
     assert.truthy(out:find("interrupted!", 1, true), out)
   end)
-  it("stops lt.train cleanly on SIGINT, with a message and the summary", function()
-    local s = tmpfile([[
+  -- a tiny GPT-2 trained on random tokens; the file `started` is created after
+  -- step 2, the file `marker`, when not "-", as step 4's update begins, which
+  -- then takes 2.5 s of small ops
+  local train_script = [[
 local lt = require "lutra"
+local started, marker = ...
+if marker == "-" then marker = nil end
 local m = lt.models.gpt2("gpt2-tiny")
 local g = lt.Generator(1)
 local loader = { next = function()
   local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
   return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
 end }
-local s = lt.train { model = m, optimizer = lt.optim.SGD(m, { lr = 0.01 }), train = loader, steps = 1000000,
-  out_dir = os.tmpname() .. "-runs", quiet = false, log_every = 1000 }
-print("after training", s.interrupted, s.steps > 0)
-]])
-    local out, rc = sh("./lutra " .. s .. " & p=$!; sleep 2; kill -INT $p; wait $p")
-    assert.are.equal(0, rc, out)
-    assert.truthy(out:find("train: interrupted at step", 1, true), out)
-    assert.truthy(out:find("after training\ttrue\ttrue"), out)
+local sgd, updates = lt.optim.SGD(m, { lr = 0.01 }), 0
+local opt = setmetatable({ step = function(_, a)
+  if marker and updates == 3 then
+    assert(io.open(marker, "w")):close()
+    local t = lt.clock()
+    while lt.clock() - t < 2.5 do lt.zeros(1):add(1) end
+  end
+  sgd:step(a)
+  updates = updates + 1
+end }, { __index = sgd })
+local out = os.tmpname() .. "-runs"
+local s = lt.train { model = m, optimizer = opt, train = loader, steps = 1000000, out_dir = out, quiet = false,
+  log_every = 1000, on_step = function(rec) if rec.step == 2 then assert(io.open(started, "w")):close() end end }
+local with_grad = 0
+for _, p in ipairs(m:parameters()) do if p.grad ~= nil then with_grad = with_grad + 1 end end
+local last
+for line in io.lines(out .. "/run/metrics.jsonl") do last = lt.json.decode(line).step or last end
+print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of " .. #m:parameters() .. " gradients")
+]]
+  it("stops lt.train on SIGINT at the last complete step, with a message, the summary and status 130", function()
+    local s = tmpfile(train_script)
+    local started = os.tmpname()
+    os.remove(started)
+    local out, rc = sh("./lutra " .. s .. " " .. started .. " - & p=$!; while [ ! -e " .. started .. " ] && kill -0 $p; do sleep 0.05; done; "
+      .. "sleep 0.5; kill -INT $p; wait $p")
+    assert.are.equal(130, rc, out)
+    -- (during a step's forward or backward, or in its update, which is finished first)
+    local step, last = out:match("train: interrupted during step (%d+); the last complete step is (%d+) %(loss [%d.]+%)")
+    local grads = "0 of 28" -- (the interrupted step's are dropped)
+    if step then
+      assert.are.equal(tonumber(step) - 1, tonumber(last), out)
+    else
+      last = out:match("train: interrupted after step (%d+) %(loss [%d.]+%)")
+      assert.truthy(last, out)
+      grads = "28 of 28" -- (the step's own)
+    end
+    -- the summary, the updates made and the metrics end at that step, and the gradients left are that step's or none
+    assert.truthy(out:find(("after training\ttrue\t%s\t%s\t%s\t%s gradients"):format(last, last, last, grads), 1, true), out)
     os.remove(s)
+    os.remove(started)
+  end)
+  it("finishes and records an update that a SIGINT interrupts, then stops", function()
+    local s = tmpfile(train_script)
+    local marker = os.tmpname()
+    os.remove(marker)
+    local started = os.tmpname()
+    local out, rc = sh("./lutra " .. s .. " " .. started .. " " .. marker .. " 2>&1 & p=$!; "
+      .. "while [ ! -e " .. marker .. " ] && kill -0 $p; do sleep 0.05; done; kill -INT $p; wait $p")
+    assert.are.equal(130, rc, out)
+    assert.truthy(out:find("lutra: Ctrl-C: stopping when the step's update is done", 1, true), out)
+    assert.truthy(out:find("train: interrupted after step 4 (loss", 1, true), out)
+    assert.truthy(out:find("after training\ttrue\t4\t4\t4\t28 of 28 gradients", 1, true), out)
+    os.remove(s)
+    os.remove(marker)
+    os.remove(started)
   end)
   it("reads piped REPL input without prompts, keeps going after errors and then exits 1", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")
@@ -128,6 +179,21 @@ print("after training", s.interrupted, s.steps > 0)
     out = sh("./lutra -e 'print(pcall(require, \"lutra.marker\"))'")
     assert.truthy(out:find("false", 1, true), out) -- the embedded library has no such module
     os.execute("rm -rf " .. dir)
+  end)
+  it("sets the CPU threads of kernels (OpenMP) and matrix products (OpenBLAS) with --threads", function()
+    local show = "'local ffi = require \"ffi\" ffi.cdef \"int openblas_get_num_threads(void);\" "
+      .. "print(lt.get_num_threads(), ffi.C.openblas_get_num_threads())'"
+    for _, form in ipairs { "--threads=1", "--threads 1" } do
+      local out, rc = sh("./lutra " .. form .. " -e " .. show)
+      assert.are.equal(0, rc, out)
+      assert.are.equal("1\t1\n", out)
+    end
+    local out, rc = sh("./lutra --threads=0 -e 'print(1)' 2>&1")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("--threads needs a whole number of threads 1..1024, got '0'", 1, true), out)
+    out, rc = sh("./lutra recipes/gpt2.lua --threads=1.5 2>&1")
+    assert.are.equal(1, rc)
+    assert.truthy(out:find("--threads must be a whole number of threads 1..1024 (0: every core), got 1.5", 1, true), out)
   end)
   it("rejects unknown options", function()
     local out, rc = sh("./lutra --bogus")

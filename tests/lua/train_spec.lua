@@ -167,6 +167,17 @@ describe("lt.train", function()
     assert(type(lines[4].sample) == "string" and lines[4].sample:sub(1, 1) == "a")
   end)
 
+  it("stops with an error naming the metrics file when a line cannot be written (a full disk)", function()
+    local dir = OUT .. "/full"
+    os.execute("mkdir -p " .. dir .. " && ln -sf /dev/full " .. dir .. "/metrics.jsonl")
+    local m = tiny(4)
+    local ok, err = pcall(lt.train, { model = m, optimizer = lt.optim.SGD(m, { lr = 0.1 }),
+      train = list_loader(batches(2, 2, 8)), steps = 2, out_dir = OUT, name = "full", quiet = true })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("train: cannot write " .. dir .. "/metrics.jsonl: No space left on device", 1, true),
+      tostring(err))
+  end)
+
   it("rejects bad settings before training", function()
     local m = tiny(1)
     local o = lt.optim.SGD(m, { lr = 0.1 })
