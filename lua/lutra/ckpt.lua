@@ -416,10 +416,13 @@ end
 --- lt.ckpt.load(path, {model =, opt =, loader =, rng = {name = generator}, world_size = 1}) -> state
 -- Restores what save wrote into the given objects (each optional) and
 -- returns state.json's table (step, optimizer_steps, config, extra, ...).
+-- The weights alone (no opt, no loader) load in any number of processes,
+-- whatever the world size and ZeRO stage of the job that saved them.
 -- Everything is read and checked before anything is changed, so a refused
 -- checkpoint leaves the objects as they were. Raises, naming the file and
 -- field, on a partial checkpoint, a model of another config, missing or
--- mis-shaped tensors, optimizer state of another kind, another world size.
+-- mis-shaped tensors, optimizer state of another kind, another world size
+-- (with opt or loader).
 function M.load(path, o)
   o = o or {}
   if type(path) ~= "string" then error("ckpt.load: path must be a string", 2) end
@@ -428,8 +431,10 @@ function M.load(path, o)
   if not st then error("ckpt.load: " .. why, 2) end
   local world = o.world_size or (o.dist and lt.dist.world_size()) or 1
   local saved_world = st.layout and st.layout.world_size or 1
-  if saved_world ~= world then
-    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet)")
+  -- the training layout binds the optimizer state and the loaders' positions
+  -- (one per rank); the weights are whole (rank 0 writes them, ZeRO 3 gathered)
+  if saved_world ~= world and (o.opt or o.loader) then
+    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet; the weights alone load anywhere: lt.ckpt.load(path, {model = m}) or lt.ckpt.load_model)")
       :format(path, saved_world, world), 2)
   end
   for name in pairs(o.rng or {}) do
@@ -439,7 +444,7 @@ function M.load(path, o)
   end
   local rank = world > 1 and lt.dist.rank() or 0
   if type(st.loaders) == "table" then
-    if type(st.loaders[rank + 1]) ~= "table" then
+    if o.loader and type(st.loaders[rank + 1]) ~= "table" then
       error(("ckpt.load: %s/state.json: loaders holds no state for rank %d"):format(path, rank), 2)
     end
     st.loader = st.loaders[rank + 1]

@@ -47,6 +47,7 @@ local function run(stage, name, steps, resume, on_step)
   return model, losses, summary
 end
 
+local finals = {} -- stage -> the parameters after 8 steps (resumed at step 4)
 for _, stage in ipairs { 0, 1, 2, 3 } do
   H.test(("stage %d: a job resumed from its step-4 checkpoint repeats the uninterrupted run"):format(stage), function(r, w)
     local whole, a = run(stage, "whole" .. stage, 8)
@@ -57,6 +58,7 @@ for _, stage in ipairs { 0, 1, 2, 3 } do
     end
     local pa, pb = whole:parameters(), resumed:parameters()
     for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
+    finals[stage] = pb
     local st = lt.ckpt.read_state(root() .. "/cut" .. stage .. "/ckpt/step_00000008")
     assert(st.layout.world_size == w and st.layout.zero == stage, "layout")
     assert(#st.loaders == w, "one loader state per rank")
@@ -86,10 +88,25 @@ H.test("SIGUSR1 to the last rank alone stops every rank after the same step with
   for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
 end)
 
-H.test("a checkpoint of another world size is refused on every rank", function(r, w)
+H.test("a checkpoint of another world size is refused on every rank (optimizer state and loaders)", function(r, w)
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })
-  H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, world_size = w + 1 }) end,
-    "layout.world_size is " .. w)
+  local opt = lt.optim.AdamW(m, { lr = 1e-3 })
+  H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, opt = opt, world_size = w + 1 }) end,
+    "layout.world_size is " .. w, "the weights alone load anywhere")
+end)
+
+H.test("the weights of a job's checkpoint (every ZeRO stage) load in one process, as the job left them", function(r, w)
+  for _, stage in ipairs { 0, 1, 2, 3 } do
+    -- a single process's load (world size 1), as recipes/sample.lua does
+    local m = lt.ckpt.load_model(root() .. "/cut" .. stage .. "/ckpt")
+    local got = m:parameters()
+    assert(finals[stage] and #got == #finals[stage], "stage " .. stage .. ": no parameters to compare")
+    for i = 1, #got do H.close(got[i], finals[stage][i], 0, ("stage %d, parameter %d"):format(stage, i)) end
+    -- and into a model of this job's ranks, with no optimizer
+    local m2 = lt.models.gpt2("gpt2-tiny", { dropout = 0.1, generator = lt.Generator(8) })
+    lt.ckpt.load(root() .. "/cut" .. stage .. "/ckpt/step_00000008", { model = m2, dist = true, world_size = w + 1 })
+    H.close(m2:parameters()[1], finals[stage][1], 0, ("stage %d, parameter 1 (world size %d)"):format(stage, w + 1))
+  end
 end)
 
 
