@@ -16,7 +16,8 @@
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
 -- checkpoints or a hidden temporary directory, which latest() never picks
--- and the next save removes.
+-- and the next save removes. keep_last removes an old checkpoint by renaming
+-- it to a hidden name first, so a kill midway leaves no half-removed step_*.
 local lt = require "lutra"
 local capi = require "lutra.capi"
 local json = require "lutra.json"
@@ -248,21 +249,33 @@ local function save_local(dir, o)
   if aside then C.lt_remove_tree(aside) end
   local pointer = name .. "\n"
   check(C.lt_write_file_atomic(dir .. "/latest", pointer, #pointer), 2)
-  -- leftovers of killed saves (not those of a live process saving here)
+  -- leftovers of killed saves and removals, and a `latest` being replaced
+  -- (not those of a live process saving here)
   for _, entry in ipairs(list_dir(dir)) do
     local pid = entry:match("^%.tmp%-step_%d+%-(%d+)$") or entry:match("^%.old%-step_%d+%-(%d+)$")
+      or entry:match("^%.del%-step_%d+%-(%d+)$") or entry:match("^latest%.tmp%.(%d+)$")
     if pid and (tonumber(pid) == C.getpid() or C.lt_process_alive(tonumber(pid)) == 0) then
       C.lt_remove_tree(dir .. "/" .. entry)
     end
   end
   -- keep_last: the one just written and the newest keep_last - 1 before it;
-  -- checkpoints of later steps (another history) are never touched here
+  -- checkpoints of later steps (another history) are never touched here.
+  -- Each is renamed to a hidden .del-<name>-<pid> first (atomic), so a kill
+  -- during the removal leaves no half-removed step_* that looks like a
+  -- checkpoint; the next save removes the hidden rest.
   if o.keep_last and o.keep_last > 0 then
     local older = {}
     for _, c in ipairs(M.list(dir)) do
       if c.step < step then older[#older + 1] = c end
     end
-    for i = 1, #older - (o.keep_last - 1) do C.lt_remove_tree(older[i].path) end
+    for i = 1, #older - (o.keep_last - 1) do
+      local gone = ("%s/.del-%s-%d"):format(dir, M.step_name(older[i].step), C.getpid())
+      C.lt_remove_tree(gone)
+      if C.lt_rename(older[i].path, gone) == 0 then
+        C.lt_fsync_dir(dir)
+        C.lt_remove_tree(gone)
+      end
+    end
   end
   return final
 end

@@ -4,7 +4,7 @@
 -- checkpoint and resumed gives bit-identical losses, rates, gradient norms
 -- and final weights to an uninterrupted one; SIGTERM saves and exits 0;
 -- partial checkpoints are never picked; bad checkpoints are rejected with
--- the file and field named; keep_last.
+-- the file and field named; keep_last, and a kill during its removals.
 local lt = require "lutra"
 local C = require("lutra.capi").C
 local H = require "tests.lua.helpers"
@@ -208,6 +208,30 @@ describe("lt.ckpt", function()
     assert.are.equal(2, #all)
     assert.are.equal(4, all[1].step)
     assert.are.equal(5, all[2].step)
+  end)
+
+  it("keep_last: a kill while it removes a checkpoint leaves no half-removed step_*; the next save cleans up", function()
+    local dir = ROOT .. "/prunekill"
+    local out, rc = sh("./lutra tests/lua/jobs/prune_kill_job.lua --dir=" .. dir)
+    assert.are.equal(137, rc, out) -- SIGKILL, in the removal of step 1
+    -- a save killed while it replaced `latest` leaves latest.tmp.<pid>
+    local f = assert(io.open(dir .. "/latest.tmp.999999999", "wb"))
+    f:write("step_0000")
+    f:close()
+    local function entries()
+      local names = {}
+      for name in io.popen("ls -A " .. dir):lines() do names[#names + 1] = name end
+      return names
+    end
+    for _, name in ipairs(entries()) do
+      if name:match("^step_") then
+        local ok, why = lt.ckpt.is_complete(dir .. "/" .. name)
+        assert(ok, ("%s is left half-removed: %s"):format(name, tostring(why)))
+      end
+    end
+    assert.are.equal(dir .. "/step_00000002", lt.ckpt.latest(dir))
+    lt.ckpt.save(dir, { model = tiny(1), step = 3, keep_last = 1 })
+    assert.are.same({ "latest", "step_00000003" }, entries())
   end)
 
   it("keep_last never removes the checkpoint just written, nor later steps", function()
