@@ -30,8 +30,10 @@
 -- optimizer, loader, generators (rng; by default the default generator and
 -- the sample generator) and config every N steps and at the last step into
 -- ckpt_dir (default runs/<name>/ckpt), keeping the newest keep_last. resume
--- = "auto" continues from the newest complete checkpoint there (or starts
--- afresh when there is none), resume = "<dir>" from that one, "none" (the
+-- = "auto" continues from the newest complete checkpoint there whose files
+-- pass their checksums (naming on stderr each newer one it skips and why;
+-- an error when none passes), or starts afresh when there is none,
+-- resume = "<dir>" from that one, "none" (the
 -- default) starts afresh; `steps` is the last step's number either way. On
 -- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
 -- with summary.preempted set (recipes then end, exiting 0); under a job,
@@ -247,9 +249,19 @@ function M.run(settings)
   local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
-    if o.resume == "auto" then path = newest and newest.path end
+    if o.resume == "auto" and newest then -- the newest whose files pass their checksums
+      newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
+        if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
+      end)
+      if not newest then
+        error(("train: no checkpoint in %s passes its checksums (each is named above); remove them to start afresh")
+          :format(ckpt_dir), 2)
+      end
+      path = newest.path
+    end
     if path then
-      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil })
+      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
+        verified = o.resume == "auto" })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_steps = st.extra and st.extra.steps

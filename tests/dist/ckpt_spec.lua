@@ -2,7 +2,9 @@
 -- ZeRO stages 1, 2 and 3 save (weights once, optimizer state once or one file
 -- per rank, every rank's loader position) and resume: 4 steps, a
 -- checkpoint, a fresh job resuming to step 8 gives the losses and weights
--- of 8 uninterrupted steps; a checkpoint of another world size is refused.
+-- of 8 uninterrupted steps; a checkpoint of another world size is refused
+-- (its weights alone load in one process); resume = "auto" passes over a
+-- checkpoint with a corrupt optimizer shard on every rank alike.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -47,7 +49,7 @@ local function run(stage, name, steps, resume, on_step)
   return model, losses, summary
 end
 
-local finals = {} -- stage -> the parameters after 8 steps (resumed at step 4)
+local finals, wholes = {}, {} -- stage -> the parameters after 8 steps (resumed at step 4), the uninterrupted losses
 for _, stage in ipairs { 0, 1, 2, 3 } do
   H.test(("stage %d: a job resumed from its step-4 checkpoint repeats the uninterrupted run"):format(stage), function(r, w)
     local whole, a = run(stage, "whole" .. stage, 8)
@@ -58,7 +60,7 @@ for _, stage in ipairs { 0, 1, 2, 3 } do
     end
     local pa, pb = whole:parameters(), resumed:parameters()
     for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
-    finals[stage] = pb
+    finals[stage], wholes[stage] = pb, a
     local st = lt.ckpt.read_state(root() .. "/cut" .. stage .. "/ckpt/step_00000008")
     assert(st.layout.world_size == w and st.layout.zero == stage, "layout")
     assert(#st.loaders == w, "one loader state per rank")
@@ -115,6 +117,24 @@ H.test("a ZeRO 1 checkpoint is refused by a ZeRO 3 job, naming both stages", fun
   local opt = lt.dist.Zero(m, { stage = 3, lr = 1e-3 })
   H.raises(function() lt.ckpt.load(root() .. "/cut1/ckpt/step_00000008", { model = m, opt = opt, dist = true }) end,
     "layout.zero is 1, this job's optimizer is ZeRO stage 3")
+end)
+
+H.test("resume = auto on every rank passes over a checkpoint whose last rank's optimizer file is corrupt", function(r, w)
+  local ckpt = root() .. "/cut1/ckpt"
+  local shard = ("%s/step_00000008/optimizer-rank%05d.safetensors"):format(ckpt, w - 1)
+  if r == 0 then -- 4 bytes at its middle: the size stays
+    local f = assert(io.open(shard, "r+b"))
+    f:seek("set", math.floor(f:seek("end") / 2))
+    f:write("\255\0\255\0")
+    f:close()
+  end
+  lt.dist.barrier()
+  local ok, why = lt.ckpt.verify(ckpt .. "/step_00000008")
+  assert(not ok and why:find(shard .. ": its checksum is", 1, true), tostring(why))
+  local _, b, summary = run(1, "cut1", 8, "auto")
+  assert(summary.resumed_from == ckpt .. "/step_00000004", "resumed from " .. tostring(summary.resumed_from))
+  for s = 5, 8 do assert(b[s] and b[s] == wholes[1][s], ("step %d: %s vs %s"):format(s, tostring(b[s]), tostring(wholes[1][s]))) end
+  assert(lt.ckpt.verify(ckpt .. "/step_00000008"), "step 8 saved again, whole")
 end)
 
 H.run("ckpt_spec")
