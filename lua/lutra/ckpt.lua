@@ -160,7 +160,9 @@ local function no_checksums_note(path)
     :format(path)
 end
 
---- lt.ckpt.is_complete(path) -> true, or false and the reason.
+--- lt.ckpt.is_complete(path) -> true, or false and the reason: state.json
+-- is well formed and every file it lists has its size (verify() also
+-- checks their checksums).
 function M.is_complete(path)
   local st, why = read_state(path)
   if st then return true end
@@ -181,7 +183,8 @@ end
 
 --- lt.ckpt.latest(dir) -> the path of the newest complete checkpoint under
 -- dir, or nil when there is none. `latest` is a hint: a checkpoint is taken
--- only when its state.json and every file it lists are present in full.
+-- only when its state.json and every file it lists are present in full
+-- (sizes; newest_verified() also checks the checksums).
 function M.latest(dir)
   local all = M.list(dir)
   return all[#all] and all[#all].path or nil
