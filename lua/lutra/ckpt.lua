@@ -145,6 +145,7 @@ end
 local function verify_files(path, st, names)
   if not st.checksums then return nil end
   for _, name in ipairs(names) do
+    if not st.checksums[name] then return ("%s/state.json lists no %s"):format(path, name) end
     if C.lt_file_crc32c(path .. "/" .. name, crc_box, bytes_box) ~= 0 then return ffi.string(C.lt_last_error()) end
     local sum = ("crc32c:%08x"):format(crc_box[0])
     if sum ~= st.checksums[name] then
@@ -190,31 +191,35 @@ function M.latest(dir)
   return all[#all] and all[#all].path or nil
 end
 
---- lt.ckpt.verify(path) -> true, or false and the reason: path is complete
--- (as latest() checks) and every file it lists has the CRC-32C state.json
+--- lt.ckpt.verify(path[, names]) -> true, or false and the reason: path is
+-- complete (as latest() checks) and every file it lists (or those of the
+-- list names, e.g. {"model.safetensors"}) has the CRC-32C state.json
 -- records. A checkpoint saved without checksums gives true and a note
--- saying so as the second value. Reads every file once.
-function M.verify(path)
+-- saying so as the second value. Reads each file checked once.
+function M.verify(path, names)
   local st, why = read_state(path)
   if not st then return false, why end
   if not st.checksums then return true, no_checksums_note(path) end
-  local names = {}
-  for name in pairs(st.files) do names[#names + 1] = name end
-  table.sort(names)
+  if not names then
+    names = {}
+    for name in pairs(st.files) do names[#names + 1] = name end
+    table.sort(names)
+  end
   why = verify_files(path, st, names)
   if why then return false, why end
   return true
 end
 
---- lt.ckpt.newest_verified(dir[, on_skip]) -> {step =, path =} of the newest
--- checkpoint under dir that verify() passes, or nil when none does (or
--- there is none). For each newer one it passes over, on_skip(path, why)
--- is called (why names the file and what is wrong). lt.train's
--- resume = "auto" and load_model take their checkpoint so.
-function M.newest_verified(dir, on_skip)
+--- lt.ckpt.newest_verified(dir[, on_skip[, names]]) -> {step =, path =} of
+-- the newest checkpoint under dir that verify(path, names) passes, or nil
+-- when none does (or there is none). For each newer one it passes over,
+-- on_skip(path, why) is called (why names the file and what is wrong).
+-- lt.train's resume = "auto" (every file) and load_model (the weights'
+-- file) take their checkpoint so.
+function M.newest_verified(dir, on_skip, names)
   local all = M.list(dir)
   for i = #all, 1, -1 do
-    local ok, why = M.verify(all[i].path)
+    local ok, why = M.verify(all[i].path, names)
     if ok then return all[i] end
     if on_skip then on_skip(all[i].path, why) end
   end
@@ -456,8 +461,9 @@ end
 
 --- lt.ckpt.load_model(path[, {dtype =, device =}]) -> model, state: the
 -- GPT-2 or Llama a checkpoint's state.json describes (model_config), with
--- its weights. path is a checkpoint or a directory of them: the newest that
--- passes its checksums (newest_verified; a skipped one is named on stderr).
+-- its weights. path is a checkpoint or a directory of them: the newest whose
+-- model.safetensors passes its checksum (newest_verified; a skipped one is
+-- named on stderr).
 function M.load_model(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("ckpt.load_model: path must be a string", 2) end
@@ -466,9 +472,12 @@ function M.load_model(path, opts)
     local any = M.latest(path)
     local newest = M.newest_verified(path, function(p, why)
       io.stderr:write(("lutra: ckpt.load_model: skipping %s: %s\n"):format(p, why))
-    end)
+    end, { "model.safetensors" })
     if not any then error(("ckpt.load_model: %s holds no complete checkpoint"):format(path), 2) end
-    if not newest then error(("ckpt.load_model: no checkpoint in %s passes its checksums (each is named above)"):format(path), 2) end
+    if not newest then
+      error(("ckpt.load_model: no checkpoint in %s has a model.safetensors that passes its checksum (each is named above)")
+        :format(path), 2)
+    end
     path, verified = newest.path, true
   end
   local st, why = read_state(path)
