@@ -338,16 +338,24 @@ local function save_local(dir, o)
   -- checkpoints of later steps (another history) are never touched here.
   -- Each is renamed to a hidden .del-<name>-<pid> first (atomic), so a kill
   -- during the removal leaves no half-removed step_* that looks like a
-  -- checkpoint; the next save removes the hidden rest.
+  -- checkpoint; the next save removes the hidden rest. step_* directories
+  -- of earlier steps that are not complete checkpoints (as a lutra that
+  -- removed in place could leave) go too.
   if o.keep_last and o.keep_last > 0 then
-    local older = {}
+    local older, complete, drop = {}, {}, {}
     for _, c in ipairs(M.list(dir)) do
-      if c.step < step then older[#older + 1] = c end
+      complete[c.path] = true
+      if c.step < step then older[#older + 1] = c.path end
     end
-    for i = 1, #older - (o.keep_last - 1) do
-      local gone = ("%s/.del-%s-%d"):format(dir, M.step_name(older[i].step), C.getpid())
+    for i = 1, #older - (o.keep_last - 1) do drop[#drop + 1] = older[i] end
+    for _, entry in ipairs(list_dir(dir)) do
+      local s, path = step_of(entry), dir .. "/" .. entry
+      if s and s < step and not complete[path] and C.lt_path_kind(path) == 2 then drop[#drop + 1] = path end
+    end
+    for _, path in ipairs(drop) do
+      local gone = ("%s/.del-%s-%d"):format(dir, path:match("[^/]+$"), C.getpid())
       C.lt_remove_tree(gone)
-      if C.lt_rename(older[i].path, gone) == 0 then
+      if C.lt_rename(path, gone) == 0 then
         C.lt_fsync_dir(dir)
         C.lt_remove_tree(gone)
       end

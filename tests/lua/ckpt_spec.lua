@@ -251,6 +251,8 @@ describe("lt.ckpt", function()
       end
     end
     assert.are.equal(dir .. "/step_00000002", lt.ckpt.latest(dir))
+    -- what a removal in place (lutra before this fix) could leave: no state.json
+    os.execute(("mkdir -p %s/step_00000000 && echo x > %s/step_00000000/model.safetensors"):format(dir, dir))
     lt.ckpt.save(dir, { model = tiny(1), step = 3, keep_last = 1 })
     assert.are.same({ "latest", "step_00000003" }, entries())
   end)
