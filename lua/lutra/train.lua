@@ -30,15 +30,15 @@
 -- optimizer, loader, generators (rng; by default the default generator and
 -- the sample generator) and config every N steps and at the last step into
 -- ckpt_dir (default runs/<name>/ckpt), keeping the newest keep_last. resume
--- = "auto" continues from the newest complete checkpoint there whose files
--- pass their checksums (naming on stderr each newer one it skips and why;
--- an error when none passes), or starts afresh when there is none,
--- resume = "<dir>" from that one, "none" (the
+-- = "auto" continues from the newest complete checkpoint there (or starts
+-- afresh when there is none), resume = "<dir>" from that one, "none" (the
 -- default) starts afresh; `steps` is the last step's number either way. On
 -- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
 -- with summary.preempted set (recipes then end, exiting 0); under a job,
 -- a signal to any rank stops every rank after the same step (the ranks
--- learn of it with the step's loss sums).
+-- learn of it with the step's loss sums). resume = "auto" takes the newest
+-- checkpoint whose files pass their checksums, naming on stderr each newer
+-- one it skips and why (none passing is an error).
 --
 -- Data parallel (ddp = lt.dist.DataParallel(model)): each rank's loader
 -- gives its slice of the global batch; token counts and loss sums are
@@ -249,7 +249,8 @@ function M.run(settings)
   local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
-    if o.resume == "auto" and newest then -- the newest whose files pass their checksums
+    if o.resume == "auto" then path = newest and newest.path end
+    if path and o.resume == "auto" then -- the newest whose files pass their checksums
       newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
         if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
       end)

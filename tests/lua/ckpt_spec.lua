@@ -293,6 +293,10 @@ describe("lt.ckpt", function()
     assert.truthy(out:find("resumed from " .. five, 1, true), out)
     assert.is_true((lt.ckpt.verify(ten)))
     assert.are.equal(read(ROOT .. "/crcwhole/ckpt/step_00000010/model.safetensors"), read(ten .. "/model.safetensors"))
+    -- with no checkpoint at all, resume = "auto" starts afresh
+    out, rc = job("--name=crcfresh --steps=5 --ckpt_every=0 --resume=auto")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("job: ran 5 steps, preempted nil, resumed from nil", 1, true), out)
     -- with none that passes, resume = "auto" stops rather than start afresh over them
     corrupt(five .. "/model.safetensors")
     corrupt(ten .. "/model.safetensors")
