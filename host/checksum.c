@@ -27,6 +27,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checksum.c: the slicing-by-8 code reads words little-endian"
+#endif
+
 #define POLY 0x82F63B78u
 #define BLOCK 4096 /* bytes of each of the three streams */
 
@@ -46,7 +50,7 @@ static uint32_t crc_sw(uint32_t c, const unsigned char *p, size_t n) {
     uint32_t lo, hi;
     memcpy(&lo, p, 4);
     memcpy(&hi, p + 4, 4);
-    lo ^= c; /* (little-endian x86-64 and aarch64) */
+    lo ^= c; /* (little-endian: checked above) */
     c = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^ table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^
         table[3][hi & 0xff] ^ table[2][(hi >> 8) & 0xff] ^ table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];
     p += 8;
