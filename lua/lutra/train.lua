@@ -254,6 +254,12 @@ function M.run(settings)
       newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
         if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
       end)
+      local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
+      local sums = ddp and ddp:reduce_numbers({ 1, mine, mine * mine }) -- (equal means: no spread)
+      if sums and (sums[2] ~= sums[1] * mine or sums[3] ~= sums[1] * mine * mine) then
+        error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
+          :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
+      end
       if not newest then
         error(("train: no checkpoint in %s passes its checksums (each is named above); remove them to start afresh")
           :format(ckpt_dir), 2)

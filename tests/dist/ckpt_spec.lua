@@ -137,5 +137,15 @@ H.test("resume = auto on every rank passes over a checkpoint whose last rank's o
   assert(lt.ckpt.verify(ckpt .. "/step_00000008"), "step 8 saved again, whole")
 end)
 
+-- (without the agreement the other ranks went on training and the job hung until the watchdog)
+H.test("resume = auto stops on every rank when the ranks' checks of the files disagree", function(r, w)
+  local real = lt.ckpt.newest_verified
+  if r == w - 1 then lt.ckpt.newest_verified = function() return nil end end -- (as if its reads had failed)
+  local ok, err = pcall(run, 1, "cut1", 8, "auto")
+  lt.ckpt.newest_verified = real
+  assert(not ok and tostring(err):find("the ranks found different checkpoints in " .. root() .. "/cut1/ckpt", 1, true),
+    tostring(err))
+end)
+
 H.run("ckpt_spec")
 if lt.dist.rank() == 0 and ROOT then os.execute("rm -rf " .. ROOT) end
