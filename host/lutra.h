@@ -649,6 +649,21 @@ int lt_path_kind(const char *path);
 void lt_preempt_watch(int on);
 int lt_preempt_signal(void);
 void lt_preempt_clear(void);
+/* ---- checksums (host/checksum.c; lt.ckpt) ------------------------------------------ */
+
+/* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start; the
+   result of the bytes before): lt_crc32c(0, "123456789", 9) == 0xE3069283. */
+uint32_t lt_crc32c(uint32_t crc, const void *data, int64_t len);
+/* 1 when lt_crc32c uses the CPU's crc32 instruction (x86-64 SSE4.2), else 0;
+   lt_crc32c_portable is the table-driven code it uses otherwise. */
+int lt_crc32c_hardware(void);
+uint32_t lt_crc32c_portable(uint32_t crc, const void *data, int64_t len);
+/* The CRC-32C of A followed by B, from crc1 of A, crc2 of B and B's length. */
+uint32_t lt_crc32c_combine(uint32_t crc1, uint32_t crc2, int64_t len2);
+/* The CRC-32C of the whole file at path and its size in bytes, read in
+   pieces by up to 8 threads for a large file. Errors name the file (and the
+   byte offset of a failed read). */
+lt_status lt_file_crc32c(const char *path, uint32_t *crc, int64_t *bytes);
 /* ---- process groups and collectives (host/comm.c) ------------------------------------
 
    One interface over MPI (CPU tensors, under mpirun) and a single process

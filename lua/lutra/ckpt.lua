@@ -11,12 +11,21 @@
 --                          under "<position>.<name>", its settings in the metadata
 --   state.json             step, optimizer steps, loader state, generator states,
 --                          config, model config, parallel layout, file list
+--                          (sizes) and each file's CRC-32C (checksums)
 -- and <dir>/latest names the newest one. A checkpoint is written into a
 -- hidden temporary directory, every file fsynced, then renamed into place
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
 -- checkpoints or a hidden temporary directory, which latest() never picks
--- and the next save removes.
+-- and the next save removes. keep_last removes an old checkpoint by renaming
+-- it to a hidden name first, so a kill midway leaves no half-removed step_*.
+--
+-- Integrity: list() and latest() take a checkpoint whose files have the
+-- sizes state.json lists (cheap); load() also checks the CRC-32C of each
+-- file it reads (host/checksum.c, ~11 GB/s with SSE4.2) and verify() that of
+-- every file, so bytes altered at the same size are refused, naming the
+-- file. Checkpoints saved before checksums (no 'checksums' field) load,
+-- checked by size only, with a note on stderr.
 local lt = require "lutra"
 local capi = require "lutra.capi"
 local json = require "lutra.json"
@@ -97,10 +106,18 @@ local function read_state(path)
       return bad("rng." .. tostring(name), "must be {seed =, offset =} with whole numbers >= 0")
     end
   end
+  if st.checksums ~= nil and type(st.checksums) ~= "table" then return bad("checksums", "must be an object") end
+  for name, sum in pairs(st.checksums or {}) do
+    if st.files[name] == nil then return bad("checksums", "names a file that 'files' does not list: " .. tostring(name)) end
+    if type(sum) ~= "string" or not sum:match("^crc32c:%x%x%x%x%x%x%x%x$") then
+      return bad("checksums." .. name, "must be \"crc32c:<8 hex digits>\", got " .. tostring(sum))
+    end
+  end
   for name, size in pairs(st.files) do
     if type(name) ~= "string" or name:find("/", 1, true) or name:sub(1, 1) == "." then
       return bad("files", "names a file outside the checkpoint: " .. tostring(name))
     end
+    if st.checksums and not st.checksums[name] then return bad("checksums", "has none for " .. name) end
     if not whole(size) then return bad("files." .. name, "must be a byte count, got " .. tostring(size)) end
     if C.lt_path_kind(path .. "/" .. name) ~= 1 then return nil, ("%s/%s is missing (state.json lists it)"):format(path, name) end
     local f = io.open(path .. "/" .. name, "rb")
@@ -115,7 +132,38 @@ local function read_state(path)
   return st
 end
 
---- lt.ckpt.is_complete(path) -> true, or false and the reason.
+local crc_box, bytes_box = ffi.new("uint32_t[1]"), ffi.new("int64_t[1]")
+
+-- the size and the checksum ("crc32c:<8 hex digits>") of a file; raises naming it
+local function digest(path)
+  check(C.lt_file_crc32c(path, crc_box, bytes_box), 2)
+  return tonumber(bytes_box[0]), ("crc32c:%08x"):format(crc_box[0])
+end
+
+-- nil when the files of a checkpoint (names: a list) have the checksums
+-- state.json records, else why not; a checkpoint without checksums passes
+local function verify_files(path, st, names)
+  if not st.checksums then return nil end
+  for _, name in ipairs(names) do
+    if not st.checksums[name] then return ("%s/state.json lists no %s"):format(path, name) end
+    if C.lt_file_crc32c(path .. "/" .. name, crc_box, bytes_box) ~= 0 then return ffi.string(C.lt_last_error()) end
+    local sum = ("crc32c:%08x"):format(crc_box[0])
+    if sum ~= st.checksums[name] then
+      return ("%s/%s: its checksum is %s, state.json says %s (bytes changed after the save: a corrupted or altered checkpoint)")
+        :format(path, name, sum, st.checksums[name])
+    end
+  end
+  return nil
+end
+
+local function no_checksums_note(path)
+  return ("%s has no checksums (saved by a lutra before they were recorded): its files are checked by size only")
+    :format(path)
+end
+
+--- lt.ckpt.is_complete(path) -> true, or false and the reason: state.json
+-- is well formed and every file it lists has its size (verify() also
+-- checks their checksums).
 function M.is_complete(path)
   local st, why = read_state(path)
   if st then return true end
@@ -136,10 +184,46 @@ end
 
 --- lt.ckpt.latest(dir) -> the path of the newest complete checkpoint under
 -- dir, or nil when there is none. `latest` is a hint: a checkpoint is taken
--- only when its state.json and every file it lists are present in full.
+-- only when its state.json and every file it lists are present in full
+-- (sizes; newest_verified() also checks the checksums).
 function M.latest(dir)
   local all = M.list(dir)
   return all[#all] and all[#all].path or nil
+end
+
+--- lt.ckpt.verify(path[, names]) -> true, or false and the reason: path is
+-- complete (as latest() checks) and every file it lists (or those of the
+-- list names, e.g. {"model.safetensors"}) has the CRC-32C state.json
+-- records. A checkpoint saved without checksums gives true and a note
+-- saying so as the second value. Reads each file checked once.
+function M.verify(path, names)
+  local st, why = read_state(path)
+  if not st then return false, why end
+  if not st.checksums then return true, no_checksums_note(path) end
+  if not names then
+    names = {}
+    for name in pairs(st.files) do names[#names + 1] = name end
+    table.sort(names)
+  end
+  why = verify_files(path, st, names)
+  if why then return false, why end
+  return true
+end
+
+--- lt.ckpt.newest_verified(dir[, on_skip[, names]]) -> {step =, path =} of
+-- the newest checkpoint under dir that verify(path, names) passes, or nil
+-- when none does (or there is none). For each newer one it passes over,
+-- on_skip(path, why) is called (why names the file and what is wrong).
+-- lt.train's resume = "auto" (every file) and load_model (the weights'
+-- file) take their checkpoint so.
+function M.newest_verified(dir, on_skip, names)
+  local all = M.list(dir)
+  for i = #all, 1, -1 do
+    local ok, why = M.verify(all[i].path, names)
+    if ok then return all[i] end
+    if on_skip then on_skip(all[i].path, why) end
+  end
+  return nil
 end
 
 local function tensor_meta(opt_sd)
@@ -162,14 +246,6 @@ local function model_config(model)
     if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then out[k] = v end
   end
   return out
-end
-
-local function file_size(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
 end
 
 --- lt.ckpt.save(dir, {model =, opt =, loader =, step =, rng = {name = generator}, config =,
@@ -199,18 +275,19 @@ local function save_local(dir, o)
     check(C.lt_mkdir_p(tmp), 2)
   end
   local ok, err = pcall(function()
-    local files = {}
+    local files, sums = {}, {}
+    local function add(name) files[name], sums[name] = digest(tmp .. "/" .. name) end
     local mcfg = model_config(o.model)
     local opt_sd
     if o._write_shared then
-      opt_sd = o._write_shared(tmp, files) -- the ranks of a job wrote their files; sizes in files
+      opt_sd = o._write_shared(tmp, add) -- the ranks of a job wrote their files; add() each
     else
       lt.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
-      files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
+      add("model.safetensors")
       if o.opt then
         opt_sd = o.opt:state_dict()
         lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
-        files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+        add("optimizer.safetensors")
       end
     end
     local state = {
@@ -220,7 +297,7 @@ local function save_local(dir, o)
       rng = generator_states(o.rng),
       config = o.config, model_config = mcfg, extra = o.extra,
       layout = o.layout or { world_size = 1, zero = o.opt and o.opt.sharded and o.opt.stage or 0 },
-      files = files,
+      files = files, checksums = sums,
     }
     local text = json.encode(state)
     check(C.lt_write_file_atomic(tmp .. "/state.json", text, #text), 1)
@@ -248,21 +325,41 @@ local function save_local(dir, o)
   if aside then C.lt_remove_tree(aside) end
   local pointer = name .. "\n"
   check(C.lt_write_file_atomic(dir .. "/latest", pointer, #pointer), 2)
-  -- leftovers of killed saves (not those of a live process saving here)
+  -- leftovers of killed saves and removals, and a `latest` being replaced
+  -- (not those of a live process saving here)
   for _, entry in ipairs(list_dir(dir)) do
     local pid = entry:match("^%.tmp%-step_%d+%-(%d+)$") or entry:match("^%.old%-step_%d+%-(%d+)$")
+      or entry:match("^%.del%-step_%d+%-(%d+)$") or entry:match("^latest%.tmp%.(%d+)$")
     if pid and (tonumber(pid) == C.getpid() or C.lt_process_alive(tonumber(pid)) == 0) then
       C.lt_remove_tree(dir .. "/" .. entry)
     end
   end
   -- keep_last: the one just written and the newest keep_last - 1 before it;
-  -- checkpoints of later steps (another history) are never touched here
+  -- checkpoints of later steps (another history) are never touched here.
+  -- Each is renamed to a hidden .del-<name>-<pid> first (atomic), so a kill
+  -- during the removal leaves no half-removed step_* that looks like a
+  -- checkpoint; the next save removes the hidden rest. step_* directories
+  -- of earlier steps that are not complete checkpoints (as a lutra that
+  -- removed in place could leave) go too.
   if o.keep_last and o.keep_last > 0 then
-    local older = {}
+    local older, complete, drop = {}, {}, {}
     for _, c in ipairs(M.list(dir)) do
-      if c.step < step then older[#older + 1] = c end
+      complete[c.path] = true
+      if c.step < step then older[#older + 1] = c.path end
     end
-    for i = 1, #older - (o.keep_last - 1) do C.lt_remove_tree(older[i].path) end
+    for i = 1, #older - (o.keep_last - 1) do drop[#drop + 1] = older[i] end
+    for _, entry in ipairs(list_dir(dir)) do
+      local s, path = step_of(entry), dir .. "/" .. entry
+      if s and s < step and not complete[path] and C.lt_path_kind(path) == 2 then drop[#drop + 1] = path end
+    end
+    for _, path in ipairs(drop) do
+      local gone = ("%s/.del-%s-%d"):format(dir, path:match("[^/]+$"), C.getpid())
+      C.lt_remove_tree(gone)
+      if C.lt_rename(path, gone) == 0 then
+        C.lt_fsync_dir(dir)
+        C.lt_remove_tree(gone)
+      end
+    end
   end
   return final
 end
@@ -329,13 +426,13 @@ local function save_job(dir, o)
     for k, v in pairs(o) do o2[k] = v end
     o2._tmp, o2._loaders, o2.loader = tmp, loaders, nil
     o2.layout = { world_size = world, zero = sharded and o.opt.stage or 0 }
-    o2._write_shared = function(_, files)
-      files["model.safetensors"] = file_size(tmp .. "/model.safetensors")
+    o2._write_shared = function(_, add)
+      add("model.safetensors")
       if o.opt then
         if sharded then
-          for r = 0, world - 1 do files[shard_file(r)] = file_size(tmp .. "/" .. shard_file(r)) end
+          for r = 0, world - 1 do add(shard_file(r)) end
         else
-          files["optimizer.safetensors"] = file_size(tmp .. "/optimizer.safetensors")
+          add("optimizer.safetensors")
         end
       end
       return opt_sd
@@ -372,14 +469,24 @@ end
 
 --- lt.ckpt.load_model(path[, {dtype =, device =}]) -> model, state: the
 -- GPT-2 or Llama a checkpoint's state.json describes (model_config), with
--- its weights. path is a checkpoint or a directory of them (the newest).
+-- its weights. path is a checkpoint or a directory of them: the newest whose
+-- model.safetensors passes its checksum (newest_verified; a skipped one is
+-- named on stderr).
 function M.load_model(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("ckpt.load_model: path must be a string", 2) end
+  local verified
   if C.lt_path_kind(path .. "/state.json") == 0 and C.lt_path_kind(path) == 2 then
-    local newest = M.latest(path)
-    if not newest then error(("ckpt.load_model: %s holds no complete checkpoint"):format(path), 2) end
-    path = newest
+    local any = M.latest(path)
+    local newest = M.newest_verified(path, function(p, why)
+      io.stderr:write(("lutra: ckpt.load_model: skipping %s: %s\n"):format(p, why))
+    end, { "model.safetensors" })
+    if not any then error(("ckpt.load_model: %s holds no complete checkpoint"):format(path), 2) end
+    if not newest then
+      error(("ckpt.load_model: no checkpoint in %s has a model.safetensors that passes its checksum (each is named above)")
+        :format(path), 2)
+    end
+    path, verified = newest.path, true
   end
   local st, why = read_state(path)
   if not st then error("ckpt.load_model: " .. why, 2) end
@@ -399,7 +506,7 @@ function M.load_model(path, opts)
     error(("ckpt.load_model: %s/state.json: model_config is neither a GPT-2 (n_layer, n_embd) nor a Llama (n_layers, dim)")
       :format(path), 2)
   end
-  local ok, err = pcall(M.load, path, { model = model })
+  local ok, err = pcall(M.load, path, { model = model, verified = verified })
   if not ok then error(tostring(err):gsub("^.-ckpt%.load: ", "ckpt.load_model: "), 2) end
   if opts.dtype or opts.device then model:to(opts.device or "cpu", opts.dtype or "f32") end
   return model, st
@@ -413,23 +520,32 @@ function M.read_state(path)
   return st
 end
 
---- lt.ckpt.load(path, {model =, opt =, loader =, rng = {name = generator}, world_size = 1}) -> state
+--- lt.ckpt.load(path, {model =, opt =, loader =, rng = {name = generator}, world_size = 1, verified = false}) -> state
 -- Restores what save wrote into the given objects (each optional) and
 -- returns state.json's table (step, optimizer_steps, config, extra, ...).
+-- The weights alone (no opt, no loader) load in any number of processes,
+-- whatever the world size and ZeRO stage of the job that saved them.
 -- Everything is read and checked before anything is changed, so a refused
 -- checkpoint leaves the objects as they were. Raises, naming the file and
 -- field, on a partial checkpoint, a model of another config, missing or
--- mis-shaped tensors, optimizer state of another kind, another world size.
+-- mis-shaped tensors, optimizer state of another kind, another world size
+-- (with opt or loader), a file whose CRC-32C is not the one recorded (each
+-- file read is checked, unless verified = true: the caller has just run
+-- verify(path)). A checkpoint without checksums loads with a note on stderr.
 function M.load(path, o)
   o = o or {}
   if type(path) ~= "string" then error("ckpt.load: path must be a string", 2) end
   if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
   local st, why = read_state(path)
   if not st then error("ckpt.load: " .. why, 2) end
+  local lead = not (o.dist and lt.dist.world_size() > 1) or lt.dist.rank() == 0
+  if not st.checksums and lead then io.stderr:write("lutra: ckpt.load: " .. no_checksums_note(path) .. "\n") end
   local world = o.world_size or (o.dist and lt.dist.world_size()) or 1
   local saved_world = st.layout and st.layout.world_size or 1
-  if saved_world ~= world then
-    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet)")
+  -- the training layout binds the optimizer state and the loaders' positions
+  -- (one per rank); the weights are whole (rank 0 writes them, ZeRO 3 gathered)
+  if saved_world ~= world and (o.opt or o.loader) then
+    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet; the weights alone load anywhere: lt.ckpt.load(path, {model = m}) or lt.ckpt.load_model)")
       :format(path, saved_world, world), 2)
   end
   for name in pairs(o.rng or {}) do
@@ -439,7 +555,7 @@ function M.load(path, o)
   end
   local rank = world > 1 and lt.dist.rank() or 0
   if type(st.loaders) == "table" then
-    if type(st.loaders[rank + 1]) ~= "table" then
+    if o.loader and type(st.loaders[rank + 1]) ~= "table" then
       error(("ckpt.load: %s/state.json: loaders holds no state for rank %d"):format(path, rank), 2)
     end
     st.loader = st.loaders[rank + 1]
@@ -471,6 +587,8 @@ function M.load(path, o)
         end
       end
     end
+    local bad = not o.verified and verify_files(path, st, { "model.safetensors" })
+    if bad then error("ckpt.load: " .. bad, 2) end
     local ok, t = pcall(lt.load, path .. "/model.safetensors")
     if not ok then error(("ckpt.load: %s"):format(tostring(t):gsub("^.-safetensors ", "safetensors ")), 2) end
     model_tensors = t
@@ -490,6 +608,8 @@ function M.load(path, o)
     if not st.files[opt_file] then
       error(("ckpt.load: %s holds no optimizer state (state.json lists no %s)"):format(path, opt_file), 2)
     end
+    local bad = not o.verified and verify_files(path, st, { opt_file })
+    if bad then error("ckpt.load: " .. bad, 2) end
     local ok, err = pcall(function()
       local tensors, meta = lt.load(path .. "/" .. opt_file)
       local ok2, s = pcall(json.decode, meta.state or "null")

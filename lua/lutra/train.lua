@@ -40,7 +40,9 @@
 -- SIGTERM or SIGUSR1 the loop finishes the current step, saves, and returns
 -- with summary.preempted set (recipes then end, exiting 0); under a job,
 -- a signal to any rank stops every rank after the same step (the ranks
--- learn of it with the step's loss sums).
+-- learn of it with the step's loss sums). resume = "auto" takes the newest
+-- checkpoint whose files pass their checksums, naming on stderr each newer
+-- one it skips and why (none passing is an error).
 --
 -- Data parallel (ddp = lt.dist.DataParallel(model)): each rank's loader
 -- gives its slice of the global batch; token counts and loss sums are
@@ -253,8 +255,25 @@ function M.run(settings)
   if o.resume ~= "none" then
     local path = o.resume
     if o.resume == "auto" then path = newest and newest.path end
+    if path and o.resume == "auto" then -- the newest whose files pass their checksums
+      newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
+        if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
+      end)
+      local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
+      local sums = ddp and ddp:reduce_numbers({ 1, mine, mine * mine }) -- (equal means: no spread)
+      if sums and (sums[2] ~= sums[1] * mine or sums[3] ~= sums[1] * mine * mine) then
+        error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
+          :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
+      end
+      if not newest then
+        error(("train: no checkpoint in %s passes its checksums (each is named above); remove them to start afresh")
+          :format(ckpt_dir), 2)
+      end
+      path = newest.path
+    end
     if path then
-      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil })
+      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
+        verified = o.resume == "auto" })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
       resumed_steps = st.extra and st.extra.steps

@@ -2,7 +2,9 @@
 -- ZeRO stages 1, 2 and 3 save (weights once, optimizer state once or one file
 -- per rank, every rank's loader position) and resume: 4 steps, a
 -- checkpoint, a fresh job resuming to step 8 gives the losses and weights
--- of 8 uninterrupted steps; a checkpoint of another world size is refused.
+-- of 8 uninterrupted steps; a checkpoint of another world size is refused
+-- (its weights alone load in one process); resume = "auto" passes over a
+-- checkpoint with a corrupt optimizer shard on every rank alike.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -47,6 +49,7 @@ local function run(stage, name, steps, resume, on_step)
   return model, losses, summary
 end
 
+local finals, wholes = {}, {} -- stage -> the parameters after 8 steps (resumed at step 4), the uninterrupted losses
 for _, stage in ipairs { 0, 1, 2, 3 } do
   H.test(("stage %d: a job resumed from its step-4 checkpoint repeats the uninterrupted run"):format(stage), function(r, w)
     local whole, a = run(stage, "whole" .. stage, 8)
@@ -57,6 +60,7 @@ for _, stage in ipairs { 0, 1, 2, 3 } do
     end
     local pa, pb = whole:parameters(), resumed:parameters()
     for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
+    finals[stage], wholes[stage] = pb, a
     local st = lt.ckpt.read_state(root() .. "/cut" .. stage .. "/ckpt/step_00000008")
     assert(st.layout.world_size == w and st.layout.zero == stage, "layout")
     assert(#st.loaders == w, "one loader state per rank")
@@ -86,10 +90,25 @@ H.test("SIGUSR1 to the last rank alone stops every rank after the same step with
   for i = 1, #pa do H.close(pa[i], pb[i], 0, "parameter " .. i) end
 end)
 
-H.test("a checkpoint of another world size is refused on every rank", function(r, w)
+H.test("a checkpoint of another world size is refused on every rank (optimizer state and loaders)", function(r, w)
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) })
-  H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, world_size = w + 1 }) end,
-    "layout.world_size is " .. w)
+  local opt = lt.optim.AdamW(m, { lr = 1e-3 })
+  H.raises(function() lt.ckpt.load(root() .. "/whole0/ckpt/step_00000008", { model = m, opt = opt, world_size = w + 1 }) end,
+    "layout.world_size is " .. w, "the weights alone load anywhere")
+end)
+
+H.test("the weights of a job's checkpoint (every ZeRO stage) load in one process, as the job left them", function(r, w)
+  for _, stage in ipairs { 0, 1, 2, 3 } do
+    -- a single process's load (world size 1), as recipes/sample.lua does
+    local m = lt.ckpt.load_model(root() .. "/cut" .. stage .. "/ckpt")
+    local got = m:parameters()
+    assert(finals[stage] and #got == #finals[stage], "stage " .. stage .. ": no parameters to compare")
+    for i = 1, #got do H.close(got[i], finals[stage][i], 0, ("stage %d, parameter %d"):format(stage, i)) end
+    -- and into a model of this job's ranks, with no optimizer
+    local m2 = lt.models.gpt2("gpt2-tiny", { dropout = 0.1, generator = lt.Generator(8) })
+    lt.ckpt.load(root() .. "/cut" .. stage .. "/ckpt/step_00000008", { model = m2, dist = true, world_size = w + 1 })
+    H.close(m2:parameters()[1], finals[stage][1], 0, ("stage %d, parameter 1 (world size %d)"):format(stage, w + 1))
+  end
 end)
 
 
@@ -98,6 +117,34 @@ H.test("a ZeRO 1 checkpoint is refused by a ZeRO 3 job, naming both stages", fun
   local opt = lt.dist.Zero(m, { stage = 3, lr = 1e-3 })
   H.raises(function() lt.ckpt.load(root() .. "/cut1/ckpt/step_00000008", { model = m, opt = opt, dist = true }) end,
     "layout.zero is 1, this job's optimizer is ZeRO stage 3")
+end)
+
+H.test("resume = auto on every rank passes over a checkpoint whose last rank's optimizer file is corrupt", function(r, w)
+  local ckpt = root() .. "/cut1/ckpt"
+  local shard = ("%s/step_00000008/optimizer-rank%05d.safetensors"):format(ckpt, w - 1)
+  if r == 0 then -- 4 bytes at its middle: the size stays
+    local f = assert(io.open(shard, "r+b"))
+    f:seek("set", math.floor(f:seek("end") / 2))
+    f:write("\255\0\255\0")
+    f:close()
+  end
+  lt.dist.barrier()
+  local ok, why = lt.ckpt.verify(ckpt .. "/step_00000008")
+  assert(not ok and why:find(shard .. ": its checksum is", 1, true), tostring(why))
+  local _, b, summary = run(1, "cut1", 8, "auto")
+  assert(summary.resumed_from == ckpt .. "/step_00000004", "resumed from " .. tostring(summary.resumed_from))
+  for s = 5, 8 do assert(b[s] and b[s] == wholes[1][s], ("step %d: %s vs %s"):format(s, tostring(b[s]), tostring(wholes[1][s]))) end
+  assert(lt.ckpt.verify(ckpt .. "/step_00000008"), "step 8 saved again, whole")
+end)
+
+-- (without the agreement the other ranks went on training and the job hung until the watchdog)
+H.test("resume = auto stops on every rank when the ranks' checks of the files disagree", function(r, w)
+  local real = lt.ckpt.newest_verified
+  if r == w - 1 then lt.ckpt.newest_verified = function() return nil end end -- (as if its reads had failed)
+  local ok, err = pcall(run, 1, "cut1", 8, "auto")
+  lt.ckpt.newest_verified = real
+  assert(not ok and tostring(err):find("the ranks found different checkpoints in " .. root() .. "/cut1/ckpt", 1, true),
+    tostring(err))
 end)
 
 H.run("ckpt_spec")

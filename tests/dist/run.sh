@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
-# cores), plus the job-ending checks: an error on one rank ends the job
-# within seconds with a non-zero status; a collective that one rank calls
-# from another line fails at once naming both; a rank that skips a
-# collective is reported by the watchdog, which names the ranks that never
-# arrived. Prints "ok"/"not ok" lines and ends with "dist: P passed, F
-# failed".
+# cores), recipes/sample.lua on the weights of a 2-rank ZeRO 3 checkpoint,
+# plus the job-ending checks: an error on one rank ends the job within
+# seconds with a non-zero status; a collective that one rank calls from
+# another line fails at once naming both; a rank that skips a collective
+# is reported by the watchdog, which names the ranks that never arrived.
+# Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
 MPIRUN="mpirun --oversubscribe"
@@ -42,6 +42,14 @@ out=$(LUTRA_COMM_CHUNK=3 timeout 300 $MPIRUN -x LUTRA_COMM_CHUNK -np 2 ./lutra t
 line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, 0 failed$' | tail -1)
 if [ -n "$line" ]; then ok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3): $line"
 else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"; fi
+
+# the weights of a 2-rank ZeRO 3 checkpoint, sampled by one process (no mpirun)
+dir=$(mktemp -d /tmp/lutra-dist-sample.XXXXXX)
+out=$(timeout 120 $MPIRUN -np 2 ./lutra tests/dist/jobs/save_checkpoint.lua --out="$dir" --stage=3 2>&1 \
+      && timeout 60 ./lutra recipes/sample.lua --ckpt="$dir/job/ckpt" --max_tokens=4 --temperature=0 2>&1)
+if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint"
+else notok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint" "$out"; fi
+rm -rf "$dir"
 
 # job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
 # RANKS) that must end with a non-zero status within MAX_SECONDS, its output

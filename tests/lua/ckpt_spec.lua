@@ -4,7 +4,9 @@
 -- checkpoint and resumed gives bit-identical losses, rates, gradient norms
 -- and final weights to an uninterrupted one; SIGTERM saves and exits 0;
 -- partial checkpoints are never picked; bad checkpoints are rejected with
--- the file and field named; keep_last.
+-- the file and field named; bytes altered at the same size are refused by
+-- their checksums, and resume = "auto" falls back past them; checkpoints
+-- without checksums still load; keep_last, and a kill during its removals.
 local lt = require "lutra"
 local C = require("lutra.capi").C
 local H = require "tests.lua.helpers"
@@ -39,6 +41,25 @@ local function metrics(path)
     if r.loss and r.step then out[r.step] = { r.loss, r.lr, r.grad_norm } end
   end
   return out
+end
+
+-- records a file rewritten on purpose in its checkpoint's state.json: its
+-- size and its checksum (so that what the test altered is what gets checked)
+local function reseal(path, name)
+  local st = lt.json.decode(read(path .. "/state.json"))
+  local crc, bytes = require("ffi").new("uint32_t[1]"), require("ffi").new("int64_t[1]")
+  assert.are.equal(0, C.lt_file_crc32c(path .. "/" .. name, crc, bytes))
+  st.files[name], st.checksums[name] = tonumber(bytes[0]), ("crc32c:%08x"):format(crc[0])
+  local text = lt.json.encode(st)
+  assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+end
+
+-- writes 4 bytes into a file at its middle (its size stays)
+local function corrupt(file)
+  local f = assert(io.open(file, "r+b"))
+  f:seek("set", math.floor(f:seek("end") / 2))
+  f:write("\255\0\255\0")
+  f:close()
 end
 
 local function job(args)
@@ -210,6 +231,98 @@ describe("lt.ckpt", function()
     assert.are.equal(5, all[2].step)
   end)
 
+  it("keep_last: a kill while it removes a checkpoint leaves no half-removed step_*; the next save cleans up", function()
+    local dir = ROOT .. "/prunekill"
+    local out, rc = sh("./lutra tests/lua/jobs/prune_kill_job.lua --dir=" .. dir)
+    assert.are.equal(137, rc, out) -- SIGKILL, in the removal of step 1
+    -- a save killed while it replaced `latest` leaves latest.tmp.<pid>
+    local f = assert(io.open(dir .. "/latest.tmp.999999999", "wb"))
+    f:write("step_0000")
+    f:close()
+    local function entries()
+      local names = {}
+      for name in io.popen("ls -A " .. dir):lines() do names[#names + 1] = name end
+      return names
+    end
+    for _, name in ipairs(entries()) do
+      if name:match("^step_") then
+        local ok, why = lt.ckpt.is_complete(dir .. "/" .. name)
+        assert(ok, ("%s is left half-removed: %s"):format(name, tostring(why)))
+      end
+    end
+    assert.are.equal(dir .. "/step_00000002", lt.ckpt.latest(dir))
+    -- what a removal in place (lutra before this fix) could leave: no state.json
+    os.execute(("mkdir -p %s/step_00000000 && echo x > %s/step_00000000/model.safetensors"):format(dir, dir))
+    lt.ckpt.save(dir, { model = tiny(1), step = 3, keep_last = 1 })
+    assert.are.same({ "latest", "step_00000003" }, entries())
+  end)
+
+  it("refuses a file whose bytes changed at the same size, naming it; resume = auto falls back, saying why", function()
+    local out, rc = job("--name=crc --steps=10 --ckpt_every=5")
+    assert.are.equal(0, rc, out)
+    out, rc = job("--name=crcwhole --steps=10 --ckpt_every=5")
+    assert.are.equal(0, rc, out)
+    local dir = ROOT .. "/crc/ckpt"
+    local ten = dir .. "/step_00000010"
+    local good = read(ten .. "/model.safetensors")
+    corrupt(ten .. "/model.safetensors")
+    assert.are.equal(#good, #read(ten .. "/model.safetensors"))
+    local ok, why = lt.ckpt.verify(ten)
+    assert.is_false(ok)
+    assert.truthy(why:find(ten .. "/model.safetensors: its checksum is crc32c:", 1, true), why)
+    local m = tiny(1)
+    H.assert_error(function() lt.ckpt.load(ten, { model = m }) end, ten .. "/model.safetensors: its checksum is",
+      "state.json says crc32c:")
+    -- the optimizer's file is checked as well
+    local five = dir .. "/step_00000005"
+    local opt_good = read(five .. "/optimizer.safetensors")
+    corrupt(five .. "/optimizer.safetensors")
+    H.assert_error(function() lt.ckpt.load(five, { model = m, opt = lt.optim.AdamW(m) }) end,
+      five .. "/optimizer.safetensors: its checksum is")
+    -- the weights alone (sample.lua on the run's directory): step 10's are bad, step 5's good
+    local _, st5 = lt.ckpt.load_model(dir)
+    assert.are.equal(5, st5.step)
+    local f = assert(io.open(five .. "/optimizer.safetensors", "wb"))
+    f:write(opt_good)
+    f:close()
+    -- resume = "auto" takes step 5, names step 10 and why, and saves a good step 10
+    out, rc = job("--name=crc --steps=10 --ckpt_every=5 --resume=auto")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find('resume = "auto" skips ' .. ten .. ": " .. ten .. "/model.safetensors: its checksum is", 1,
+      true), out)
+    assert.truthy(out:find("resumed from " .. five, 1, true), out)
+    assert.is_true((lt.ckpt.verify(ten)))
+    assert.are.equal(read(ROOT .. "/crcwhole/ckpt/step_00000010/model.safetensors"), read(ten .. "/model.safetensors"))
+    -- with no checkpoint at all, resume = "auto" starts afresh
+    out, rc = job("--name=crcfresh --steps=5 --ckpt_every=0 --resume=auto")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("job: ran 5 steps, preempted nil, resumed from nil", 1, true), out)
+    -- with none that passes, resume = "auto" stops rather than start afresh over them
+    corrupt(five .. "/model.safetensors")
+    corrupt(ten .. "/model.safetensors")
+    out, rc = job("--name=crc --steps=10 --ckpt_every=5 --resume=auto")
+    assert.are_not.equal(0, rc, out)
+    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checksums", 1, true), out)
+  end)
+
+  it("loads a checkpoint saved without checksums (by an older lutra), checked by size, with a note", function()
+    local dir = ROOT .. "/nocrc"
+    local m = tiny(1)
+    local path = lt.ckpt.save(dir, { model = m, step = 1 })
+    local st = lt.json.decode(read(path .. "/state.json"))
+    st.checksums = nil
+    local text = lt.json.encode(st)
+    assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    local ok, note = lt.ckpt.verify(path)
+    assert.is_true(ok)
+    assert.truthy(note:find("has no checksums", 1, true), note)
+    local b = tiny(2)
+    lt.ckpt.load(path, { model = b })
+    assert.are.equal(0, (b:parameters()[1] - m:parameters()[1]):abs():max():item())
+    local _, saved = lt.ckpt.load_model(dir)
+    assert.are.equal(1, saved.step)
+  end)
+
   it("keep_last never removes the checkpoint just written, nor later steps", function()
     local dir = ROOT .. "/keep2"
     local m = tiny(1)
@@ -246,6 +359,9 @@ describe("lt.ckpt", function()
       { function(st) st.layout = 5 end, "'layout' must be" },
       { function(st) st.rng = { default = { seed = -1, offset = 0 } } end, "'rng.default' must be" },
       { function(st) st.files["../x"] = 1 end, "names a file outside the checkpoint" },
+      { function(st) st.checksums["model.safetensors"] = "md5:0" end, "'checksums.model.safetensors' must be \"crc32c:" },
+      { function(st) st.checksums["model.safetensors"] = nil end, "'checksums' has none for model.safetensors" },
+      { function(st) st.checksums["other.bin"] = "crc32c:00000000" end, "'checksums' names a file that 'files' does not list" },
     } do
       rewrite(case[1])
       assert.is_nil(lt.ckpt.latest(dir))
@@ -266,12 +382,7 @@ describe("lt.ckpt", function()
     local t, meta = lt.load(path .. "/optimizer.safetensors")
     t["1.exp_avg_sq"] = t["1.exp_avg_sq"] - 1
     lt.save(path .. "/optimizer.safetensors", t, meta)
-    local st = lt.json.decode(read(path .. "/state.json"))
-    local f = io.open(path .. "/optimizer.safetensors", "rb")
-    st.files["optimizer.safetensors"] = f:seek("end")
-    f:close()
-    local text = lt.json.encode(st)
-    assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    reseal(path, "optimizer.safetensors")
     local b = tiny(2)
     local before = b:parameters()[1]:clone()
     local ob = lt.optim.AdamW(b, { lr = 1e-2 })
@@ -331,9 +442,13 @@ describe("lt.ckpt", function()
     local ok, err = pcall(lt.ckpt.load, path, { model = other })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("state.json: model_config.n_layer is 2, the model's is 3", 1, true), err)
-    ok, err = pcall(lt.ckpt.load, path, { model = m, world_size = 4 })
+    ok, err = pcall(lt.ckpt.load, path, { model = m, opt = o, world_size = 4 })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("layout.world_size is 1, this job has 4 ranks", 1, true), err)
+    -- the weights alone are whole: they load on any world size
+    local w4 = tiny(7)
+    lt.ckpt.load(path, { model = w4, world_size = 4 })
+    assert.are.equal(0, (w4:parameters()[1] - m:parameters()[1]):abs():max():item())
     local no_opt = lt.ckpt.save(dir, { model = m, step = 2 })
     ok, err = pcall(lt.ckpt.load, no_opt, { model = m, opt = o })
     assert.is_false(ok)
@@ -354,14 +469,7 @@ describe("lt.ckpt", function()
     local sd = m:state_dict()
     sd["transformer.ln_f.weight"] = lt.zeros({ 3 })
     lt.save(path .. "/model.safetensors", sd)
-    local f = io.open(path .. "/state.json")
-    local st = lt.json.decode(f:read("*a"))
-    f:close()
-    local g = io.open(path .. "/model.safetensors", "rb")
-    st.files["model.safetensors"] = g:seek("end")
-    g:close()
-    local text = lt.json.encode(st)
-    assert.are.equal(0, C.lt_write_file_atomic(path .. "/state.json", text, #text))
+    reseal(path, "model.safetensors")
     local ok, err = pcall(lt.ckpt.load, path, { model = m })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("model.safetensors: wrong shape or dtype: transformer.ln_f.weight", 1, true), err)
