@@ -3,11 +3,15 @@
 of the given shape (nanoGPT's layout: pre-LN, tanh GELU, tied head; random
 N(0, 0.02) weights) with a KV cache, decoding greedily from a prompt of
 random ids; prints one JSON line with tokens/s for the new tokens (the
-prompt's forward included, as lutra's side counts it). Arguments:
+prompt's forward included, as lutra's side counts it: the prompt's forward
+draws the first token and each of the other new_tokens - 1 costs one
+position) and the thread settings it ran with (torch's intra- and inter-op
+threads, the OpenMP and OpenBLAS variables it saw). Arguments:
 n_layer n_head n_embd vocab_size block_size prompt_len new_tokens threads.
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -55,15 +59,19 @@ def main():
         forward(prompt, 0)  # warm-up
         t0 = time.perf_counter()
         logits = forward(prompt, 0)
-        pos = P
-        for _ in range(N):
+        pos, drawn = P, 0
+        while True:
             nxt = logits.argmax(-1, keepdim=True)
-            if pos >= BS:
+            drawn += 1
+            if drawn == N or pos >= BS:
                 break
             logits = forward(nxt, pos)
             pos += 1
         dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": N / dt, "seconds": dt, "torch": torch.__version__}))
+    env = {k: os.environ.get(k, "unset") for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "OMP_NUM_THREADS")}
+    print(json.dumps({"tokens_per_s": drawn / dt, "tokens": drawn, "seconds": dt, "torch": torch.__version__,
+                      "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+                      "env": env}))
 
 
 if __name__ == "__main__":

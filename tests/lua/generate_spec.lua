@@ -1,8 +1,10 @@
 -- tests/lua/generate_spec.lua: lt.generate and the KV cache: cached logits
 -- equal full reruns (GPT-2 and Llama); greedy with and without the cache
 -- agree; the nucleus is the smallest set reaching top_p and never empty;
--- top_k; temperature 0 is greedy; stop tokens; seeds repeat; the cache
--- rebuilds when the context fills; long prompts are refused or truncated;
+-- top_k; temperature 0 is greedy; stop tokens; seeds repeat; past the
+-- context every token is a fresh forward over the last block_size ids (with
+-- or without the cache; past_context = "half" rebuilds the cache from the
+-- newest half); long prompts are refused or truncated;
 -- bad settings are errors; recipes/sample.lua streams from a checkpoint.
 local lt = require "lutra"
 local H = require "tests.lua.helpers"
@@ -26,7 +28,85 @@ local function greedy_reference(model, prompt, n)
   return out
 end
 
+-- the logits (f64, CPU) of the last position of each model(...) call, in
+-- order: lt.generate calls the model once per token it draws
+local function record_logits(model)
+  local seen, forward = {}, model.forward
+  model.forward = function(self, idx, ...)
+    local logits = forward(self, idx, ...)
+    seen[#seen + 1] = logits:select(1, 1):select(1, idx:size(2)):to("cpu", "f64")
+    return logits
+  end
+  return seen, function() model.forward = nil end
+end
+
+-- greedy decoding where each token comes from a fresh forward (no cache)
+-- over the last `block` ids: the tokens and each step's logits
+local function fresh_window_reference(model, prompt, n, block)
+  local ids, out, steps = {}, {}, {}
+  for i, v in ipairs(prompt) do ids[i] = v end
+  lt.no_grad(function()
+    for _ = 1, n do
+      local w = {}
+      for i = math.max(1, #ids - block + 1), #ids do w[#w + 1] = ids[i] end
+      local row = model(lt.tensor({ w }, { dtype = "i64" })):select(1, 1):select(1, #w):to("cpu", "f64")
+      local _, idx = row:max(1)
+      steps[#steps + 1] = row
+      ids[#ids + 1] = idx:item()
+      out[#out + 1] = idx:item()
+    end
+  end)
+  return out, steps
+end
+
 describe("lt.generate", function()
+  local small_context = {
+    { "gpt2", function() return lt.models.gpt2("gpt2-tiny", { block_size = 16, generator = lt.Generator(21) }) end },
+    { "llama", function() return lt.models.llama("llama-tiny", { max_seq_len = 16, generator = lt.Generator(22) }) end },
+  }
+  for _, case in ipairs(small_context) do
+    it(case[1] .. ": past the context every token is a fresh forward over the last block_size ids", function()
+      local model = case[2]()
+      model:eval()
+      local prompt, n, block = { 5, 17, 300, 2, 9, 41, 7, 100, 3, 250 }, 20, 16
+      local want, want_logits = fresh_window_reference(model, prompt, n, block)
+      for _, cache in ipairs { true, false } do
+        local seen, restore = record_logits(model)
+        local got = lt.generate(model, prompt, { max_tokens = n, temperature = 0, cache = cache })
+        restore()
+        assert.are.same(want, got)
+        assert.are.equal(n, #seen)
+        for i = 1, n do
+          local d = (seen[i] - want_logits[i]):abs():max():item()
+          if #prompt + i - 1 > block then
+            -- the same computation as the reference: bit for bit
+            assert(d == 0, ("cache %s, token %d (past the context): max abs difference %g"):format(tostring(cache), i, d))
+          else
+            assert(d < 1e-5, ("cache %s, token %d: max abs difference %g"):format(tostring(cache), i, d))
+          end
+        end
+      end
+      -- past_context = "half" rebuilds the cache from the newest half when it
+      -- fills: the first token after that sees only the last block / 2 ids
+      local seen, restore = record_logits(model)
+      local got = lt.generate(model, prompt, { max_tokens = n, temperature = 0, past_context = "half" })
+      restore()
+      assert.are.equal(n, #got)
+      local first_past = block - #prompt + 2 -- the token drawn from block + 1 ids
+      local ids = {}
+      for i, v in ipairs(prompt) do ids[i] = v end
+      for i = 1, first_past - 1 do ids[#ids + 1] = got[i] end
+      local half = {}
+      for i = #ids - block / 2 + 1, #ids do half[#half + 1] = ids[i] end
+      local ref = lt.no_grad(function()
+        return model(lt.tensor({ half }, { dtype = "i64" })):select(1, 1):select(1, #half):to("cpu", "f64")
+      end)
+      local d = (seen[first_past] - ref):abs():max():item()
+      assert(d < 1e-5, ("half: token %d against a forward over the newest %d ids: max abs difference %g")
+        :format(first_past, #half, d))
+    end)
+  end
+
   for _, case in ipairs { { "gpt2", gpt2 }, { "llama", llama } } do
     it(case[1] .. ": logits through the KV cache equal a full rerun", function()
       local model = case[2]()
@@ -110,6 +190,7 @@ describe("lt.generate", function()
     local model = gpt2() -- block_size 64
     local ids = lt.generate(model, { 1 }, { max_tokens = 150, seed = 2 })
     assert.are.equal(150, #ids)
+    assert.are.equal(150, #lt.generate(model, { 1 }, { max_tokens = 150, seed = 2, past_context = "half" }))
     local long = {}
     for i = 1, 70 do long[i] = i end
     H.assert_error(function() lt.generate(model, long, { max_tokens = 2 }) end,
@@ -131,6 +212,10 @@ describe("lt.generate", function()
     H.assert_error(function() lt.generate(model, { 1 }, { max_tokenz = 3 }) end, "unknown option 'max_tokenz'")
     H.assert_error(function() lt.generate(model, { 1 }, { stop = 5 }) end, "stop must be a table")
     H.assert_error(function() lt.generate(model, { 1 }, { cache = "no" }) end, "cache must be true or false")
+    H.assert_error(function() lt.generate(model, { 1 }, { past_context = "slide" }) end,
+      "past_context must be \"exact\" or \"half\", got slide")
+    H.assert_error(function() lt.generate(model, { 1 }, { past_context = "half", cache = false }) end,
+      "policy of the KV cache")
     H.assert_error(function() lt.generate(model, { 1 }, { temperature = 1e-320, top_p = 0.9 }) end,
       "use temperature = 0 for greedy")
     assert.is_true(model.training)
