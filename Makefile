@@ -3,7 +3,7 @@
 #
 #   make            build ./lutra (prints what it found)
 #   make test       C tests, Lua specs, CLI/REPL tests, distributed and GPU checks
-#   make demo       install dependencies, build, run the main job
+#   make demo       install dependencies, build, run the main job (keeps its last checkpoint in runs/demo)
 #   make deps       install the Debian packages (sudo when not root)
 #   make ref        regenerate tests/ref fixtures with PyTorch (/usr/bin/python3)
 #   make data       the Python docs as token shards in data/pydocs
@@ -235,10 +235,15 @@ check-tokenizer: lutra data/gpt2.tiktoken
 deps:
 	@tools/install-deps
 
+# the main job as runs/demo, started afresh (the previous demo's run goes),
+# keeping its last checkpoint (runs/demo/ckpt) to sample from or export
+DEMO_STEPS ?= 1500
 demo: deps
 	$(MAKE) -j$$(nproc) lutra
 	$(MAKE) data
-	./lutra recipes/gpt2.lua
+	rm -rf runs/demo
+	./lutra recipes/gpt2.lua --name=demo --steps=$(DEMO_STEPS) --ckpt_every=$(DEMO_STEPS) --keep_last=1
+	@echo "make demo: the model is in runs/demo/ckpt; ./lutra recipes/sample.lua --ckpt=runs/demo/ckpt samples from it"
 
 ref:
 	/usr/bin/python3 tests/ref/gen_ops.py tests/ref/ops.json

@@ -5,7 +5,8 @@
  * and enters the REPL (repl.c) when asked or when nothing else is given.
  *
  * Errors: an uncaught Lua error prints "lutra: <message>" and a traceback on
- * stderr and exits with status 1 (under mpirun with several ranks: "[rank N]
+ * stderr (a settings error, lt.config.fail's, prints its message alone) and
+ * exits with status 1 (under mpirun with several ranks: "[rank N]
  * lutra: <message>", then MPI_Abort ends the whole job). SIGINT during a call raises "interrupted!"
  * (from a hook in interpreted code, or from the next lutra op: compiled
  * loops that call nothing cannot be stopped this way; a second Ctrl-C ends
@@ -83,7 +84,29 @@ static void on_stuck(int sig) {
               "press Ctrl-C again to end lutra", NULL);
 }
 
+/* A settings error (lt.config.fail: its message is a key of the registry's
+   "lutra.settings_errors" set) is the user's to fix, not the code's: its
+   message alone, without a traceback. */
+static int is_settings_error(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TSTRING)
+    return 0;
+  lua_getfield(L, LUA_REGISTRYINDEX, "lutra.settings_errors");
+  int plain = 0;
+  if (lua_istable(L, -1)) {
+    lua_pushvalue(L, idx);
+    lua_rawget(L, -2);
+    plain = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return plain;
+}
+
 static int traceback(lua_State *L) {
+  if (is_settings_error(L, 1)) {
+    lua_pushvalue(L, 1);
+    return 1;
+  }
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)

@@ -4,7 +4,7 @@
 --     model = model, optimizer = opt, train = train_loader, steps = 1000,
 --     accum = 4, schedule = lt.optim.schedules.cosine { lr = 6e-4, warmup = 100, steps = 1000 },
 --     clip = 1.0, val = val_loader, eval_every = 100, eval_batches = 20,
---     sample_every = 200, sample = { tokenizer = tok, prompt = "The", tokens = 64, temperature = 0.8 },
+--     sample_every = 200, sample = { tokenizer = tok, prompt = "The", tokens = 64, temperature = 0.8, top_p = 0.95 },
 --     name = "gpt2-pydocs",
 --   }
 --
@@ -28,7 +28,16 @@
 -- once begun is finished and recorded first (lt_interrupt_defer). lutra then
 -- exits with status 130 when the script ends. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
--- load_state is restarted), so evaluations compare.
+-- load_state is restarted), so evaluations compare; a run that starts
+-- afresh evaluates once before its first step too (step 0; eval_at_start =
+-- false: not). Sampling (sample_every > 0) takes sample = {tokenizer =,
+-- prompt = "\n", tokens = 64, temperature = 1 (0: greedy), top_k = 0 (all),
+-- top_p = 1 (all), generator =} (see lt.generate).
+--
+-- Every setting that could only fail later is checked before the first
+-- step: the sample settings and prompt (through lt.generate's own checks,
+-- drawing nothing), the validation batches' length against the model's
+-- context, the checkpoint directory (created) and config.
 --
 -- Checkpoints (lt.ckpt): with ckpt_every = N the loop saves the model,
 -- optimizer, loader, generators (rng; by default the default generator and
@@ -51,10 +60,14 @@
 -- the global batch; rank 0 alone logs and samples (log_all_ranks = true: every
 -- rank prints its lines too, prefixed "[rank N]"; metrics stay rank 0's).
 --
--- Every step prints one line (step, loss, lr, grad norm, ms, tokens/s, MFU
--- with llm.c's FLOP count 6N + 6 L C T and the assumed peak, memory) and
--- appends it as JSON to runs/<name>/metrics.jsonl; evaluations and samples
--- go to both as well. A line that cannot be written (a full disk) raises
+-- Every step appends a JSON line to runs/<name>/metrics.jsonl; the first
+-- step, every log_every-th and the last print one line: step, the step's
+-- loss, the mean loss over the steps since the previous line ("mean(25)"),
+-- lr, grad norm, ms, tokens/s, MFU (llm.c's FLOP count 6N + 6 L C T against
+-- the assumed peak), memory now and its peak, the time since training
+-- started and an estimate of the time left (from the mean time per step so
+-- far, evaluations and samples included). Evaluations and samples go to
+-- both as well. A line that cannot be written (a full disk) raises
 -- "train: cannot write <file>: <reason>": a run does not go on unrecorded.
 local lt = require "lutra"
 local C = require("lutra.capi").C
@@ -68,10 +81,33 @@ local DEFAULTS = {
   sample_every = 0, sample = false, name = "run", log_every = 1, ignore_index = -100,
   skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
   on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none", ddp = false,
-  config = false, rng = false, on_checkpoint = false, log_all_ranks = false,
+  config = false, rng = false, on_checkpoint = false, log_all_ranks = false, eval_at_start = true,
 }
+local SAMPLE_KEYS = { tokenizer = true, prompt = true, tokens = true, temperature = true, top_k = true, top_p = true,
+  generator = true }
 
-local function fmt_bytes(b) return ("%.0f MiB"):format(b / 2 ^ 20) end
+local function sorted_names(t)
+  local out = {}
+  for k in pairs(t) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+--- lt.train.format_bytes(b) -> "12.3 MiB" (under 1 GiB) or "1.25 GiB".
+function M.format_bytes(b)
+  if b >= 2 ^ 30 then return ("%.2f GiB"):format(b / 2 ^ 30) end
+  return ("%.1f MiB"):format(b / 2 ^ 20)
+end
+local fmt_bytes = M.format_bytes
+
+-- seconds as 0:42, 12:05 or 1:02:05
+local function fmt_time(t)
+  if t ~= t or t == math.huge then return "?" end
+  t = math.floor(t + 0.5)
+  local h, m, sec = math.floor(t / 3600), math.floor(t / 60) % 60, t % 60
+  if h > 0 then return ("%d:%02d:%02d"):format(h, m, sec) end
+  return ("%d:%02d"):format(m, sec)
+end
 
 -- JSON has no NaN or infinities: they are written as the strings "nan", "inf", "-inf"
 local function json_line(t)
@@ -92,7 +128,8 @@ local function default_peak(device)
   if device:sub(1, 4) == "cuda" then return 989e12, "989 TFLOP/s (H100/H200 bf16 dense)" end
   local cores = lt.num_threads()
   local peak = cores * 2.5e9 * 32
-  return peak, ("%.0f GFLOP/s (%d cores x 2.5 GHz x 32 f32 FLOPs/cycle, assumed)"):format(peak / 1e9, cores)
+  return peak, ("%.0f GFLOP/s (%d core%s x 2.5 GHz x 32 f32 FLOPs/cycle, assumed)"):format(peak / 1e9, cores,
+    cores == 1 and "" or "s")
 end
 
 --- llm.c's FLOPs per token for a GPT with a config: 6N + 6 L C T.
@@ -104,8 +141,12 @@ end
 
 local function mkdir_p(path)
   local q = "'" .. path:gsub("'", "'\\''") .. "'"
-  local ok = os.execute("mkdir -p " .. q)
-  if ok ~= 0 and ok ~= true then error(("train: cannot create the directory %s"):format(path), 3) end
+  local p = io.popen("mkdir -p " .. q .. " 2>&1 && echo ok")
+  local out = p:read("*a")
+  p:close()
+  if not out:find("ok\n$") then -- (mkdir's own words say why)
+    error(("train: cannot create the directory %s (%s)"):format(path, (out:gsub("%s+$", ""))), 3)
+  end
 end
 
 local function memory_now(device)
@@ -117,16 +158,16 @@ local function memory_now(device)
   return s.allocated, s.peak
 end
 
---- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, generator = g, device =}) -> ids:
--- the prompt ids (a Lua table) followed by the sampled ones (lt.generate
--- with the KV cache; a prompt longer than the context keeps its end).
+--- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, top_p = 1, generator = g, device =})
+-- -> ids: the prompt ids (a Lua table) followed by the sampled ones
+-- (lt.generate with the KV cache; temperature 0 is greedy; a prompt longer
+-- than the context keeps its end). Bad settings raise lt.generate's errors.
 function M.generate(model, ids, opts)
   opts = opts or {}
   if type(ids) ~= "table" or #ids == 0 then error("generate: needs at least one prompt token", 2) end
-  local temperature = opts.temperature or 1
-  if type(temperature) ~= "number" or temperature <= 0 then error("generate: temperature must be > 0", 2) end
-  local new = lt.generate(model, ids, { max_tokens = opts.tokens or 64, temperature = temperature,
-    top_k = opts.top_k or 0, generator = opts.generator, device = opts.device, truncate = "left" })
+  local new = lt.generate(model, ids, { max_tokens = opts.tokens or 64, temperature = opts.temperature or 1,
+    top_k = opts.top_k or 0, top_p = opts.top_p or 1, generator = opts.generator, device = opts.device,
+    truncate = "left" })
   local out = {}
   for i, v in ipairs(ids) do out[i] = v end
   for _, v in ipairs(new) do out[#out + 1] = v end
@@ -137,11 +178,16 @@ end
 local function evaluate(model, loader, n, ignore_index, device)
   local sum, count = 0, 0
   local was_training = model.training
+  local block = model.config and model.config.block_size
   model:eval()
   lt.no_grad(function()
     for _ = 1, n do
       local x, y = loader:next()
       if not x then break end
+      if block and x:size(x:dim()) > block then
+        error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")
+          :format(x:size(x:dim()), block), 0)
+      end
       if device ~= "cpu" then x, y = x:to(device), y:to(device) end
       local logits = model(x)
       local l, c = F.cross_entropy(logits, y, { reduction = "sum", ignore_index = ignore_index })
@@ -158,10 +204,10 @@ local function check_opts(raw)
   if type(raw) ~= "table" then error("train: expects a table of settings", 3) end
   for k in pairs(raw) do
     if DEFAULTS[k] == nil then
-      local known = {}
-      for name in pairs(DEFAULTS) do known[#known + 1] = name end
-      table.sort(known)
-      error(("train: unknown setting '%s' (known: %s)"):format(tostring(k), table.concat(known, ", ")), 3)
+      local known = sorted_names(DEFAULTS)
+      local near = lt.config.nearest(tostring(k), known)
+      error(("train: unknown setting '%s'%s (known: %s)"):format(tostring(k),
+        near and (" (did you mean '%s'?)"):format(near) or "", table.concat(known, ", ")), 3)
     end
   end
   local o = {}
@@ -185,6 +231,7 @@ local function check_opts(raw)
   whole("ckpt_every", 0)
   whole("keep_last", 0)
   whole("start_step", 0)
+  if type(o.eval_at_start) ~= "boolean" then error("train: eval_at_start must be true or false", 3) end
   if type(o.resume) ~= "string" or o.resume == "" then
     error("train: resume must be \"none\", \"auto\" or a checkpoint directory", 3)
   end
@@ -192,6 +239,27 @@ local function check_opts(raw)
   if o.eval_every > 0 and not o.val then error("train: eval_every needs a val loader", 3) end
   if o.sample_every > 0 and (type(o.sample) ~= "table" or not o.sample.tokenizer) then
     error("train: sample_every needs sample = {tokenizer =, prompt =, tokens =, temperature =}", 3)
+  end
+  if o.sample then
+    local s = o.sample
+    if type(s) ~= "table" then error("train: sample must be a table {tokenizer =, prompt =, tokens =, ...}", 3) end
+    for k in pairs(s) do
+      if not SAMPLE_KEYS[k] then
+        local near = lt.config.nearest(tostring(k), sorted_names(SAMPLE_KEYS))
+        error(("train: unknown sample setting '%s'%s (known: %s)"):format(tostring(k),
+          near and (" (did you mean '%s'?)"):format(near) or "", table.concat(sorted_names(SAMPLE_KEYS), ", ")), 3)
+      end
+    end
+    if s.prompt ~= nil and type(s.prompt) ~= "string" then
+      error(("train: sample.prompt must be a string, got %s"):format(type(s.prompt)), 3)
+    end
+    local t = s.tokens
+    if t ~= nil and (type(t) ~= "number" or t ~= math.floor(t) or t < 1) then
+      error(("train: sample.tokens must be a whole number >= 1, got %s"):format(tostring(t)), 3)
+    end
+    if s.tokenizer and (type(s.tokenizer.encode) ~= "function" or type(s.tokenizer.decode) ~= "function") then
+      error("train: sample.tokenizer must have encode and decode (lt.tokenizer.load)", 3)
+    end
   end
   if o.schedule and type(o.schedule) ~= "function" then error("train: schedule must be a function of the step", 3) end
   for _, g in ipairs(o.optimizer.groups or {}) do
@@ -286,8 +354,9 @@ function M.run(settings)
     end
   end
   if o.ckpt_every > 0 and newest and newest.step > start_step then
-    error(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
-      :format(ckpt_dir, newest.step), 2)
+    -- (a settings error: the message alone, as for the recipe's own settings)
+    lt.config.fail(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
+      :format(ckpt_dir, newest.step))
   end
   if resumed_from and start_step >= o.steps then
     if not o.quiet then print(("train: %s is at step %d, the last step: nothing to do"):format(resumed_from, start_step)) end
@@ -308,6 +377,33 @@ function M.run(settings)
     error(("train: the sequence length %d is longer than the model's context (block_size %d)"):format(T, block), 2)
   end
   local fpt = o.flops_per_token or model_flops_per_token(model, T)
+
+  -- what sampling will do, checked now: the prompt's ids and the settings,
+  -- by lt.generate itself (max_tokens = 0 without the cache: no forward, no draw)
+  local sample_ids
+  if o.sample_every > 0 and lead then
+    local s = o.sample
+    sample_ids = s.tokenizer:encode(s.prompt or "\n")
+    if #sample_ids == 0 then sample_ids = { s.tokenizer.eot } end -- (an empty prompt: from the document start)
+    if #sample_ids == 0 then error("train: sample.prompt encodes to no token, and the tokenizer has no eot", 2) end
+    local ok, err = pcall(lt.generate, model, sample_ids, { max_tokens = 0, cache = false, truncate = "left",
+      temperature = s.temperature or 1, top_k = s.top_k or 0, top_p = s.top_p or 1, generator = s.generator,
+      device = device })
+    if not ok then error("train: sample: " .. tostring(err):gsub("^.-generate: ", ""), 2) end
+  end
+  -- the validation batches must fit the model's context: one read, then restarted
+  local val_start = o.val and type(o.val.state) == "function" and type(o.val.load_state) == "function" and o.val:state()
+  if o.eval_every > 0 and val_start then
+    local vx = o.val:next()
+    o.val:load_state(val_start)
+    if not vx then error("train: the val loader gave no batch", 2) end
+    if block and vx:size(vx:dim()) > block then
+      error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")
+        :format(vx:size(vx:dim()), block), 2)
+    end
+  end
+  -- checkpoints: their directory is made now (a path that cannot be one fails before any step)
+  if o.ckpt_every > 0 and lead then mkdir_p(ckpt_dir) end
 
   local metrics_path = dir .. "/metrics.jsonl"
   local metrics -- (rank 0's file; nil on the other ranks)
@@ -346,9 +442,12 @@ function M.run(settings)
   elseif o.resume == "auto" then say(("train: no checkpoint in %s: starting afresh"):format(ckpt_dir)) end
   say(("train: %s, %d steps of %d micro-batch%s, MFU against %s, metrics in %s/metrics.jsonl"):format(o.name, o.steps,
     o.accum, o.accum == 1 and "" or "es", peak_text, dir))
+  if o.log_every > 1 then
+    say(("train: a line at the first step and every %d steps: loss is the step's, mean(n) the mean of the n steps' losses since the line before")
+      :format(o.log_every))
+  end
 
-  -- every evaluation reads the same validation batches (a restartable loader restarts)
-  local val_start = o.val and type(o.val.state) == "function" and type(o.val.load_state) == "function" and o.val:state()
+  -- every evaluation reads the same validation batches (a restartable loader restarts: val_start)
   local pending = { first_x, first_y }
   local function next_batch()
     if pending then
@@ -363,6 +462,8 @@ function M.run(settings)
 
   local t_start = lt.clock()
   local t_done = t_start -- when the last complete step (and its evaluation, sample) ended
+  local t_loop = t_start -- (when the first step starts)
+  local interval_sum, interval_n = 0, 0 -- the finite losses since the last printed line
 
   local function save(step)
     local t0 = lt.clock()
@@ -395,6 +496,16 @@ function M.run(settings)
   -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
   local own_loss = model.loss ~= nil and model.loss_is_cross_entropy == model.loss
   local job_signal = 0 -- a job's preemption signal, agreed by every rank at each step
+  -- the validation loss (ZeRO 3: every rank gathers the whole parameters first)
+  local function validate(step)
+    if val_start then o.val:load_state(val_start) end
+    local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
+    summary.val_loss = vl
+    record({ step = step, val_loss = vl })
+    say(("step %5d/%d | val loss %.4f%s"):format(step, o.steps, vl, step == 0 and " (before training)" or ""))
+    return vl
+  end
+
   local function one_step(step)
     local t0 = lt.clock()
     -- all micro-batches first: the step's loss divides by every counted token
@@ -460,17 +571,29 @@ function M.run(settings)
       grad_scale = 1
       lr = lr or opt.groups[1].lr
     end
-    local dt = lt.clock() - t0
+    local now = lt.clock()
+    local dt = now - t0
     summary.tokens = summary.tokens + tokens
     summary.loss = loss
     local tps = tokens / dt
     local mfu = fpt and tps * fpt / peak or nil
-    -- on logged steps the tensors Lua has not collected yet go first, so
+    if finite then interval_sum, interval_n = interval_sum + loss, interval_n + 1 end
+    -- printed: the first step of the run, every log_every-th and the last
+    local printed = step == start_step + 1 or step % o.log_every == 0 or step == o.steps
+    -- on printed steps the tensors Lua has not collected yet go first, so
     -- the memory printed is what the step keeps (after the timing)
-    if step % o.log_every == 0 or step == o.steps then collectgarbage() end
+    if printed then collectgarbage() end
     local mem, mem_peak = memory_now(device)
+    -- the time left: the mean time per step so far (evaluations, samples and checkpoints included)
+    local elapsed, done = now - t_start, step - start_step
+    local eta = (now - t_loop) / done * (o.steps - step)
     local rec = { step = step, loss = loss, lr = lr, grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu,
-      mem = mem, mem_peak = mem_peak, skipped = not finite or nil }
+      mem = mem, mem_peak = mem_peak, elapsed_s = elapsed, eta_s = eta, skipped = not finite or nil }
+    local mean
+    if printed then
+      mean = interval_n > 0 and interval_sum / interval_n or 0 / 0
+      rec.loss_mean, rec.loss_mean_steps = mean, interval_n
+    end
     record(rec)
     summary.steps = summary.steps + 1 -- (complete: updated and recorded)
     t_done = lt.clock()
@@ -479,10 +602,12 @@ function M.run(settings)
       C.lt_clear_interrupt()
       error("interrupted!", 0)
     end
-    if step % o.log_every == 0 or step == o.steps then
-      say(("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s%s"):format(step,
-        o.steps, loss, lr or 0, norm, dt * 1e3, tps, mfu and ("%.1f%%"):format(mfu * 100) or "n/a",
-        fmt_bytes(mem), finite and "" or " | skipped (not finite)"))
+    if printed then
+      say(("step %5d/%d | loss %.4f | mean(%d) %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s, peak %s | %s, ETA %s%s")
+        :format(step, o.steps, loss, interval_n, mean, lr or 0, norm, dt * 1e3, tps,
+          mfu and ("%.1f%%"):format(mfu * 100) or "n/a", fmt_bytes(mem), fmt_bytes(mem_peak), fmt_time(elapsed),
+          fmt_time(eta), finite and "" or " | skipped (not finite)"))
+      interval_sum, interval_n = 0, 0
     end
     if o.on_step then o.on_step(rec) end
     local evaluating = o.val and o.eval_every > 0 and (step % o.eval_every == 0 or step == o.steps)
@@ -490,18 +615,11 @@ function M.run(settings)
     -- ZeRO 3: every rank gathers the whole parameters for evaluation and sampling
     local unsharded = (evaluating or sampling) and opt.unshard and not opt.full
     if unsharded then opt:unshard() end
-    if evaluating then
-      if val_start then o.val:load_state(val_start) end
-      local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
-      summary.val_loss = vl
-      record({ step = step, val_loss = vl })
-      say(("step %5d/%d | val loss %.4f"):format(step, o.steps, vl))
-    end
+    if evaluating then validate(step) end
     if lead and sampling then
       local s = o.sample
-      local ids = s.tokenizer:encode(s.prompt or "\n")
-      local out = M.generate(model, ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
-        top_k = s.top_k, generator = s.generator, device = device })
+      local out = M.generate(model, sample_ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
+        top_k = s.top_k, top_p = s.top_p, generator = s.generator, device = device })
       local text = s.tokenizer:decode(out, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
       record({ step = step, sample = text })
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
@@ -514,6 +632,20 @@ function M.run(settings)
   C.lt_preempt_clear()
   if can_save then C.lt_preempt_watch(1) end
   local ok_all, err_all = pcall(function()
+    -- a fresh run's validation loss before any step: what training improves on
+    if o.val and o.eval_every > 0 and o.eval_at_start and start_step == 0 then
+      local unsharded = opt.unshard and not opt.full
+      if unsharded then opt:unshard() end
+      local ok, err = pcall(validate, 0)
+      if unsharded then opt:reshard() end
+      if not ok then
+        if not tostring(err):find("interrupted", 1, true) then error(err, 0) end
+        summary.interrupted = true
+        say(("train: interrupted before step 1; metrics in %s/metrics.jsonl"):format(dir))
+        return
+      end
+    end
+    t_loop = lt.clock()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
       if not ok then

@@ -4,6 +4,14 @@
 -- a complete step), piped REPL input, LUTRA_PATH.
 local sh = require("tests.lua.helpers").sh
 
+-- shards of random GPT-2 ids, for runs of the main recipe
+local function lt_gen() return require("lutra").Generator(3) end
+local function lt_write(path, g, n)
+  local lt = require "lutra"
+  lt.data.write_shard(path, lt.randint(0, 50257, { n }, { generator = g }):to("i32"), 50257)
+end
+local cwd = os.getenv("PWD")
+
 local function tmpfile(text)
   local name = os.tmpname()
   local f = assert(io.open(name, "w"))
@@ -33,6 +41,99 @@ describe("the lutra executable", function()
     assert.are.equal(1, rc)
     assert.truthy(out:find("--device=cuda, but this machine has no CUDA device (", 1, true), out)
     assert.falsy(out:find("traceback", 1, true), out)
+  end)
+  it("the main recipe range-checks every setting before loading anything: the message alone, naming it", function()
+    -- (data and vocab exist, so that each case fails on its own setting)
+    local data = os.tmpname() .. "-shards"
+    os.execute("mkdir -p " .. data)
+    local g = lt_gen()
+    lt_write(data .. "/train_000000.bin", g, 4096)
+    lt_write(data .. "/val_000000.bin", g, 1024)
+    -- (a tiny model and one step: a setting accepted by mistake costs a second, not a training run)
+    local base = "./lutra recipes/gpt2.lua --data=" .. data .. " --steps=1 --n_layer=1 --n_embd=16 --seq=8 --batch=1 "
+      .. "--eval_every=1 --eval_batches=1 --sample_every=1 --sample_tokens=2"
+    local cases = {
+      { "steps=-5", "--steps must be a whole number >= 1, got -5" }, { "steps=1.5", "--steps must be a whole number" },
+      { "lr=0", "--lr must be a number > 0, got 0" }, { "lr=nan", "--lr must be a number > 0, got nan" },
+      { "min_lr=1", "--min_lr=1 is above --lr=0.006" }, { "min_lr=-1", "--min_lr must be a number >= 0" },
+      { "eval_batches=-1", "--eval_batches must be a whole number >= 0 (0: all), got -1" },
+      { "pad_vocab=-8", "--pad_vocab must be a whole number >= 0 (0: none), got -8" },
+      { "name=", '--name must be a non-empty string, got ""' }, { "name=../x", '--name="../x" is not a run name' },
+      { "warmup=-1", "--warmup must be" }, { "n_layer=0", "--n_layer must be" }, { "n_head=0", "--n_head must be" },
+      { "n_embd=130", "--n_embd=130 is not a multiple of --n_head=4" }, { "seq=0", "--seq must be" },
+      { "batch=0", "--batch must be" }, { "accum=0", "--accum must be" },
+      { "weight_decay=-0.1", "--weight_decay must be" }, { "beta2=1", "--beta2 must be a number >= 0 and < 1, got 1" },
+      { "clip=-1", "--clip must be" }, { "eval_every=-1", "--eval_every must be" },
+      { "sample_every=-1", "--sample_every must be" }, { "sample_tokens=0", "--sample_tokens must be" },
+      { "temperature=-1", "--temperature must be a number >= 0 (0: greedy), got -1" },
+      { "top_k=-1", "--top_k must be" }, { "top_p=0", "--top_p must be a number > 0 and <= 1" },
+      { "seed=-1", "--seed must be" }, { "log_every=0", "--log_every must be" },
+      { "ckpt_every=-1", "--ckpt_every must be" }, { "keep_last=-1", "--keep_last must be" },
+      { "resume=/no/such", "--resume=/no/such is not a complete checkpoint" },
+      { "schedule=cos", '--schedule must be one of linear, cosine, wsd, got "cos"' },
+      { "zero=4", "--zero must be one of 0, 1, 2, 3 (a ZeRO stage), got 4" },
+      { "dtype=f64", "--dtype must be one of f32, bf16, f16" }, { "device=tpu", '--device must be cpu, cuda or cuda:N, got "tpu"' },
+      { "data=/no/such", "--data=/no/such holds no train_*.bin shards" },
+      { "vocab=/no/such", "--vocab=/no/such cannot be read" },
+      { "log_all_ranks=maybe", "config: --log_all_ranks=maybe is not a boolean" },
+      { "stpes=3", "config: unknown setting --stpes (did you mean --steps?)" },
+    }
+    local script = {}
+    for i, c in ipairs(cases) do
+      script[#script + 1] = ("echo '### %d'; %s --%s 2>&1; echo \"rc=$?\""):format(i, base, c[1])
+    end
+    local out = sh(table.concat(script, "; "))
+    local checked = {}
+    for i, c in ipairs(cases) do
+      local part = out:match("### " .. i .. "\n(.-rc=%d+)")
+      assert(part, "case " .. c[1] .. ": no output in\n" .. out)
+      assert.truthy(part:find("lutra: " .. c[2], 1, true), c[1] .. ": " .. part)
+      assert.truthy(part:find("rc=1", 1, true), c[1] .. ": " .. part)
+      assert.falsy(part:find("traceback", 1, true), c[1] .. ": " .. part)
+      checked[c[1]:match("^[%w_]+")] = true
+    end
+    -- every setting --help lists has a bad value above (a prompt can be any text)
+    for key in sh("./lutra recipes/gpt2.lua --help"):gmatch("\n  %-%-([%w_]+)") do
+      assert(checked[key] or key == "prompt", "no bad value tried for --" .. key)
+    end
+    os.execute("rm -rf " .. data)
+  end)
+  it("the main recipe samples greedily at --temperature=0, prints memory in MiB, and a resumed finished run without a rate", function()
+    local data = os.tmpname() .. "-shards"
+    os.execute("mkdir -p " .. data)
+    local g = lt_gen()
+    lt_write(data .. "/train_000000.bin", g, 4096)
+    lt_write(data .. "/val_000000.bin", g, 1024)
+    local runs = os.tmpname() .. "-runs"
+    local cmd = ("cd %s && %s/lutra %s/recipes/gpt2.lua --data=%s --vocab=%s/data/gpt2.tiktoken --n_layer=1 --n_embd=16 "
+      .. "--n_head=2 --seq=16 --batch=2 --steps=2 --eval_every=2 --eval_batches=1 --sample_every=2 --sample_tokens=4 "
+      .. "--temperature=0 --ckpt_every=2 --resume=auto"):format(runs, cwd, cwd, data, cwd)
+    os.execute("mkdir -p " .. runs)
+    local out, rc = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("---- sample at step 2 ----", 1, true), out)
+    assert.truthy(out:find("memory per rank: parameters [%d.]+ MiB, gradients [%d.]+ MiB, optimizer state [%d.]+ MiB"), out)
+    assert.truthy(out:find("done: 2 steps in %d+ s %(%d+ tokens/s%)"), out)
+    out, rc = sh(cmd) -- at its last step: nothing to do, and no rate of nothing
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("nothing to do", 1, true), out)
+    assert.truthy(out:find("done: 0 steps in 0 s; ", 1, true), out)
+    assert.falsy(out:find("nan", 1, true), out)
+    os.execute("rm -rf " .. data .. " " .. runs)
+  end)
+  it("the main recipe's default prompt ends in a word, and make demo keeps its last checkpoint", function()
+    local lt = require "lutra"
+    local prompt = sh("./lutra recipes/gpt2.lua --help"):match('\n  %-%-prompt +"([^"]*)"')
+    assert(prompt, "no --prompt in --help")
+    local ids = lt.tokenizer.load("data/gpt2.tiktoken"):encode(prompt)
+    local last = lt.tokenizer.load("data/gpt2.tiktoken"):decode({ ids[#ids] })
+    assert.falsy(last:match("^%s+$"), ("the prompt %q ends in the whitespace token %q"):format(prompt, last))
+    -- (make -n: what make demo runs, run by nothing)
+    local line = sh("make -n demo 2>/dev/null"):match("[^\n]*recipes/gpt2%.lua[^\n]*")
+    assert(line, "make demo runs no recipes/gpt2.lua")
+    local steps, every = line:match("%-%-steps=(%d+)"), line:match("%-%-ckpt_every=(%d+)")
+    assert.truthy(every and steps and tonumber(steps) % tonumber(every) == 0, line) -- saves at the last step
+    assert.truthy(line:find("--name=demo", 1, true), line) -- runs/demo/ckpt, as the README says
   end)
   it("prints the version, LuaJIT and the backends", function()
     local out, rc = sh("./lutra --version")

@@ -156,10 +156,13 @@ describe("lt.train", function()
     local lines = {}
     for line in f:lines() do lines[#lines + 1] = lt.json.decode(line) end
     f:close()
-    assert.are.equal(5, #lines)
-    -- a line that marks the run's start, then the steps
+    assert.are.equal(6, #lines)
+    -- a line that marks the run's start, the validation loss before training, then the steps
     assert.are.equal(name, lines[1].run)
     assert.are.equal(0, lines[1].start_step)
+    table.remove(lines, 1)
+    assert.are.equal(0, lines[1].step)
+    assert(lines[1].val_loss > 0)
     table.remove(lines, 1)
     assert.are.equal(1, lines[1].step)
     assert(lines[1].loss > 0 and lines[1].tokens_per_s > 0 and lines[1].lr > 0 and lines[1].grad_norm > 0)
@@ -186,7 +189,7 @@ describe("lt.train", function()
       for k, v in pairs(extra) do s[k] = v end
       return lt.train(s)
     end
-    H.assert_error(function() run { stepz = 3 } end, "unknown setting", "stepz", "steps")
+    H.assert_error(function() run { stepz = 3 } end, "unknown setting", "stepz", "did you mean 'steps'?")
     H.assert_error(function() run { accum = 0 } end, "accum", ">= 1")
     H.assert_error(function() run { steps = 0 } end, "steps", ">= 1")
     H.assert_error(function() run { eval_every = 5 } end, "val loader")
@@ -194,6 +197,92 @@ describe("lt.train", function()
     H.assert_error(function() run { train = list_loader({}) } end, "no batch")
     local zero = lt.optim.SGD(tiny(1), { lr = 0 })
     H.assert_error(function() run { optimizer = zero } end, "learning rate must be > 0")
+  end)
+
+  it("samples greedily at temperature 0, and checks sample, evaluation and checkpoint settings before the first step", function()
+    local tok = lt.tokenizer.load("data/gpt2.tiktoken")
+    local m = tiny(4)
+    local o = lt.optim.SGD(m, { lr = 0.01 })
+    local texts, steps_run = {}, 0
+    local function run(extra, train)
+      steps_run = 0
+      local s = { model = m, optimizer = o, train = train or list_loader(batches(2, 2, 8)), steps = 2, out_dir = OUT,
+        quiet = true, sample_every = 1, sample = { tokenizer = tok, prompt = "a", tokens = 4, temperature = 0 },
+        on_step = function() steps_run = steps_run + 1 end }
+      for k, v in pairs(extra) do s[k] = v end
+      return lt.train(s)
+    end
+    -- temperature 0 is greedy, as for lt.generate: the sample is the most likely continuation
+    run { name = "greedy" }
+    local f = assert(io.open(OUT .. "/greedy/metrics.jsonl"))
+    for line in f:lines() do
+      local r = lt.json.decode(line)
+      if r.sample then texts[#texts + 1] = r.sample end
+    end
+    f:close()
+    assert.are.equal(2, #texts)
+    local want = lt.generate(m, tok:encode("a"), { max_tokens = 4, temperature = 0 })
+    assert.are.equal(tok:decode(tok:encode("a")) .. tok:decode(want), texts[2])
+    -- settings that would fail at the first sample, evaluation or save fail before any step
+    local function refused(extra, train, ...)
+      H.assert_error(function() run(extra, train) end, ...)
+      assert.are.equal(0, steps_run, "steps run before the error")
+    end
+    local function sample(t)
+      local s = { tokenizer = tok, prompt = "a", tokens = 4 }
+      for k, v in pairs(t) do s[k] = v end
+      return { sample = s }
+    end
+    refused(sample { temperature = -1 }, nil, "train: sample: temperature must be a number in [0, inf]")
+    refused(sample { top_p = 0 }, nil, "top_p must be > 0")
+    refused(sample { top_k = 1.5 }, nil, "top_k and max_tokens must be whole numbers")
+    refused(sample { tokens = 0 }, nil, "sample.tokens must be a whole number >= 1")
+    refused(sample { temprature = 0.5 }, nil, "unknown sample setting 'temprature' (did you mean 'temperature'?)")
+    -- (GPT-2's id for " Hello" lies outside gpt2-tiny's 512)
+    refused(sample { prompt = " Hello" }, nil, "prompt token 1 is 18435, outside the vocabulary [0, 512)")
+    local long = batches(1, 1, 65)
+    local val = { next = function() return long[1][1], long[1][2] end, state = function() return 0 end,
+      load_state = function() end }
+    refused({ val = val, eval_every = 1 }, nil, "validation batches' sequence length 65", "block_size 64")
+    local stateful = list_loader(batches(2, 2, 8))
+    stateful.state, stateful.load_state = function() return {} end, function() end
+    refused({ ckpt_every = 1, ckpt_dir = "/proc/no-such/ckpt" }, stateful, "cannot create the directory /proc/no-such/ckpt")
+  end)
+
+  it("prints the first step, means over the log interval, a validation loss before training, time left and peak memory", function()
+    local m = tiny(5)
+    local o = lt.optim.AdamW(m, { lr = 1e-3 })
+    local lines, losses = {}, {}
+    local print0, threads = print, lt.num_threads()
+    lt.set_num_threads(1)
+    _G.print = function(line) lines[#lines + 1] = line end
+    local ok, err = pcall(lt.train, { model = m, optimizer = o, train = list_loader(batches(7, 2, 8)), steps = 7,
+      log_every = 5, val = list_loader(batches(8, 2, 8, 9)), eval_every = 5, eval_batches = 1, out_dir = OUT,
+      name = "log", on_step = function(rec) losses[rec.step] = rec.loss end })
+    _G.print = print0
+    lt.set_num_threads(threads)
+    assert(ok, err)
+    local text = table.concat(lines, "\n")
+    assert.truthy(text:find("(1 core x 2.5 GHz", 1, true), text)
+    local steps = {}
+    for _, l in ipairs(lines) do
+      local step = tonumber(l:match("^step +(%d+)/7 | loss"))
+      if step then steps[#steps + 1] = step end
+    end
+    assert.are.same({ 1, 5, 7 }, steps) -- the first step, every log_every-th and the last
+    assert.truthy(text:find("step     0/7 | val loss [%d.]+ %(before training%)\nstep     1/7 | loss"), text)
+    local function mean(a, b)
+      local sum = 0
+      for i = a, b do sum = sum + losses[i] end
+      return sum / (b - a + 1)
+    end
+    for _, want in ipairs { { 1, 1, 1 }, { 5, 2, 5 }, { 7, 6, 7 } } do
+      local pattern = ("step +%d/7 | loss [%%d.]+ | mean%%(%d%%) %.4f |"):format(want[1], want[3] - want[2] + 1,
+        mean(want[2], want[3]))
+      assert.truthy(text:find(pattern), pattern .. "\n" .. text)
+    end
+    assert.truthy(text:find("| mem [%d.]+ MiB, peak [%d.]+ MiB | 0:%d%d, ETA 0:%d%d"), text)
+    assert.truthy(text:find("step     7/7 |[^\n]+ETA 0:00"), text)
   end)
 
   it("trains in bf16 with f32 master weights and state", function()
