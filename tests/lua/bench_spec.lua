@@ -1,6 +1,21 @@
 -- tests/lua/bench_spec.lua: bench/interleave.lua (rounds, medians, ratios,
--- peers).
+-- peers) and the CPU benchmark scripts run in their quick mode, so that
+-- they do not rot: they finish, print their tables, start the PyTorch and
+-- tiktoken sides where those are installed, and those agree with lutra (the
+-- same step-0 losses, the same ids). Their numbers mean nothing here.
+local H = require "tests.lua.helpers"
 local I = require "bench.interleave"
+
+local function has(cmd) return select(2, H.sh(cmd .. " >/dev/null 2>&1")) == 0 end
+local torch = has("/usr/bin/python3 -c 'import torch'")
+local mpi = has("command -v mpirun") and H.sh("./lutra --version"):find("mpi: compiled in", 1, true)
+
+-- the step-0 losses of a table's rows, by runtime name (the column named "step-0 loss")
+local function losses(out, pattern)
+  local t = {}
+  for name, loss in out:gmatch(pattern) do t[name] = tonumber(loss) end
+  return t
+end
 
 describe("bench/interleave.lua", function()
   it("runs the sides in turn, a warm-up round then the timed ones, and takes medians over the same rounds", function()
@@ -37,5 +52,44 @@ describe("bench/interleave.lua", function()
     assert.are.equal("OMP_WAIT_POLICY unset OPENBLAS_THREAD_TIMEOUT unset", I.describe_env(I.default_env))
     assert.are.equal("OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4",
       I.describe_env { OMP_WAIT_POLICY = "PASSIVE", OPENBLAS_THREAD_TIMEOUT = "4" })
+  end)
+end)
+
+describe("the CPU benchmark scripts, quick", function()
+  it("bench/model_cpu.lua: lutra and PyTorch under both environments from the same weights", function()
+    local out, rc = H.sh("./lutra bench/model_cpu.lua --quick")
+    assert.are.equal(0, rc, out)
+    local l = losses(out, "\ngpt2%-tiny +(%S+) +%d+ +3 +(%S+)")
+    assert.truthy(l.lutra, out)
+    if torch then
+      assert.near(l.lutra, l.torch, 1e-3, out)
+      assert.near(l.lutra, l["torch*"], 1e-3, out)
+      assert.truthy(out:find("default env: %d+ threads, %d+ inter%-op %(OMP_WAIT_POLICY unset"), out)
+      assert.truthy(out:find("lutra's env: %d+ threads, %d+ inter%-op %(OMP_WAIT_POLICY=PASSIVE"), out)
+    end
+  end)
+  it("bench/train_cpu.lua: lutra, lutra on 2 ranks and PyTorch, the same losses at step 0 and after", function()
+    local out, rc = H.sh("./lutra bench/train_cpu.lua --quick")
+    assert.are.equal(0, rc, out)
+    local rows = {}
+    for name, l0, last in out:gmatch("\n(%S+ ?%S*) +%d+ +[%d.]+ +%d+ MiB +(%S+) +(%S+)") do
+      rows[name:gsub("%s+$", "")] = { tonumber(l0), tonumber(last) }
+    end
+    assert.truthy(rows.lutra, out)
+    local expect = torch and { "torch", "torch*" } or {}
+    if mpi then expect[#expect + 1] = "lutra x2" end
+    for _, name in ipairs(expect) do
+      assert.truthy(rows[name], name .. " in\n" .. out)
+      assert.near(rows.lutra[1], rows[name][1], 1e-3, name .. " in\n" .. out) -- step 0
+      assert.near(rows.lutra[2], rows[name][2], 1e-3, name .. " in\n" .. out) -- the last step
+    end
+  end)
+  it("bench/tokenizer.lua: lutra and tiktoken (where installed), the same ids", function()
+    local out, rc = H.sh("./lutra bench/tokenizer.lua --quick")
+    assert.are.equal(0, rc, out)
+    assert.truthy(out:find("\nlutra +[%d.]+ MB/s"), out)
+    if has("PYTHONPATH=data/pylib python3 -c 'import tiktoken'") then
+      assert.truthy(out:find("ids, lutra against tiktoken: all %d+ the same"), out)
+    end
   end)
 end)
