@@ -67,6 +67,7 @@ end
 
 local _, world = lt.dist.init()
 if cfg.peer ~= "" then -- the 2-rank side, under mpirun: bench/interleave.lua's peer protocol
+  if world ~= 2 then error("train_cpu: the 2-rank side runs as 2 ranks (this lutra built without MPI?)", 0) end
   local step = trainer(cfg.peer, world)
   I.serve(function(cmd)
     if cmd == "rss" then return { peak_rss = peak_rss() } end
