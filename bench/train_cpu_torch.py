@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """bench/train_cpu_torch.py: the PyTorch side of bench/train_cpu.lua: the same
-GPT-2 config (bench/model_cpu_torch.py's model) trained for the same steps
-on random tokens with AdamW (fused=False: the CPU has no fused kernel),
-gradient clipping at 1.0 and the same batch and threads. Prints one JSON
-line: tokens/s (steps after the first), peak RSS in bytes.
-Arguments: n_layer n_head n_embd vocab_size block_size B T threads steps.
+GPT-2 (bench/model_cpu_torch.py's model) from the weights lutra saved,
+trained on the batches lutra saved (x, y: steps x B x T) with AdamW as
+lutra's (decay on the matrices only; the unfused step: the CPU has no fused
+kernel) and gradient clipping at 1.0. Serves bench/interleave.lua's
+commands (bench/interleave.py): "step I" (training step I on batch I,
+timed), "rss" (peak RSS in bytes). Arguments:
+weights.safetensors batches.safetensors n_layer n_head n_embd vocab_size block_size threads.
 """
-import json
 import os
 import resource
 import sys
@@ -15,33 +16,36 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_cpu_torch import build  # noqa: E402
+from interleave import serve  # noqa: E402
+from model_cpu_torch import hello, load, load_safetensors  # noqa: E402
 
 
 def main():
-    L, NH, C, V, BS, B, T, threads, steps = (int(a) for a in sys.argv[1:10])
+    weights, batches = sys.argv[1], sys.argv[2]
+    L, NH, C, V, BS, threads = (int(a) for a in sys.argv[3:9])
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = build(L, NH, C, V, BS)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator().manual_seed(1)
-    t_first = None
-    t0 = time.perf_counter()
-    for step in range(steps + 1):
-        idx = torch.randint(0, V, (B, T), generator=g)
-        tgt = torch.randint(0, V, (B, T), generator=g)
-        loss = model(idx, tgt)
+    model = load(weights, L, NH, C, V, BS)
+    b = load_safetensors(batches)
+    xs, ys = b["x"].long(), b["y"].long()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    def handle(cmd):
+        if cmd == "rss":
+            return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        i = int(cmd.split()[1])
+        t0 = time.perf_counter()
+        loss = model(xs[i], ys[i])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        loss.item()
-        if step == 0:
-            t_first = time.perf_counter()
-    dt = time.perf_counter() - t_first
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"torch": torch.__version__, "tokens_per_s": steps * B * T / dt, "seconds": dt,
-                      "peak_rss": rss, "threads": torch.get_num_threads(), "loss": float(loss)}))
+        loss = loss.item()
+        return {"seconds": time.perf_counter() - t0, "loss": loss}
+
+    serve(handle, hello(model))
 
 
 if __name__ == "__main__":
