@@ -76,6 +76,7 @@ describe("the lutra executable", function()
       { "data=/no/such", "--data=/no/such holds no train_*.bin shards" },
       { "vocab=/no/such", "--vocab=/no/such cannot be read" },
       { "log_all_ranks=maybe", "config: --log_all_ranks=maybe is not a boolean" },
+      { "threads=-1", "--threads must be a whole number >= 0 and <= 1024 (0: every core), got -1" },
       { "stpes=3", "config: unknown setting --stpes (did you mean --steps?)" },
     }
     local script = {}
@@ -294,7 +295,7 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of
     assert.truthy(out:find("--threads needs a whole number of threads 1..1024, got '0'", 1, true), out)
     out, rc = sh("./lutra recipes/gpt2.lua --threads=1.5 2>&1")
     assert.are.equal(1, rc)
-    assert.truthy(out:find("--threads must be a whole number of threads 1..1024 (0: every core), got 1.5", 1, true), out)
+    assert.truthy(out:find("lutra: --threads must be a whole number >= 0 and <= 1024 (0: every core), got 1.5", 1, true), out)
   end)
   it("rejects unknown options", function()
     local out, rc = sh("./lutra --bogus")
