@@ -49,14 +49,7 @@ local function torch(env_prefix)
   return nil, out:sub(-300)
 end
 
-local function median(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  if n == 0 then return 0 / 0 end
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = require("bench.interleave").median
 
 local function env(k) return os.getenv(k) or "unset" end
 local sides = {

@@ -12,11 +12,7 @@ local H = require "harness"
 local ROOT
 local function root()
   if ROOT then return ROOT end
-  -- a fresh directory named by rank 0 (shared by the ranks of this node)
-  local name = lt.dist.rank() == 0 and os.tmpname() or ""
-  local id = lt.tensor({ #name > 0 and tonumber(name:match("(%w+)$"), 36) or 0 }, { dtype = "i64" })
-  lt.dist.broadcast(id)
-  ROOT = ("/tmp/lutra-dist-ckpt-%d"):format(id:item())
+  ROOT = H.shared_dir("lutra-dist-ckpt")
   if lt.dist.rank() == 0 then
     os.execute("mkdir -p " .. ROOT .. "/data")
     lt.data.write_shard(ROOT .. "/data/train_000000.bin", lt.randint(0, 512, { 8000 }, { generator = lt.Generator(3) }), 512)

@@ -12,6 +12,16 @@ function H.test(name, fn) H.tests[#H.tests + 1] = { name, fn } end
 --- asserts that fn raises on this rank with every fragment in its message
 H.raises = require("tests.lua.helpers").assert_error
 
+--- H.shared_dir(prefix) -> "/tmp/<prefix>-<id>": a path rank 0 chose afresh
+-- (from os.tmpname), the same on every rank (shared by the ranks of this
+-- node). Collective: every rank calls it. The caller makes the directory.
+function H.shared_dir(prefix)
+  local name = lt.dist.rank() == 0 and os.tmpname() or ""
+  local id = lt.tensor({ #name > 0 and tonumber(name:match("(%w+)$"), 36) or 0 }, { dtype = "i64" })
+  lt.dist.broadcast(id)
+  return ("/tmp/%s-%d"):format(prefix, id:item())
+end
+
 function H.close(a, b, tol, what)
   local d = (a:to("f64") - b:to("f64")):abs():max():item()
   assert(d <= (tol or 0), ("%s: max abs difference %g"):format(what or "values", d))

@@ -10,11 +10,7 @@ local H = require "harness"
 local ROOT
 local function root()
   if ROOT then return ROOT end
-  -- a fresh directory named by rank 0 (shared by the ranks of this node)
-  local name = lt.dist.rank() == 0 and os.tmpname() or ""
-  local id = lt.tensor({ #name > 0 and tonumber(name:match("(%w+)$"), 36) or 0 }, { dtype = "i64" })
-  lt.dist.broadcast(id)
-  ROOT = ("/tmp/lutra-dist-loader-%d"):format(id:item())
+  ROOT = H.shared_dir("lutra-dist-loader")
   if lt.dist.rank() == 0 then
     os.execute("mkdir -p " .. ROOT)
     -- shards of consecutive ids (a window's first token / T names it): 5 and 6 windows of T = 4, 11 in all
