@@ -1,16 +1,19 @@
 --- recipes/prepare.lua: text -> token shards (llm.c's format) for training.
 -- The input is a directory of .txt files (each file one document, in
 -- sorted order) or a .jsonl file (one document per line, the text in
--- --field); a single text file is one document, refused (below). Each document is encoded with GPT-2's BPE on all
--- threads and followed by <|endoftext|>; documents go to the validation
--- split deterministically (one in every 1/val_frac), the rest to training;
+-- --field), or a single text file. Each document is encoded with GPT-2's
+-- BPE on all threads and followed by <|endoftext|>; documents go to the
+-- validation split deterministically (one in every 1/val_frac), the rest to
+-- training. A single text file is cut in two at a line boundary, as
+-- nanoGPT's prepare scripts split one text: its first 1 - val_frac of the
+-- bytes (up to the end of a line) train, the rest validates, each part a
+-- document; a file of one line, or whose training part would be empty, is
+-- refused (training would get no tokens);
 -- each split is cut into shards of --shard_size tokens named
 -- <out>/train_000000.bin, <out>/val_000000.bin, ... The output depends only
 -- on the input and the settings. An --out that holds anything is refused
 -- (old shards there would be read with the new ones) unless --overwrite,
--- which deletes its train_*.bin and val_*.bin first; input of a single
--- document (which goes whole to validation) is refused, as training would
--- get no tokens.
+-- which deletes its train_*.bin and val_*.bin first.
 --
 --   ./lutra recipes/prepare.lua --input=/usr/share/doc/python3.11/html/_sources --out=data/pydocs
 local lt = require "lutra"
@@ -28,19 +31,46 @@ local cfg = lt.config {
   overwrite = false, -- into an --out that is not empty: its old shards deleted
   quiet = false,
   _help = {
-    input = "a directory of .txt files (one document each) or a .jsonl file (one per line)",
+    input = "a directory of .txt files (one document each), a .jsonl file (one per line) or one text file (cut in two)",
     out = "the directory for train_*.bin and val_*.bin", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
     vocab_sha256 = "the vocabulary's SHA-256: empty for GPT-2's where the file is named gpt2.tiktoken, any for no check",
-    shard_size = "tokens per shard", val_frac = "the share of documents for validation (one in every 1/val_frac)",
+    shard_size = "tokens per shard", val_frac = "the share of documents for validation (one in every 1/val_frac; of one text file's bytes)",
     field = "the text's field in each .jsonl line", batch_mb = "MB of text encoded per parallel batch",
     on_invalid_utf8 = "error, or replace (with U+FFFD)", quiet = "no progress line",
     overwrite = "write into a non-empty --out, deleting its train_*.bin and val_*.bin first",
   },
 }
 
+-- every setting checked before anything is read or written; a bad setting
+-- or input is a settings error (the message alone, without a traceback)
+local fail = lt.config.fail
+lt.config.check(cfg, {
+  input = { nonempty = true }, out = { nonempty = true }, vocab = { nonempty = true }, field = { nonempty = true },
+  shard_size = { int = true, min = 1 }, val_frac = { gt = 0, lt = 1 }, batch_mb = { gt = 0 },
+  on_invalid_utf8 = { one_of = { "error", "replace" } },
+})
+
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
---- The documents as a list of {name =, read = function() -> text}.
+--- One text's two parts {train, val}, cut at the end of the line holding
+-- byte (1 - val_frac) * #text (at least one line on each side); nil, why
+-- where no cut leaves text on both sides.
+local function cut_text(text, val_frac)
+  local at = math.floor(#text * (1 - val_frac))
+  local eol = text:find("\n", math.max(at, 1), true)
+  if eol == #text then eol = nil end -- (the last line: try the line before it)
+  if not eol then
+    local before = text:sub(1, math.max(at, 1)):match("^.*()\n")
+    eol = before and before < #text and before or nil
+  end
+  if not eol then return nil, "a single line, which cannot be cut into a training and a validation part" end
+  local train, val = text:sub(1, eol), text:sub(eol + 1)
+  if not train:match("%S") then return nil, "no text before its validation part" end
+  if not val:match("%S") then return nil, "no text after its training part" end
+  return train, val
+end
+
+--- The documents as a list of {name =, read = function() -> text[, split =]}.
 local function documents(input)
   local docs = {}
   local probe = io.open(input, "rb")
@@ -57,9 +87,9 @@ local function documents(input)
       end }
     end
     p:close()
-    if #docs == 0 then error(("prepare: no .txt files under %s"):format(input)) end
+    if #docs == 0 then fail(("prepare: no .txt files under %s"):format(input)) end
   elseif not probe then
-    error(("prepare: cannot open %s"):format(input))
+    fail(("prepare: cannot open %s"):format(input))
   elseif input:match("%.jsonl$") then
     local n = 0
     for line in probe:lines() do
@@ -67,16 +97,23 @@ local function documents(input)
       if line:match("%S") then
         local ok, obj = pcall(lt.json.decode, line)
         if not ok or type(obj) ~= "table" or type(obj[cfg.field]) ~= "string" then
-          error(("prepare: %s line %d: not a JSON object with a string field '%s'"):format(input, n, cfg.field))
+          fail(("prepare: %s line %d: not a JSON object with a string field '%s'"):format(input, n, cfg.field))
         end
         local text = obj[cfg.field]
         docs[#docs + 1] = { name = ("%s:%d"):format(input, n), read = function() return text end }
       end
     end
-    if #docs == 0 then error(("prepare: %s holds no documents (%d lines, none with text)"):format(input, n)) end
+    if #docs == 0 then fail(("prepare: %s holds no documents (%d lines, none with text)"):format(input, n)) end
   else
     local text = probe:read("*a")
-    docs[1] = { name = input, read = function() return text end }
+    probe:close()
+    local train, val = cut_text(text, cfg.val_frac)
+    if not train then
+      fail(("prepare: %s holds %s: training would get 0 tokens; give a longer text, a directory of .txt files or a .jsonl file (one document per line)")
+        :format(input, val))
+    end
+    return { { name = input .. " (training part)", read = function() return train end, split = "train" },
+      { name = input .. " (validation part)", read = function() return val end, split = "val" } }
   end
   if probe then probe:close() end
   return docs
@@ -88,7 +125,7 @@ local function entries(dir)
   local rc = os.execute("test -e " .. shell_quote(dir))
   if not (rc == 0 or rc == true) then return {} end
   rc = os.execute("test -d " .. shell_quote(dir))
-  if not (rc == 0 or rc == true) then error(("prepare: --out=%s is not a directory"):format(dir), 0) end
+  if not (rc == 0 or rc == true) then fail(("prepare: --out=%s is not a directory"):format(dir)) end
   local names = {}
   local p = io.popen("LC_ALL=C ls -A " .. shell_quote(dir))
   for name in p:lines() do names[#names + 1] = name end
@@ -103,13 +140,13 @@ local function prepare_out(out)
   if #names > 0 and not cfg.overwrite then
     local shown = {}
     for k = 1, math.min(3, #names) do shown[k] = names[k] end
-    error(("prepare: --out=%s is not empty (%d entries: %s%s); shards already there would be read with the new ones: pass --overwrite to delete its train_*.bin and val_*.bin first, or give another --out")
-      :format(out, #names, table.concat(shown, ", "), #names > 3 and ", ..." or ""), 0)
+    fail(("prepare: --out=%s is not empty (%d entries: %s%s); shards already there would be read with the new ones: pass --overwrite to delete its train_*.bin and val_*.bin first, or give another --out")
+      :format(out, #names, table.concat(shown, ", "), #names > 3 and ", ..." or ""))
   end
   for _, name in ipairs(names) do
     if name:match("^train_%d+%.bin$") or name:match("^val_%d+%.bin$") then
       local ok, err = os.remove(out .. "/" .. name)
-      if not ok then error(("prepare: --overwrite: cannot delete %s/%s: %s"):format(out, name, tostring(err)), 0) end
+      if not ok then fail(("prepare: --overwrite: cannot delete %s/%s: %s"):format(out, name, tostring(err))) end
     end
   end
   os.execute("mkdir -p " .. shell_quote(out))
@@ -121,13 +158,13 @@ local ok_tok, tok = pcall(lt.tokenizer.load, cfg.vocab, { sha256 = want_sha256 }
 if not ok_tok then -- (in the terms of this recipe's settings)
   local msg = tostring(tok):gsub("^tokenizer%.load: ", ""):gsub("load it with {sha256 = false}", "pass --vocab_sha256=any")
     :gsub("sha256 must be 64 hex digits or false", "--vocab_sha256 must be 64 hex digits, any or empty")
-  error("prepare: " .. msg, 0)
+  fail("prepare: " .. msg)
 end
 local docs = documents(cfg.input)
 if #docs == 1 then
   -- documents go whole to one split, the first to validation: training would get nothing
-  error(("prepare: %s is a single document, which goes whole to the validation split, leaving 0 training tokens; give a directory of several .txt files (split -l 1000 --additional-suffix=.txt FILE DIR/part_ cuts one) or a .jsonl file (one document per line)")
-    :format(docs[1].name), 0)
+  fail(("prepare: %s is a single document, which goes whole to the validation split, leaving 0 training tokens; give several documents (a directory of .txt files, a .jsonl file of several lines) or the text as one file, which is cut in two")
+    :format(docs[1].name))
 end
 prepare_out(cfg.out)
 
@@ -184,14 +221,14 @@ while i <= #docs do
     local text = docs[i].read()
     texts[#texts + 1] = text
     names[#names + 1] = docs[i].name
-    which[#which + 1] = ((i - 1) % every == 0) and "val" or "train"
+    which[#which + 1] = docs[i].split or (((i - 1) % every == 0) and "val" or "train")
     size = size + #text
     i = i + 1
   end
   local ok, ids, ends = pcall(tok.encode_many, tok, texts, { on_invalid_utf8 = cfg.on_invalid_utf8 })
   if not ok then
     local d = tonumber(tostring(ids):match("document (%d+)"))
-    error(("prepare: %s: %s"):format(d and names[d] or "a document", tostring(ids):gsub("^.-document %d+: ", "")), 0)
+    fail(("prepare: %s: %s"):format(d and names[d] or "a document", tostring(ids):gsub("^.-document %d+: ", "")))
   end
   local from = 0
   for k = 1, #texts do

@@ -9,12 +9,15 @@
 -- greedy), top_k (0: off), top_p (1: off), seed; it stops at <|endoftext|>
 -- or after max_tokens. A prompt longer than the model's context is refused
 -- unless --truncate (keep its end). Output is printed as whole UTF-8
--- characters as the tokens arrive; a last line gives tokens/s.
+-- characters as the tokens arrive; a last line gives tokens/s. The
+-- defaults (the prompt "This module provides", temperature 1, no top-k or
+-- top-p) are the main job's, which suit its small model: sharper sampling
+-- draws mostly the documentation's whitespace (recipes/gpt2.lua says more).
 local lt = require "lutra"
 
 local cfg = lt.config {
-  ckpt = "", prompt = "The ", vocab = "data/gpt2.tiktoken", max_tokens = 200, temperature = 0.8, top_k = 0,
-  top_p = 0.95, seed = 1, truncate = false, cache = true, device = "cpu", dtype = "f32",
+  ckpt = "", prompt = "This module provides", vocab = "data/gpt2.tiktoken", max_tokens = 200, temperature = 1,
+  top_k = 0, top_p = 1, seed = 1, truncate = false, cache = true, device = "cpu", dtype = "f32",
   _help = {
     ckpt = "a lutra checkpoint (step_* or a run's ckpt directory: its newest) or a Hugging Face directory",
     prompt = "the text to continue", vocab = "GPT-2's BPE vocabulary (tiktoken format)",
@@ -26,7 +29,16 @@ local cfg = lt.config {
     device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16",
   },
 }
-if cfg.ckpt == "" then error("sample: --ckpt=<checkpoint or Hugging Face directory> is required", 0) end
+if cfg.ckpt == "" then lt.config.fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
+-- every setting checked before the model is read
+lt.config.check(cfg, {
+  vocab = { nonempty = true }, max_tokens = { int = true, min = 1 }, temperature = { min = 0, why = "0: greedy" },
+  top_k = { int = true, min = 0, why = "0: all" }, top_p = { gt = 0, max = 1, why = "1: all" },
+  seed = { int = true, min = 0, max = 2 ^ 53 }, dtype = { one_of = { "f32", "bf16", "f16" } },
+})
+if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
+  lt.config.fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
+end
 
 local model
 if io.open(cfg.ckpt .. "/config.json") then
@@ -60,6 +72,7 @@ local ids, reason = lt.generate(model, prompt, {
   end,
 })
 io.write(dec:flush(), "\n")
+io.stdout:flush() -- (the text before the line on stderr, where both go to one pipe)
 local dt = lt.clock() - t0
 io.stderr:write(("sample: %d tokens in %.2f s (%.1f tokens/s), stopped at %s\n"):format(#ids, dt, #ids / dt,
   reason == "stop" and "<|endoftext|>" or "max_tokens"))

@@ -350,17 +350,50 @@ describe("recipes/prepare.lua", function()
     assert.truthy(text:find("small.jsonl document 2", 1, true), text)
     os.execute("rm -rf " .. d)
   end)
-  it("refuses a single document (a text file), which would leave training 0 tokens", function()
+  it("cuts a single text file in two at a line boundary (train, then val), and refuses one that cannot be cut", function()
     local d = tmpdir()
+    local lines = {}
+    for i = 1, 40 do lines[i] = ("line %d of the only text\n"):format(i) end
     local f = assert(io.open(d .. "/one.txt", "w"))
-    f:write("just one document\n")
+    f:write(table.concat(lines))
     f:close()
-    local out, rc = run(("./lutra recipes/prepare.lua --input=%s/one.txt --out=%s/out --quiet"):format(d, d))
+    local out, rc = run(("./lutra recipes/prepare.lua --input=%s/one.txt --out=%s/out --val_frac=0.1 --quiet"):format(d, d))
+    assert.are.equal(0, rc, out)
+    local tok = lt.tokenizer.load()
+    local function text_of(split)
+      local ids = {}
+      local l = lt.data.shards { path = d .. "/out/" .. split, batch = 1, seq = 1, shuffle = false, epochs = 1 }
+      for x, y in l:batches() do ids[#ids + 1] = x:item() end
+      l:close()
+      return tok:decode(ids)
+    end
+    -- (a shard's last token is never a window's input: the <|endoftext|> closing each part)
+    local train, val = text_of("train"), text_of("val")
+    assert.are.equal(table.concat(lines, "", 1, 36), train)
+    assert.are.equal(table.concat(lines, "", 37, 40), val)
+    f = assert(io.open(d .. "/short.txt", "w"))
+    f:write("just one line of text\n")
+    f:close()
+    out, rc = run(("./lutra recipes/prepare.lua --input=%s/short.txt --out=%s/short --quiet"):format(d, d))
     assert.are_not.equal(0, rc)
-    assert.truthy(out:find(d .. "/one.txt is a single document", 1, true), out)
-    assert.truthy(out:find("0 training tokens", 1, true), out)
-    assert.are.same({ "one.txt" }, listing(d)) -- no --out made
+    assert.truthy(out:find(d .. "/short.txt holds a single line, which cannot be cut", 1, true), out)
+    assert.truthy(out:find("training would get 0 tokens", 1, true), out)
+    assert.falsy(out:find("traceback", 1, true), out)
+    assert.is_nil(io.open(d .. "/short")) -- no --out made
     os.execute("rm -rf " .. d)
+  end)
+  it("checks its settings before reading anything: the message alone", function()
+    for _, c in ipairs {
+      { "--val_frac=0", "--val_frac must be a number > 0 and < 1, got 0" },
+      { "--shard_size=0", "--shard_size must be a whole number >= 1, got 0" },
+      { "--batch_mb=-1", "--batch_mb must be a number > 0, got -1" },
+      { "--on_invalid_utf8=skip", '--on_invalid_utf8 must be one of error, replace, got "skip"' },
+    } do
+      local out, rc = run("./lutra recipes/prepare.lua --input=/no/such --out=/no/such/out " .. c[1])
+      assert.are.equal(1, rc, out)
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), out)
+      assert.falsy(out:find("traceback", 1, true), out)
+    end
   end)
 end)
 

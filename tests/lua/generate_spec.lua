@@ -245,6 +245,21 @@ describe("lt.generate", function()
     p:close()
     assert.truthy(out:find("rc=0", 1, true), out)
     assert.truthy(out:find("^Hello"), out)
-    assert.truthy(out:find("sample: 5 tokens", 1, true), out)
+    assert.truthy(out:find("\nsample: 5 tokens", 1, true), out) -- (the text flushed before the line on stderr)
+    -- settings checked before the model is read: the message alone
+    for _, c in ipairs {
+      { "--top_p=0", "--top_p must be a number > 0 and <= 1 (1: all), got 0" },
+      { "--max_tokens=0", "--max_tokens must be a whole number >= 1, got 0" },
+      { "--temperature=-1", "--temperature must be a number >= 0 (0: greedy), got -1" },
+      { "--device=tpu", '--device must be cpu, cuda or cuda:N, got "tpu"' },
+    } do
+      p = io.popen(("./lutra recipes/sample.lua --ckpt=%s %s 2>&1; echo rc=$?"):format(dir, c[1]))
+      out = p:read("*a")
+      p:close()
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), out)
+      assert.truthy(out:find("rc=1", 1, true), out)
+      assert.falsy(out:find("traceback", 1, true), out)
+    end
+    os.execute("rm -rf " .. dir)
   end)
 end)
