@@ -52,8 +52,8 @@ if #prompt == 0 then prompt = { tok.eot } end
 local vocab = model.config.vocab_size
 for _, id in ipairs(prompt) do
   if id >= vocab then
-    error(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab)")
-      :format(cfg.vocab, id, vocab), 0)
+    lt.config.fail(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab), or the --prompt holds tokens the model does not know")
+      :format(cfg.vocab, id, vocab))
   end
 end
 

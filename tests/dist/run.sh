@@ -46,7 +46,7 @@ else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"
 # the weights of a 2-rank ZeRO 3 checkpoint, sampled by one process (no mpirun)
 dir=$(mktemp -d /tmp/lutra-dist-sample.XXXXXX)
 out=$(timeout 120 $MPIRUN -np 2 ./lutra tests/dist/jobs/save_checkpoint.lua --out="$dir" --stage=3 2>&1 \
-      && timeout 60 ./lutra recipes/sample.lua --ckpt="$dir/job/ckpt" --max_tokens=4 --temperature=0 2>&1)
+      && timeout 60 ./lutra recipes/sample.lua --ckpt="$dir/job/ckpt" --prompt=The --max_tokens=4 --temperature=0 2>&1)
 if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint"
 else notok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint" "$out"; fi
 rm -rf "$dir"
