@@ -26,7 +26,21 @@ local cfg = lt.config {
     device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16",
   },
 }
-if cfg.ckpt == "" then error("sample: --ckpt=<checkpoint or Hugging Face directory> is required", 0) end
+local fail = lt.config.fail
+if cfg.ckpt == "" then fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
+if #cfg.args > 0 then
+  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
+end
+-- every setting checked before the model loads: a bad one is a settings error naming it
+local whole = function(lo, why) return { int = true, min = lo, why = why } end
+lt.config.check(cfg, {
+  max_tokens = whole(0), temperature = { min = 0, why = "0: greedy" }, top_k = whole(0, "0: all"),
+  top_p = { min = 0, max = 1, why = "1: all" }, seed = { int = true, min = 0, max = 2 ^ 53 },
+  vocab = { nonempty = true },
+})
+if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
+  fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
+end
 
 local model
 if io.open(cfg.ckpt .. "/config.json") then
