@@ -40,7 +40,8 @@ endif
 PKGS := luajit openblas libedit libcjson libpcre2-8 libmd
 MISSING := $(strip $(foreach p,$(PKGS),$(if $(shell $(PKG_CONFIG) --exists $(p) && echo y),,$(p))))
 ifneq ($(MISSING),)
-  ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
+  # (make demo installs them itself: its deps step runs before the sub-make that builds)
+  ifeq ($(filter deps clean demo,$(MAKECMDGOALS)),)
     $(error missing packages: $(MISSING); run 'make deps' (Debian) first)
   endif
 endif
@@ -100,7 +101,7 @@ else
   MPI_FOUND := no (MPI=0)
 endif
 
-ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+ifeq ($(filter clean deps demo,$(MAKECMDGOALS)),)
   $(info lutra build: LuaJIT $(shell $(PKG_CONFIG) --modversion luajit), OpenBLAS $(shell $(PKG_CONFIG) --modversion openblas), libedit, cJSON $(shell $(PKG_CONFIG) --modversion libcjson), PCRE2 $(shell $(PKG_CONFIG) --modversion libpcre2-8), libmd $(shell $(PKG_CONFIG) --modversion libmd); CUDA: $(CUDA_FOUND); MPI: $(MPI_FOUND))
 endif
 

@@ -82,6 +82,9 @@ lt.config.check(cfg, {
   threads = { int = true, min = 0, max = 1024, why = "0: every core" },
 })
 local fail = lt.config.fail
+if #cfg.args > 0 then -- "steps=3" (no --) would otherwise be dropped and the default run start
+  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
+end
 if cfg.min_lr > cfg.lr then fail(("--min_lr=%g is above --lr=%g (the rate decays from lr to min_lr)"):format(cfg.min_lr, cfg.lr)) end
 if cfg.n_embd % cfg.n_head ~= 0 then
   fail(("--n_embd=%d is not a multiple of --n_head=%d (each head takes n_embd / n_head channels)"):format(cfg.n_embd,
@@ -178,7 +181,10 @@ local mib = lt.train.format_bytes
 say(("memory per rank: parameters %s, gradients %s, optimizer state %s%s"):format(mib(mem.params), mib(mem.grads),
   mib(mem.optimizer), mem.buffers > 0 and (", all-reduce buckets %s"):format(mib(mem.buffers)) or ""))
 local vl = summary.val_loss
-local how = vl and ("validation loss %.3f, unigram baseline %.3f: %.2f nats %s"):format(vl, baseline,
+-- (an interrupted run's last evaluation may be an earlier step's, even step 0's: say which)
+local at = vl and summary.val_step and (summary.interrupted or summary.preempted)
+  and (" (at step %d)"):format(summary.val_step) or ""
+local how = vl and ("validation loss %.3f%s, unigram baseline %.3f: %.2f nats %s"):format(vl, at, baseline,
   math.abs(baseline - vl), vl <= baseline and "below" or "above") or "no evaluation ran"
 -- (a run resumed at its last step has nothing to do: no rate to print)
 local rate = summary.steps > 0 and summary.seconds > 0 and (" (%.0f tokens/s)"):format(summary.tokens / summary.seconds) or ""

@@ -29,15 +29,19 @@ local cfg = lt.config {
     device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16",
   },
 }
-if cfg.ckpt == "" then lt.config.fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
--- every setting checked before the model is read
+local fail = lt.config.fail
+if cfg.ckpt == "" then fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
+if #cfg.args > 0 then
+  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
+end
+-- every setting checked before the model is read: a bad one is a settings error naming it
 lt.config.check(cfg, {
   vocab = { nonempty = true }, max_tokens = { int = true, min = 1 }, temperature = { min = 0, why = "0: greedy" },
   top_k = { int = true, min = 0, why = "0: all" }, top_p = { gt = 0, max = 1, why = "1: all" },
   seed = { int = true, min = 0, max = 2 ^ 53 }, dtype = { one_of = { "f32", "bf16", "f16" } },
 })
 if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
-  lt.config.fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
+  fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
 end
 
 local model
@@ -52,7 +56,7 @@ if #prompt == 0 then prompt = { tok.eot } end
 local vocab = model.config.vocab_size
 for _, id in ipairs(prompt) do
   if id >= vocab then
-    lt.config.fail(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab), or the --prompt holds tokens the model does not know")
+    fail(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab), or the --prompt holds tokens the model does not know")
       :format(cfg.vocab, id, vocab))
   end
 end

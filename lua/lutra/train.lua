@@ -272,7 +272,7 @@ local function check_opts(raw)
   return o
 end
 
---- lt.train(settings) -> summary {steps =, loss =, val_loss =, skipped =, tokens =, seconds =, interrupted =,
+--- lt.train(settings) -> summary {steps =, loss =, val_loss =, val_step = (the step val_loss was measured at), skipped =, tokens =, seconds =, interrupted =,
 -- preempted =, checkpoint =, resumed_from =, optimizer_steps =}; steps counts the steps this call ran.
 function M.run(settings)
   local o = check_opts(settings)
@@ -500,7 +500,7 @@ function M.run(settings)
   local function validate(step)
     if val_start then o.val:load_state(val_start) end
     local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
-    summary.val_loss = vl
+    summary.val_loss, summary.val_step = vl, step
     record({ step = step, val_loss = vl })
     say(("step %5d/%d | val loss %.4f%s"):format(step, o.steps, vl, step == 0 and " (before training)" or ""))
     return vl

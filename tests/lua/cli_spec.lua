@@ -297,6 +297,20 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of
     assert.are.equal(1, rc)
     assert.truthy(out:find("lutra: --threads must be a whole number >= 0 and <= 1024 (0: every core), got 1.5", 1, true), out)
   end)
+  it("refuses the recipes' stray arguments and sample.lua's bad settings without a traceback", function()
+    for _, cmd in ipairs {
+      { "./lutra recipes/gpt2.lua steps=3 2>&1", 'lutra: unexpected argument "steps=3"' },
+      { "./lutra recipes/sample.lua --ckpt=nowhere max_tokens=3 2>&1", 'lutra: unexpected argument "max_tokens=3"' },
+      { "./lutra recipes/sample.lua --ckpt=nowhere --temperature=-1 2>&1", "lutra: --temperature must be a number >= 0" },
+      { "./lutra recipes/sample.lua 2>&1", "lutra: sample: --ckpt=" },
+      { "./lutra recipes/prepare.lua out=x 2>&1", 'lutra: unexpected argument "out=x"' },
+    } do
+      local out, rc = sh(cmd[1])
+      assert.are.equal(1, rc, out)
+      assert.truthy(out:find(cmd[2], 1, true), out)
+      assert.falsy(out:find("traceback", 1, true), out)
+    end
+  end)
   it("rejects unknown options", function()
     local out, rc = sh("./lutra --bogus")
     assert.are.equal(1, rc)
