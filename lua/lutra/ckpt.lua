@@ -256,6 +256,7 @@ end
 -- keep_last = N > 0 then removes all but the newest N complete checkpoints.
 -- Saving a step that exists replaces it only once the new one is complete.
 -- Errors: I/O failures name the file; nothing half-written is left visible.
+-- A Ctrl-C during the save is taken after it (the checkpoint is whole).
 local function save_local(dir, o)
   if type(dir) ~= "string" or dir == "" then error("ckpt.save: dir must be a non-empty string", 2) end
   if type(o) ~= "table" or not o.model then error("ckpt.save: expects {model =, opt =, step =, ...}", 2) end
@@ -446,14 +447,24 @@ end
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
 -- ranks (lt.dist) with dist = true every rank calls it and each writes its part.
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
+-- A Ctrl-C during the save waits for it (lt_interrupt_defer): the
+-- checkpoint is written whole, then the interrupt is taken by the next op
+-- (lt.train checks for it and stops there).
 function M.save(dir, o)
   local save = (type(o) == "table" and o.dist and lt.dist.world_size() > 1) and save_job or save_local
   local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
-  if not sharded then return save(dir, o) end
-  o.opt:unshard()
-  local ok, res = pcall(save, dir, o)
-  o.opt:reshard()
-  if not ok then error(res, 0) end
+  local outer = C.lt_interrupt_deferred() ~= nil -- (inside work that defers already: its end takes it)
+  if not outer then C.lt_interrupt_defer(1, "the checkpoint save") end
+  local ok, res = pcall(function()
+    if not sharded then return save(dir, o) end
+    o.opt:unshard()
+    local ok2, res2 = pcall(save, dir, o)
+    o.opt:reshard()
+    if not ok2 then error(res2, 0) end
+    return res2
+  end)
+  if not outer then C.lt_interrupt_defer(0, nil) end
+  if not ok then error(res, 2) end
   return res
 end
 

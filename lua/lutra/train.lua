@@ -25,7 +25,8 @@
 -- does not advance). Ctrl-C stops after a message naming the last complete
 -- step (the summary's steps, loss and seconds are up to it): the step in
 -- progress is dropped with its partial gradients, except that an update
--- once begun is finished and recorded first (lt_interrupt_defer). lutra then
+-- once begun is finished and recorded first (lt_interrupt_defer), and so
+-- is a checkpoint being saved (the loop then stops after that step). lutra then
 -- exits with status 130 when the script ends. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare; a run that starts
@@ -470,9 +471,18 @@ function M.run(settings)
     local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
       config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
       extra = { skipped = summary.skipped, steps = o.steps } })
+    -- a Ctrl-C during the save waited for it (lt.ckpt.save defers it): taken
+    -- now, the run stops after this step with the checkpoint whole
+    local stop = C.lt_is_interrupted() ~= 0
+    if stop then C.lt_clear_interrupt() end
     record({ step = step, checkpoint = path })
     say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end
+    if stop then
+      summary.interrupted = true
+      say(("train: interrupted after step %d (loss %.4f) during its checkpoint, which was completed first; metrics in %s")
+        :format(step, summary.loss, metrics_path))
+    end
     return path
   end
 
@@ -676,7 +686,10 @@ function M.run(settings)
         summary.checkpoint = save(step)
         break
       end
-      if o.ckpt_every > 0 and (step % o.ckpt_every == 0 or step == o.steps) then summary.checkpoint = save(step) end
+      if o.ckpt_every > 0 and (step % o.ckpt_every == 0 or step == o.steps) then
+        summary.checkpoint = save(step)
+        if summary.interrupted then break end
+      end
     end
   end)
   C.lt_preempt_watch(0)

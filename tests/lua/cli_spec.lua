@@ -246,6 +246,37 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of
     os.remove(marker)
     os.remove(started)
   end)
+  it("finishes a checkpoint that a SIGINT interrupts, then stops lt.train after that step", function()
+    -- the SIGINT arrives as the save writes its optimizer file (lt.save wrapped: it signals the process itself)
+    local s = tmpfile([[
+local lt = require "lutra"
+local ffi = require "ffi"
+pcall(ffi.cdef, "int kill(int, int); int getpid(void);")
+local m = lt.models.gpt2("gpt2-tiny")
+local g = lt.Generator(1)
+local loader = { next = function()
+  local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
+  return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
+end, state = function() return { epoch = 0, index = 0 } end, load_state = function() end }
+local save, saves = lt.save, 0
+lt.save = function(...)
+  saves = saves + 1
+  if saves == 3 then ffi.C.kill(ffi.C.getpid(), 2) end -- (step 2's model.safetensors)
+  return save(...)
+end
+local out = os.tmpname() .. "-runs"
+local s = lt.train { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }), train = loader, steps = 5, out_dir = out,
+  ckpt_every = 1, log_every = 1000 }
+print("after training", s.interrupted, s.steps, lt.ckpt.verify(out .. "/run/ckpt/step_00000002"),
+  lt.ckpt.latest(out .. "/run/ckpt"):match("step_%d+$"))
+os.execute("rm -rf " .. out)
+]])
+    local out, rc = sh("./lutra " .. s .. " 2>&1")
+    assert.are.equal(130, rc, out)
+    assert.truthy(out:find("train: interrupted after step 2 (loss", 1, true), out)
+    assert.truthy(out:find("after training\ttrue\t2\ttrue\tstep_00000002", 1, true), out)
+    os.remove(s)
+  end)
   it("reads piped REPL input without prompts, keeps going after errors and then exits 1", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")
     local out, rc = sh("./lutra < " .. s .. " 2>/dev/null")
