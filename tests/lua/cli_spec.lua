@@ -61,7 +61,7 @@ describe("the lutra executable", function()
       { "name=", '--name must be a non-empty string, got ""' }, { "name=../x", '--name="../x" is not a run name' },
       { "warmup=-1", "--warmup must be" }, { "n_layer=0", "--n_layer must be" }, { "n_head=0", "--n_head must be" },
       { "n_embd=130", "--n_embd=130 is not a multiple of --n_head=4" }, { "seq=0", "--seq must be" },
-      { "batch=0", "--batch must be" }, { "accum=0", "--accum must be" },
+      { "batch=0", "--batch must be" }, { "batch=200 --eval_batches=0", "--batch=200 is more sequences than the validation shards" }, { "accum=0", "--accum must be" },
       { "weight_decay=-0.1", "--weight_decay must be" }, { "beta2=1", "--beta2 must be a number >= 0 and < 1, got 1" },
       { "clip=-1", "--clip must be" }, { "eval_every=-1", "--eval_every must be" },
       { "sample_every=-1", "--sample_every must be" }, { "sample_tokens=0", "--sample_tokens must be" },
