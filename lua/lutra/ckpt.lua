@@ -69,6 +69,21 @@ local function list_dir(dir)
   return out
 end
 
+-- a value in a message: strings quoted (1 and "1" differ)
+local function show(v) return type(v) == "string" and ("%q"):format(v) or tostring(v) end
+
+-- the keys of the tables given, sorted
+local function sorted_keys(...)
+  local seen, out = {}, {}
+  for _, t in ipairs { ... } do
+    for k in pairs(t) do
+      if not seen[k] then seen[k], out[#out + 1] = true, k end
+    end
+  end
+  table.sort(out, function(a, b) return tostring(a) < tostring(b) end)
+  return out
+end
+
 local function whole(v, lo)
   return type(v) == "number" and v == math.floor(v) and v >= (lo or 0) and v < 2 ^ 53
 end
@@ -94,6 +109,9 @@ local function read_state(path)
   if type(st.files) ~= "table" then return bad("files", "is missing") end
   if st.layout ~= nil and (type(st.layout) ~= "table" or not whole(st.layout.world_size or 1, 1)) then
     return bad("layout", "must be {world_size = n >= 1, ...}")
+  end
+  if st.layout and st.layout.zero ~= nil and not (whole(st.layout.zero) and st.layout.zero <= 3) then
+    return bad("layout.zero", "must be a ZeRO stage 0-3, got " .. tostring(st.layout.zero))
   end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
@@ -503,6 +521,28 @@ function M.load_model(path, opts)
   if not st then error("ckpt.load_model: " .. why, 2) end
   local mc = st.model_config
   if type(mc) ~= "table" then error(("ckpt.load_model: %s/state.json: the field 'model_config' is missing"):format(path), 2) end
+  -- state.json has no checksum of its own: its model_config must be the one
+  -- model.safetensors carries (checked first), so that an altered number
+  -- cannot build another (or a huge) model
+  if not verified then
+    local bad = verify_files(path, st, { "model.safetensors" })
+    if bad then error("ckpt.load_model: " .. bad, 2) end
+    verified = true
+  end
+  local rd_ok, reader = pcall(lt.safetensors.open, path .. "/model.safetensors")
+  if rd_ok then
+    local meta_ok, meta = pcall(reader.metadata, reader)
+    reader:close()
+    local cfg_ok, fcfg = pcall(json.decode, meta_ok and type(meta) == "table" and meta.config or "null")
+    if cfg_ok and type(fcfg) == "table" and next(fcfg) ~= nil then
+      for _, k in ipairs(sorted_keys(fcfg, mc)) do
+        if fcfg[k] ~= mc[k] then
+          error(("ckpt.load_model: %s/state.json: model_config.%s is %s, model.safetensors was saved with %s (an altered state.json)")
+            :format(path, k, show(mc[k]), show(fcfg[k])), 2)
+        end
+      end
+    end
+  end
   local cfg = {}
   for k, v in pairs(mc) do if k ~= "padded_vocab_size" then cfg[k] = v end end
   local model
@@ -594,7 +634,7 @@ function M.load(path, o)
         local s = st.model_config[k]
         if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" then
           error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
-            :format(path, k, tostring(s), tostring(v)), 2)
+            :format(path, k, show(s), show(v)), 2)
         end
       end
     end

@@ -221,6 +221,30 @@ describe("lt.ckpt", function()
       "model_config.tie_embeddings is true, the model's is false")
   end)
 
+  it("load_model builds the model model.safetensors was saved for: an altered state.json's model_config is refused", function()
+    local dir = ROOT .. "/altered-config"
+    local m = tiny(1)
+    local path = lt.ckpt.save(dir, { model = m, step = 1 })
+    local text = read(path .. "/state.json")
+    local function put(t)
+      local f = assert(io.open(path .. "/state.json", "wb"))
+      f:write(t)
+      f:close()
+    end
+    -- (a billion layers: before, load_model set out to build that model)
+    put((text:gsub('"n_layer":2', '"n_layer":1000000000')))
+    H.assert_error(function() lt.ckpt.load_model(dir) end,
+      "state.json: model_config.n_layer is 1000000000, model.safetensors was saved with 2 (an altered state.json)")
+    put((text:gsub('"n_layer":2', '"n_layer":"2"')))
+    H.assert_error(function() lt.ckpt.load_model(path) end, 'model_config.n_layer is "2", model.safetensors was saved with 2')
+    -- a layout field that is no ZeRO stage: a malformed checkpoint, named (was: a Lua comparison error in load)
+    put((text:gsub('"zero":0', '"zero":"x"')))
+    H.assert_error(function() lt.ckpt.load(path, { model = m, opt = lt.optim.AdamW(m, { lr = 1e-3 }) }) end,
+      "the field 'layout.zero' must be a ZeRO stage 0-3, got x")
+    put(text)
+    assert.are.equal(m:num_parameters(), lt.ckpt.load_model(dir):num_parameters())
+  end)
+
   it("keeps the newest keep_last checkpoints", function()
     local dir = ROOT .. "/keep"
     local m = tiny(1)
