@@ -231,17 +231,26 @@ end
 --- lt.ckpt.newest_verified(dir[, on_skip[, names]]) -> {step =, path =} of
 -- the newest checkpoint under dir that verify(path, names) passes, or nil
 -- when none does (or there is none). For each newer one it passes over,
--- on_skip(path, why) is called (why names the file and what is wrong).
--- lt.train's resume = "auto" (every file) and load_model (the weights'
--- file) take their checkpoint so.
+-- on_skip(path, why) is called (why names the file and what is wrong),
+-- a newer step_* directory that is not a complete checkpoint too (a
+-- broken state.json; lutra never leaves one under a step_* name); the
+-- second result is how many were passed over. lt.train's resume = "auto"
+-- (every file) and load_model (the weights' file) take their checkpoint so.
 function M.newest_verified(dir, on_skip, names)
-  local all = M.list(dir)
+  local all = {}
+  for _, name in ipairs(list_dir(dir)) do
+    local step = step_of(name)
+    if step and C.lt_path_kind(dir .. "/" .. name) == 2 then all[#all + 1] = { step = step, path = dir .. "/" .. name } end
+  end
+  table.sort(all, function(a, b) return a.step < b.step end)
+  local skipped = 0
   for i = #all, 1, -1 do
     local ok, why = M.verify(all[i].path, names)
-    if ok then return all[i] end
+    if ok then return all[i], skipped end
+    skipped = skipped + 1
     if on_skip then on_skip(all[i].path, why) end
   end
-  return nil
+  return nil, skipped
 end
 
 local function tensor_meta(opt_sd)

@@ -323,9 +323,10 @@ function M.run(settings)
   local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
-    if o.resume == "auto" then path = newest and newest.path end
-    if path and o.resume == "auto" then -- the newest whose files pass their checksums
-      newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
+    if o.resume == "auto" then path = nil end
+    if o.resume == "auto" then -- the newest whose files pass their checksums
+      local skipped
+      newest, skipped = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
         if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
       end)
       local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
@@ -334,11 +335,11 @@ function M.run(settings)
         error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
           :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
       end
-      if not newest then
-        error(("train: no checkpoint in %s passes its checksums (each is named above); remove them to start afresh")
-          :format(ckpt_dir), 2)
+      if not newest and (skipped or 0) > 0 then -- (none at all: a fresh start)
+        lt.config.fail(("train: no checkpoint in %s passes its checks (each is named above); remove them to start afresh")
+          :format(ckpt_dir))
       end
-      path = newest.path
+      path = newest and newest.path
     end
     if path then
       local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,

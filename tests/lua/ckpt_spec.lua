@@ -326,7 +326,20 @@ describe("lt.ckpt", function()
     corrupt(ten .. "/model.safetensors")
     out, rc = job("--name=crc --steps=10 --ckpt_every=5 --resume=auto")
     assert.are_not.equal(0, rc, out)
-    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checksums", 1, true), out)
+    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checks", 1, true), out)
+    assert.falsy(out:find("traceback", 1, true), out) -- (the user's files to fix: the message alone)
+    -- a newer step whose state.json is broken is named, not passed over in silence; alone, it is
+    -- not taken for no checkpoint at all (was: "no checkpoint ...: starting afresh")
+    local fifteen = dir .. "/step_00000015"
+    os.execute("mkdir -p " .. fifteen .. " && echo '{\"format\":' > " .. fifteen .. "/state.json")
+    local skipped = {}
+    lt.ckpt.newest_verified(dir, function(p, why) skipped[#skipped + 1] = p .. ": " .. why end)
+    assert.are.equal(fifteen .. ": " .. fifteen .. "/state.json is not valid JSON", skipped[1])
+    os.execute("rm -rf " .. five .. " " .. ten)
+    out, rc = job("--name=crc --steps=20 --ckpt_every=5 --resume=auto")
+    assert.are_not.equal(0, rc, out)
+    assert.truthy(out:find('skips ' .. fifteen .. ": " .. fifteen .. "/state.json is not valid JSON", 1, true), out)
+    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checks", 1, true), out)
   end)
 
   it("loads a checkpoint saved without checksums (by an older lutra), checked by size, with a note", function()
