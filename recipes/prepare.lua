@@ -38,6 +38,16 @@ local cfg = lt.config {
   },
 }
 
+-- every setting checked before anything is read or written (a settings
+-- error prints its message alone, as the recipe's other refusals do)
+lt.config.check(cfg, {
+  input = { nonempty = true }, out = { nonempty = true }, vocab = { nonempty = true }, field = { nonempty = true },
+  shard_size = { int = true, min = 1 }, batch_mb = { gt = 0 },
+  val_frac = { gt = 0, max = 0.5, why = "one document in every 1/val_frac goes to validation, at most every other one" },
+  on_invalid_utf8 = { one_of = { "error", "replace" } },
+})
+local fail = lt.config.fail
+
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 --- The documents as a list of {name =, read = function() -> text}.
@@ -57,9 +67,9 @@ local function documents(input)
       end }
     end
     p:close()
-    if #docs == 0 then error(("prepare: no .txt files under %s"):format(input)) end
+    if #docs == 0 then fail(("prepare: no .txt files under %s"):format(input)) end
   elseif not probe then
-    error(("prepare: cannot open %s"):format(input))
+    fail(("prepare: cannot open %s"):format(input))
   elseif input:match("%.jsonl$") then
     local n = 0
     for line in probe:lines() do
@@ -67,13 +77,13 @@ local function documents(input)
       if line:match("%S") then
         local ok, obj = pcall(lt.json.decode, line)
         if not ok or type(obj) ~= "table" or type(obj[cfg.field]) ~= "string" then
-          error(("prepare: %s line %d: not a JSON object with a string field '%s'"):format(input, n, cfg.field))
+          fail(("prepare: %s line %d: not a JSON object with a string field '%s'"):format(input, n, cfg.field))
         end
         local text = obj[cfg.field]
         docs[#docs + 1] = { name = ("%s:%d"):format(input, n), read = function() return text end }
       end
     end
-    if #docs == 0 then error(("prepare: %s holds no documents (%d lines, none with text)"):format(input, n)) end
+    if #docs == 0 then fail(("prepare: %s holds no documents (%d lines, none with text)"):format(input, n)) end
   else
     local text = probe:read("*a")
     docs[1] = { name = input, read = function() return text end }
@@ -88,7 +98,7 @@ local function entries(dir)
   local rc = os.execute("test -e " .. shell_quote(dir))
   if not (rc == 0 or rc == true) then return {} end
   rc = os.execute("test -d " .. shell_quote(dir))
-  if not (rc == 0 or rc == true) then error(("prepare: --out=%s is not a directory"):format(dir), 0) end
+  if not (rc == 0 or rc == true) then fail(("prepare: --out=%s is not a directory"):format(dir)) end
   local names = {}
   local p = io.popen("LC_ALL=C ls -A " .. shell_quote(dir))
   for name in p:lines() do names[#names + 1] = name end
@@ -103,13 +113,13 @@ local function prepare_out(out)
   if #names > 0 and not cfg.overwrite then
     local shown = {}
     for k = 1, math.min(3, #names) do shown[k] = names[k] end
-    error(("prepare: --out=%s is not empty (%d entries: %s%s); shards already there would be read with the new ones: pass --overwrite to delete its train_*.bin and val_*.bin first, or give another --out")
-      :format(out, #names, table.concat(shown, ", "), #names > 3 and ", ..." or ""), 0)
+    fail(("prepare: --out=%s is not empty (%d entries: %s%s); shards already there would be read with the new ones: pass --overwrite to delete its train_*.bin and val_*.bin first, or give another --out")
+      :format(out, #names, table.concat(shown, ", "), #names > 3 and ", ..." or ""))
   end
   for _, name in ipairs(names) do
     if name:match("^train_%d+%.bin$") or name:match("^val_%d+%.bin$") then
       local ok, err = os.remove(out .. "/" .. name)
-      if not ok then error(("prepare: --overwrite: cannot delete %s/%s: %s"):format(out, name, tostring(err)), 0) end
+      if not ok then fail(("prepare: --overwrite: cannot delete %s/%s: %s"):format(out, name, tostring(err))) end
     end
   end
   os.execute("mkdir -p " .. shell_quote(out))
@@ -121,13 +131,13 @@ local ok_tok, tok = pcall(lt.tokenizer.load, cfg.vocab, { sha256 = want_sha256 }
 if not ok_tok then -- (in the terms of this recipe's settings)
   local msg = tostring(tok):gsub("^tokenizer%.load: ", ""):gsub("load it with {sha256 = false}", "pass --vocab_sha256=any")
     :gsub("sha256 must be 64 hex digits or false", "--vocab_sha256 must be 64 hex digits, any or empty")
-  error("prepare: " .. msg, 0)
+  fail("prepare: " .. msg)
 end
 local docs = documents(cfg.input)
 if #docs == 1 then
   -- documents go whole to one split, the first to validation: training would get nothing
-  error(("prepare: %s is a single document, which goes whole to the validation split, leaving 0 training tokens; give a directory of several .txt files (split -l 1000 --additional-suffix=.txt FILE DIR/part_ cuts one) or a .jsonl file (one document per line)")
-    :format(docs[1].name), 0)
+  fail(("prepare: %s is a single document, which goes whole to the validation split, leaving 0 training tokens; give a directory of several .txt files (split -l 1000 --additional-suffix=.txt FILE DIR/part_ cuts one) or a .jsonl file (one document per line)")
+    :format(docs[1].name))
 end
 prepare_out(cfg.out)
 
@@ -191,7 +201,7 @@ while i <= #docs do
   local ok, ids, ends = pcall(tok.encode_many, tok, texts, { on_invalid_utf8 = cfg.on_invalid_utf8 })
   if not ok then
     local d = tonumber(tostring(ids):match("document (%d+)"))
-    error(("prepare: %s: %s"):format(d and names[d] or "a document", tostring(ids):gsub("^.-document %d+: ", "")), 0)
+    fail(("prepare: %s: %s"):format(d and names[d] or "a document", tostring(ids):gsub("^.-document %d+: ", "")))
   end
   local from = 0
   for k = 1, #texts do

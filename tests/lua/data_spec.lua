@@ -350,6 +350,28 @@ describe("recipes/prepare.lua", function()
     assert.truthy(text:find("small.jsonl document 2", 1, true), text)
     os.execute("rm -rf " .. d)
   end)
+  it("range-checks its settings before reading anything: the message alone (was: --shard_size=0 wrote empty shards without end)", function()
+    local d = tmpdir()
+    local f = assert(io.open(d .. "/docs.jsonl", "w"))
+    for i = 1, 4 do f:write(lt.json.encode { text = ("document %d"):format(i) }, "\n") end
+    f:close()
+    local cases = {
+      { "--shard_size=0", "--shard_size must be a whole number >= 1, got 0" },
+      { "--val_frac=0", "--val_frac must be a number > 0 and <= 0.5" }, { "--val_frac=nan", "--val_frac must be a number > 0 and <= 0.5 (one document" },
+      { "--batch_mb=0", "--batch_mb must be a number > 0, got 0" },
+      { "--on_invalid_utf8=skip", '--on_invalid_utf8 must be one of error, replace, got "skip"' },
+      { "--field=", '--field must be a non-empty string, got ""' },
+      { "--out=" .. d, "prepare: --out=" .. d .. " is not empty" }, -- (a refusal of its own: no traceback either)
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = run(("./lutra recipes/prepare.lua --input=%s/docs.jsonl --out=%s/out --quiet %s"):format(d, d, c[1]))
+      assert.are.equal(1, rc, c[1] .. ": " .. out)
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), c[1] .. ": " .. out)
+      assert.falsy(out:find("traceback", 1, true), c[1] .. ": " .. out)
+    end
+    assert.are.same({ "docs.jsonl" }, listing(d)) -- nothing written
+    os.execute("rm -rf " .. d)
+  end)
   it("refuses a single document (a text file), which would leave training 0 tokens", function()
     local d = tmpdir()
     local f = assert(io.open(d .. "/one.txt", "w"))
