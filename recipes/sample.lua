@@ -26,7 +26,23 @@ local cfg = lt.config {
     device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16",
   },
 }
-if cfg.ckpt == "" then error("sample: --ckpt=<checkpoint or Hugging Face directory> is required", 0) end
+local fail = lt.config.fail
+if cfg.ckpt == "" then fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
+-- every setting checked before the model loads (a settings error: the message alone)
+lt.config.check(cfg, {
+  vocab = { nonempty = true }, max_tokens = { int = true, min = 0, max = 2 ^ 31 - 1 },
+  temperature = { min = 0, why = "0: greedy" }, top_k = { int = true, min = 0, why = "0: all" },
+  top_p = { gt = 0, max = 1, why = "1: all" }, seed = { int = true, min = 0, max = 2 ^ 53 },
+  dtype = { one_of = { "f32", "bf16", "f16" } },
+})
+if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
+  fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
+end
+local is_dir = os.execute("test -d '" .. cfg.ckpt:gsub("'", "'\\''") .. "'")
+if not (is_dir == 0 or is_dir == true) then
+  fail(("sample: --ckpt=%s is not a directory (a checkpoint, a run's ckpt directory or a Hugging Face directory)")
+    :format(cfg.ckpt))
+end
 
 local model
 if io.open(cfg.ckpt .. "/config.json") then
@@ -40,8 +56,8 @@ if #prompt == 0 then prompt = { tok.eot } end
 local vocab = model.config.vocab_size
 for _, id in ipairs(prompt) do
   if id >= vocab then
-    error(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab)")
-      :format(cfg.vocab, id, vocab), 0)
+    fail(("sample: the tokenizer %s gives id %d, outside the model's vocabulary of %d: tokenizer and model do not match (--vocab)")
+      :format(cfg.vocab, id, vocab))
   end
 end
 

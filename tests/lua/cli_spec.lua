@@ -99,6 +99,22 @@ describe("the lutra executable", function()
     end
     os.execute("rm -rf " .. data)
   end)
+  it("recipes/sample.lua range-checks its settings before loading a model: the message alone", function()
+    -- (was: generate's error, with a traceback, after the model loaded and the prompt was printed)
+    local cases = {
+      { "--max_tokens=-1", "--max_tokens must be a whole number >= 0" }, { "--temperature=nan", "--temperature must be" },
+      { "--top_p=2", "--top_p must be a number > 0 and <= 1" }, { "--top_k=-3", "--top_k must be" },
+      { "--seed=-1", "--seed must be" }, { "--dtype=f64", "--dtype must be one of f32, bf16, f16" },
+      { "--device=tpu", '--device must be cpu, cuda or cuda:N, got "tpu"' },
+      { "--ckpt=/no/such", "sample: --ckpt=/no/such is not a directory" },
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = sh("./lutra recipes/sample.lua --ckpt=. " .. c[1] .. " 2>&1")
+      assert.are.equal(1, rc, c[1] .. ": " .. out)
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), c[1] .. ": " .. out)
+      assert.falsy(out:find("traceback", 1, true), c[1] .. ": " .. out)
+    end
+  end)
   it("the main recipe samples greedily at --temperature=0, prints memory in MiB, and a resumed finished run without a rate", function()
     local data = os.tmpname() .. "-shards"
     os.execute("mkdir -p " .. data)
