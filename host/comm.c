@@ -567,7 +567,8 @@ static lt_status agree(lt_comm *c, uint64_t seq, const char *op, int opcode, lt_
     char by[2048];
     sites_by_rank(sites, c->size, by, sizeof by);
     st = lt_fail(LT_ERR_ARG, "%s (group %d, call %llu): the ranks call it from different places: %s (a collective "
-                 "that only some ranks call pairs with the others' next one)", op, c->id, (unsigned long long)seq, by);
+                 "that only some ranks call pairs with the others' next one; one that every rank reaches from its own branch "
+                 "is called once after the branch, or LUTRA_COMM_CHECK=0 turns the check off)", op, c->id, (unsigned long long)seq, by);
   }
   free(all);
   free(sites);

@@ -135,6 +135,13 @@ local train = lt.data.shards { path = cfg.data .. "/train", batch = cfg.batch, s
 local val = lt.data.shards { path = cfg.data .. "/val", batch = cfg.batch, seq = cfg.seq, shuffle = false }
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
+if eval_batches == 0 then -- (the validation set holds less than one batch)
+  if cfg.eval_every > 0 then
+    fail(("--batch=%d is more sequences than the validation shards in %s/val hold (%d windows of --seq=%d + 1 tokens): lower --batch or --seq, or --eval_every=0")
+      :format(cfg.batch, cfg.data, val:num_windows(), cfg.seq))
+  end
+  eval_batches = 1 -- (no evaluation runs)
+end
 
 local baseline, ntrain, nval = lt.data.unigram_entropy(cfg.data .. "/train", cfg.data .. "/val", tok.n_vocab)
 say(("data: %d training and %d validation tokens; unigram baseline %.3f nats/token"):format(ntrain, nval, baseline))

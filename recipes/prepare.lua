@@ -49,7 +49,7 @@ if #cfg.args > 0 then
 end
 lt.config.check(cfg, {
   input = { nonempty = true }, out = { nonempty = true }, vocab = { nonempty = true }, field = { nonempty = true },
-  shard_size = { int = true, min = 1 }, val_frac = { gt = 0, lt = 1 }, batch_mb = { gt = 0 },
+  shard_size = { int = true, min = 1 }, val_frac = { gt = 0, max = 0.5, why = "the share for validation: one document in every 1/val_frac, at most every other one" }, batch_mb = { gt = 0 },
   on_invalid_utf8 = { one_of = { "error", "replace" } },
 })
 

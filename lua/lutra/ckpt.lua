@@ -69,6 +69,21 @@ local function list_dir(dir)
   return out
 end
 
+-- a value in a message: strings quoted (1 and "1" differ)
+local function show(v) return type(v) == "string" and ("%q"):format(v) or tostring(v) end
+
+-- the keys of the tables given, sorted
+local function sorted_keys(...)
+  local seen, out = {}, {}
+  for _, t in ipairs { ... } do
+    for k in pairs(t) do
+      if not seen[k] then seen[k], out[#out + 1] = true, k end
+    end
+  end
+  table.sort(out, function(a, b) return tostring(a) < tostring(b) end)
+  return out
+end
+
 local function whole(v, lo)
   return type(v) == "number" and v == math.floor(v) and v >= (lo or 0) and v < 2 ^ 53
 end
@@ -94,6 +109,9 @@ local function read_state(path)
   if type(st.files) ~= "table" then return bad("files", "is missing") end
   if st.layout ~= nil and (type(st.layout) ~= "table" or not whole(st.layout.world_size or 1, 1)) then
     return bad("layout", "must be {world_size = n >= 1, ...}")
+  end
+  if st.layout and st.layout.zero ~= nil and not (whole(st.layout.zero) and st.layout.zero <= 3) then
+    return bad("layout.zero", "must be a ZeRO stage 0-3, got " .. tostring(st.layout.zero))
   end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
@@ -213,17 +231,26 @@ end
 --- lt.ckpt.newest_verified(dir[, on_skip[, names]]) -> {step =, path =} of
 -- the newest checkpoint under dir that verify(path, names) passes, or nil
 -- when none does (or there is none). For each newer one it passes over,
--- on_skip(path, why) is called (why names the file and what is wrong).
--- lt.train's resume = "auto" (every file) and load_model (the weights'
--- file) take their checkpoint so.
+-- on_skip(path, why) is called (why names the file and what is wrong),
+-- a newer step_* directory that is not a complete checkpoint too (a
+-- broken state.json; lutra never leaves one under a step_* name); the
+-- second result is how many were passed over. lt.train's resume = "auto"
+-- (every file) and load_model (the weights' file) take their checkpoint so.
 function M.newest_verified(dir, on_skip, names)
-  local all = M.list(dir)
+  local all = {}
+  for _, name in ipairs(list_dir(dir)) do
+    local step = step_of(name)
+    if step and C.lt_path_kind(dir .. "/" .. name) == 2 then all[#all + 1] = { step = step, path = dir .. "/" .. name } end
+  end
+  table.sort(all, function(a, b) return a.step < b.step end)
+  local skipped = 0
   for i = #all, 1, -1 do
     local ok, why = M.verify(all[i].path, names)
-    if ok then return all[i] end
+    if ok then return all[i], skipped end
+    skipped = skipped + 1
     if on_skip then on_skip(all[i].path, why) end
   end
-  return nil
+  return nil, skipped
 end
 
 local function tensor_meta(opt_sd)
@@ -256,6 +283,7 @@ end
 -- keep_last = N > 0 then removes all but the newest N complete checkpoints.
 -- Saving a step that exists replaces it only once the new one is complete.
 -- Errors: I/O failures name the file; nothing half-written is left visible.
+-- A Ctrl-C during the save is taken after it (the checkpoint is whole).
 local function save_local(dir, o)
   if type(dir) ~= "string" or dir == "" then error("ckpt.save: dir must be a non-empty string", 2) end
   if type(o) ~= "table" or not o.model then error("ckpt.save: expects {model =, opt =, step =, ...}", 2) end
@@ -446,14 +474,24 @@ end
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
 -- ranks (lt.dist) with dist = true every rank calls it and each writes its part.
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
+-- A Ctrl-C during the save waits for it (lt_interrupt_defer): the
+-- checkpoint is written whole, then the interrupt is taken by the next op
+-- (lt.train checks for it and stops there).
 function M.save(dir, o)
   local save = (type(o) == "table" and o.dist and lt.dist.world_size() > 1) and save_job or save_local
   local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
-  if not sharded then return save(dir, o) end
-  o.opt:unshard()
-  local ok, res = pcall(save, dir, o)
-  o.opt:reshard()
-  if not ok then error(res, 0) end
+  local outer = C.lt_interrupt_deferred() ~= nil -- (inside work that defers already: its end takes it)
+  if not outer then C.lt_interrupt_defer(1, "the checkpoint save") end
+  local ok, res = pcall(function()
+    if not sharded then return save(dir, o) end
+    o.opt:unshard()
+    local ok2, res2 = pcall(save, dir, o)
+    o.opt:reshard()
+    if not ok2 then error(res2, 0) end
+    return res2
+  end)
+  if not outer then C.lt_interrupt_defer(0, nil) end
+  if not ok then error(res, 2) end
   return res
 end
 
@@ -492,6 +530,28 @@ function M.load_model(path, opts)
   if not st then error("ckpt.load_model: " .. why, 2) end
   local mc = st.model_config
   if type(mc) ~= "table" then error(("ckpt.load_model: %s/state.json: the field 'model_config' is missing"):format(path), 2) end
+  -- state.json has no checksum of its own: its model_config must be the one
+  -- model.safetensors carries (checked first), so that an altered number
+  -- cannot build another (or a huge) model
+  if not verified then
+    local bad = verify_files(path, st, { "model.safetensors" })
+    if bad then error("ckpt.load_model: " .. bad, 2) end
+    verified = true
+  end
+  local rd_ok, reader = pcall(lt.safetensors.open, path .. "/model.safetensors")
+  if rd_ok then
+    local meta_ok, meta = pcall(reader.metadata, reader)
+    reader:close()
+    local cfg_ok, fcfg = pcall(json.decode, meta_ok and type(meta) == "table" and meta.config or "null")
+    if cfg_ok and type(fcfg) == "table" and next(fcfg) ~= nil then
+      for _, k in ipairs(sorted_keys(fcfg, mc)) do
+        if fcfg[k] ~= mc[k] then
+          error(("ckpt.load_model: %s/state.json: model_config.%s is %s, model.safetensors was saved with %s (an altered state.json)")
+            :format(path, k, show(mc[k]), show(fcfg[k])), 2)
+        end
+      end
+    end
+  end
   local cfg = {}
   for k, v in pairs(mc) do if k ~= "padded_vocab_size" then cfg[k] = v end end
   local model
@@ -583,7 +643,7 @@ function M.load(path, o)
         local s = st.model_config[k]
         if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" then
           error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
-            :format(path, k, tostring(s), tostring(v)), 2)
+            :format(path, k, show(s), show(v)), 2)
         end
       end
     end

@@ -52,7 +52,8 @@ end
 
 --- lt.config.nearest(name, names) -> the name among names (a list of
 -- strings) that name is most likely a typo of, or nil when none is close:
--- the only one that starts with name, else the nearest by edit distance
+-- the only one that starts with name, else the only one that has name as a
+-- whole "_"-separated part (tokens: max_tokens), else the nearest by edit distance
 -- (transpositions count one) within about 40% of name's length.
 function M.nearest(name, names)
   name = tostring(name)
@@ -61,6 +62,12 @@ function M.nearest(name, names)
     if #name >= 2 and n:sub(1, #name) == name then starts[#starts + 1] = n end
   end
   if #starts == 1 then return starts[1] end
+  -- the only one of which name is a whole "_"-separated part (tokens: max_tokens)
+  local parts = {}
+  for _, n in ipairs(names) do
+    if #name >= 3 and ("_" .. n .. "_"):find("_" .. name .. "_", 1, true) then parts[#parts + 1] = n end
+  end
+  if #parts == 1 then return parts[1] end
   local sorted = {}
   for i, n in ipairs(names) do sorted[i] = n end
   table.sort(sorted) -- (ties go to the first in sorted order)

@@ -25,7 +25,8 @@
 -- does not advance). Ctrl-C stops after a message naming the last complete
 -- step (the summary's steps, loss and seconds are up to it): the step in
 -- progress is dropped with its partial gradients, except that an update
--- once begun is finished and recorded first (lt_interrupt_defer). lutra then
+-- once begun is finished and recorded first (lt_interrupt_defer), and so
+-- is a checkpoint being saved (the loop then stops after that step). lutra then
 -- exits with status 130 when the script ends. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare; a run that starts
@@ -322,9 +323,10 @@ function M.run(settings)
   local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
-    if o.resume == "auto" then path = newest and newest.path end
-    if path and o.resume == "auto" then -- the newest whose files pass their checksums
-      newest = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
+    if o.resume == "auto" then path = nil end
+    if o.resume == "auto" then -- the newest whose files pass their checksums
+      local skipped
+      newest, skipped = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
         if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
       end)
       local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
@@ -333,11 +335,11 @@ function M.run(settings)
         error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
           :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
       end
-      if not newest then
-        error(("train: no checkpoint in %s passes its checksums (each is named above); remove them to start afresh")
-          :format(ckpt_dir), 2)
+      if not newest and (skipped or 0) > 0 then -- (none at all: a fresh start)
+        lt.config.fail(("train: no checkpoint in %s passes its checks (each is named above); remove them to start afresh")
+          :format(ckpt_dir))
       end
-      path = newest.path
+      path = newest and newest.path
     end
     if path then
       local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
@@ -470,9 +472,18 @@ function M.run(settings)
     local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
       config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
       extra = { skipped = summary.skipped, steps = o.steps } })
+    -- a Ctrl-C during the save waited for it (lt.ckpt.save defers it): taken
+    -- now, the run stops after this step with the checkpoint whole
+    local stop = C.lt_is_interrupted() ~= 0
+    if stop then C.lt_clear_interrupt() end
     record({ step = step, checkpoint = path })
     say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end
+    if stop then
+      summary.interrupted = true
+      say(("train: interrupted after step %d (loss %.4f) during its checkpoint, which was completed first; metrics in %s")
+        :format(step, summary.loss, metrics_path))
+    end
     return path
   end
 
@@ -676,7 +687,10 @@ function M.run(settings)
         summary.checkpoint = save(step)
         break
       end
-      if o.ckpt_every > 0 and (step % o.ckpt_every == 0 or step == o.steps) then summary.checkpoint = save(step) end
+      if o.ckpt_every > 0 and (step % o.ckpt_every == 0 or step == o.steps) then
+        summary.checkpoint = save(step)
+        if summary.interrupted then break end
+      end
     end
   end)
   C.lt_preempt_watch(0)

@@ -221,6 +221,30 @@ describe("lt.ckpt", function()
       "model_config.tie_embeddings is true, the model's is false")
   end)
 
+  it("load_model builds the model model.safetensors was saved for: an altered state.json's model_config is refused", function()
+    local dir = ROOT .. "/altered-config"
+    local m = tiny(1)
+    local path = lt.ckpt.save(dir, { model = m, step = 1 })
+    local text = read(path .. "/state.json")
+    local function put(t)
+      local f = assert(io.open(path .. "/state.json", "wb"))
+      f:write(t)
+      f:close()
+    end
+    -- (a billion layers: before, load_model set out to build that model)
+    put((text:gsub('"n_layer":2', '"n_layer":1000000000')))
+    H.assert_error(function() lt.ckpt.load_model(dir) end,
+      "state.json: model_config.n_layer is 1000000000, model.safetensors was saved with 2 (an altered state.json)")
+    put((text:gsub('"n_layer":2', '"n_layer":"2"')))
+    H.assert_error(function() lt.ckpt.load_model(path) end, 'model_config.n_layer is "2", model.safetensors was saved with 2')
+    -- a layout field that is no ZeRO stage: a malformed checkpoint, named (was: a Lua comparison error in load)
+    put((text:gsub('"zero":0', '"zero":"x"')))
+    H.assert_error(function() lt.ckpt.load(path, { model = m, opt = lt.optim.AdamW(m, { lr = 1e-3 }) }) end,
+      "the field 'layout.zero' must be a ZeRO stage 0-3, got x")
+    put(text)
+    assert.are.equal(m:num_parameters(), lt.ckpt.load_model(dir):num_parameters())
+  end)
+
   it("keeps the newest keep_last checkpoints", function()
     local dir = ROOT .. "/keep"
     local m = tiny(1)
@@ -302,7 +326,20 @@ describe("lt.ckpt", function()
     corrupt(ten .. "/model.safetensors")
     out, rc = job("--name=crc --steps=10 --ckpt_every=5 --resume=auto")
     assert.are_not.equal(0, rc, out)
-    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checksums", 1, true), out)
+    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checks", 1, true), out)
+    assert.falsy(out:find("traceback", 1, true), out) -- (the user's files to fix: the message alone)
+    -- a newer step whose state.json is broken is named, not passed over in silence; alone, it is
+    -- not taken for no checkpoint at all (was: "no checkpoint ...: starting afresh")
+    local fifteen = dir .. "/step_00000015"
+    os.execute("mkdir -p " .. fifteen .. " && echo '{\"format\":' > " .. fifteen .. "/state.json")
+    local skipped = {}
+    lt.ckpt.newest_verified(dir, function(p, why) skipped[#skipped + 1] = p .. ": " .. why end)
+    assert.are.equal(fifteen .. ": " .. fifteen .. "/state.json is not valid JSON", skipped[1])
+    os.execute("rm -rf " .. five .. " " .. ten)
+    out, rc = job("--name=crc --steps=20 --ckpt_every=5 --resume=auto")
+    assert.are_not.equal(0, rc, out)
+    assert.truthy(out:find('skips ' .. fifteen .. ": " .. fifteen .. "/state.json is not valid JSON", 1, true), out)
+    assert.truthy(out:find("no checkpoint in " .. dir .. " passes its checks", 1, true), out)
   end)
 
   it("loads a checkpoint saved without checksums (by an older lutra), checked by size, with a note", function()

@@ -61,7 +61,7 @@ describe("the lutra executable", function()
       { "name=", '--name must be a non-empty string, got ""' }, { "name=../x", '--name="../x" is not a run name' },
       { "warmup=-1", "--warmup must be" }, { "n_layer=0", "--n_layer must be" }, { "n_head=0", "--n_head must be" },
       { "n_embd=130", "--n_embd=130 is not a multiple of --n_head=4" }, { "seq=0", "--seq must be" },
-      { "batch=0", "--batch must be" }, { "accum=0", "--accum must be" },
+      { "batch=0", "--batch must be" }, { "batch=200 --eval_batches=0", "--batch=200 is more sequences than the validation shards" }, { "accum=0", "--accum must be" },
       { "weight_decay=-0.1", "--weight_decay must be" }, { "beta2=1", "--beta2 must be a number >= 0 and < 1, got 1" },
       { "clip=-1", "--clip must be" }, { "eval_every=-1", "--eval_every must be" },
       { "sample_every=-1", "--sample_every must be" }, { "sample_tokens=0", "--sample_tokens must be" },
@@ -98,6 +98,22 @@ describe("the lutra executable", function()
       assert(checked[key] or key == "prompt", "no bad value tried for --" .. key)
     end
     os.execute("rm -rf " .. data)
+  end)
+  it("recipes/sample.lua range-checks its settings before loading a model: the message alone", function()
+    -- (was: generate's error, with a traceback, after the model loaded and the prompt was printed)
+    local cases = {
+      { "--max_tokens=-1", "--max_tokens must be a whole number >= 1" }, { "--temperature=nan", "--temperature must be" },
+      { "--top_p=2", "--top_p must be a number > 0 and <= 1" }, { "--top_k=-3", "--top_k must be" },
+      { "--seed=-1", "--seed must be" }, { "--dtype=f64", "--dtype must be one of f32, bf16, f16" },
+      { "--device=tpu", '--device must be cpu, cuda or cuda:N, got "tpu"' },
+      { "--ckpt=/no/such", "sample: --ckpt=/no/such is not a directory" },
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = sh("./lutra recipes/sample.lua --ckpt=. " .. c[1] .. " 2>&1")
+      assert.are.equal(1, rc, c[1] .. ": " .. out)
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), c[1] .. ": " .. out)
+      assert.falsy(out:find("traceback", 1, true), c[1] .. ": " .. out)
+    end
   end)
   it("the main recipe samples greedily at --temperature=0, prints memory in MiB, and a resumed finished run without a rate", function()
     local data = os.tmpname() .. "-shards"
@@ -245,6 +261,37 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of
     os.remove(s)
     os.remove(marker)
     os.remove(started)
+  end)
+  it("finishes a checkpoint that a SIGINT interrupts, then stops lt.train after that step", function()
+    -- the SIGINT arrives as the save writes its optimizer file (lt.save wrapped: it signals the process itself)
+    local s = tmpfile([[
+local lt = require "lutra"
+local ffi = require "ffi"
+pcall(ffi.cdef, "int kill(int, int); int getpid(void);")
+local m = lt.models.gpt2("gpt2-tiny")
+local g = lt.Generator(1)
+local loader = { next = function()
+  local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
+  return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
+end, state = function() return { epoch = 0, index = 0 } end, load_state = function() end }
+local save, saves = lt.save, 0
+lt.save = function(...)
+  saves = saves + 1
+  if saves == 3 then ffi.C.kill(ffi.C.getpid(), 2) end -- (step 2's model.safetensors)
+  return save(...)
+end
+local out = os.tmpname() .. "-runs"
+local s = lt.train { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }), train = loader, steps = 5, out_dir = out,
+  ckpt_every = 1, log_every = 1000 }
+print("after training", s.interrupted, s.steps, lt.ckpt.verify(out .. "/run/ckpt/step_00000002"),
+  lt.ckpt.latest(out .. "/run/ckpt"):match("step_%d+$"))
+os.execute("rm -rf " .. out)
+]])
+    local out, rc = sh("./lutra " .. s .. " 2>&1")
+    assert.are.equal(130, rc, out)
+    assert.truthy(out:find("train: interrupted after step 2 (loss", 1, true), out)
+    assert.truthy(out:find("after training\ttrue\t2\ttrue\tstep_00000002", 1, true), out)
+    os.remove(s)
   end)
   it("reads piped REPL input without prompts, keeps going after errors and then exits 1", function()
     local s = tmpfile("1 + 2\nerror('oops')\nfor i = 1, 2 do\nprint('i', i)\nend\nlt.tensor{1, 2}\n")

@@ -350,6 +350,28 @@ describe("recipes/prepare.lua", function()
     assert.truthy(text:find("small.jsonl document 2", 1, true), text)
     os.execute("rm -rf " .. d)
   end)
+  it("range-checks its settings before reading anything: the message alone (was: --shard_size=0 wrote empty shards without end)", function()
+    local d = tmpdir()
+    local f = assert(io.open(d .. "/docs.jsonl", "w"))
+    for i = 1, 4 do f:write(lt.json.encode { text = ("document %d"):format(i) }, "\n") end
+    f:close()
+    local cases = {
+      { "--shard_size=0", "--shard_size must be a whole number >= 1, got 0" },
+      { "--val_frac=0", "--val_frac must be a number > 0 and <= 0.5" }, { "--val_frac=nan", "--val_frac must be a number > 0 and <= 0.5 (the share for validation" },
+      { "--batch_mb=0", "--batch_mb must be a number > 0, got 0" },
+      { "--on_invalid_utf8=skip", '--on_invalid_utf8 must be one of error, replace, got "skip"' },
+      { "--field=", '--field must be a non-empty string, got ""' },
+      { "--out=" .. d, "prepare: --out=" .. d .. " is not empty" }, -- (a refusal of its own: no traceback either)
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = run(("./lutra recipes/prepare.lua --input=%s/docs.jsonl --out=%s/out --quiet %s"):format(d, d, c[1]))
+      assert.are.equal(1, rc, c[1] .. ": " .. out)
+      assert.truthy(out:find("lutra: " .. c[2], 1, true), c[1] .. ": " .. out)
+      assert.falsy(out:find("traceback", 1, true), c[1] .. ": " .. out)
+    end
+    assert.are.same({ "docs.jsonl" }, listing(d)) -- nothing written
+    os.execute("rm -rf " .. d)
+  end)
   it("cuts a single text file in two at a line boundary (train, then val), and refuses one that cannot be cut", function()
     local d = tmpdir()
     local lines = {}
@@ -382,19 +404,6 @@ describe("recipes/prepare.lua", function()
     assert.is_nil(io.open(d .. "/short")) -- no --out made
     os.execute("rm -rf " .. d)
   end)
-  it("checks its settings before reading anything: the message alone", function()
-    for _, c in ipairs {
-      { "--val_frac=0", "--val_frac must be a number > 0 and < 1, got 0" },
-      { "--shard_size=0", "--shard_size must be a whole number >= 1, got 0" },
-      { "--batch_mb=-1", "--batch_mb must be a number > 0, got -1" },
-      { "--on_invalid_utf8=skip", '--on_invalid_utf8 must be one of error, replace, got "skip"' },
-    } do
-      local out, rc = run("./lutra recipes/prepare.lua --input=/no/such --out=/no/such/out " .. c[1])
-      assert.are.equal(1, rc, out)
-      assert.truthy(out:find("lutra: " .. c[2], 1, true), out)
-      assert.falsy(out:find("traceback", 1, true), out)
-    end
-  end)
 end)
 
 describe("lt.config", function()
@@ -416,6 +425,9 @@ describe("lt.config", function()
     assert.falsy(far:find("did you mean", 1, true), far)
     assert.are.equal("steps", lt.config.nearest("setps", { "seed", "steps", "seq" }))
     assert.is_nil(lt.config.nearest("batch", { "lr", "seed" }))
+    -- recipes/sample.lua --tokens=3 (was: no suggestion)
+    assert.are.equal("max_tokens", lt.config.nearest("tokens", { "cache", "max_tokens", "prompt", "top_k", "top_p" }))
+    assert.is_nil(lt.config.nearest("top", { "top_k", "top_p" }))
     local c = lt.config(d, { "--steps=-5", "--lr=nan" })
     H.assert_error(function() lt.config.check(c, { steps = { int = true, min = 1 } }) end,
       "--steps must be a whole number >= 1, got -5")

@@ -249,7 +249,7 @@ describe("lt.generate", function()
     -- settings checked before the model is read: the message alone
     for _, c in ipairs {
       { "--top_p=0", "--top_p must be a number > 0 and <= 1 (1: all), got 0" },
-      { "--max_tokens=0", "--max_tokens must be a whole number >= 1, got 0" },
+      { "--max_tokens=0", "--max_tokens must be a whole number >= 1 and <= 2147483647, got 0" },
       { "--temperature=-1", "--temperature must be a number >= 0 (0: greedy), got -1" },
       { "--device=tpu", '--device must be cpu, cuda or cuda:N, got "tpu"' },
     } do
