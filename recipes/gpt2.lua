@@ -130,9 +130,20 @@ local function say(...) if rank == 0 then print(...) end end
 
 lt.manual_seed(cfg.seed)
 local tok = lt.tokenizer.load(cfg.vocab)
-local train = lt.data.shards { path = cfg.data .. "/train", batch = cfg.batch, seq = cfg.seq, seed = cfg.seed,
-  rank = rank, world = world }
-local val = lt.data.shards { path = cfg.data .. "/val", batch = cfg.batch, seq = cfg.seq, shuffle = false }
+-- a loader the shards cannot give (windows longer than a shard, a malformed
+-- shard) is a settings error naming --seq or --data
+local function shards(part, o)
+  o.path, o.batch, o.seq = cfg.data .. "/" .. part, cfg.batch, cfg.seq
+  local ok, loader = pcall(lt.data.shards, o)
+  if ok then return loader end
+  local why = tostring(loader):gsub("^.-loader: ", "")
+  if why:find("window", 1, true) then
+    fail(("--seq=%d does not fit the %s shards in --data=%s: %s"):format(cfg.seq, part, cfg.data, why))
+  end
+  fail(("--data=%s: %s"):format(cfg.data, why))
+end
+local train = shards("train", { seed = cfg.seed, rank = rank, world = world })
+local val = shards("val", { shuffle = false })
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
 if eval_batches == 0 then -- (the validation set holds less than one batch)

@@ -77,6 +77,7 @@ describe("the lutra executable", function()
       { "vocab=/no/such", "--vocab=/no/such cannot be read" },
       { "log_all_ranks=maybe", "config: --log_all_ranks=maybe is not a boolean" },
       { "threads=-1", "--threads must be a whole number >= 0 and <= 1024 (0: every core), got -1" },
+      { "seq=100000", "--seq=100000 does not fit the train shards in --data=" },
       { "stpes=3", "config: unknown setting --stpes (did you mean --steps?)" },
     }
     local script = {}
