@@ -70,7 +70,7 @@ local whole = function(lo, why) return { int = true, min = lo, why = why } end
 lt.config.check(cfg, {
   data = { nonempty = true }, vocab = { nonempty = true }, name = { nonempty = true },
   dtype = { one_of = { "f32", "bf16", "f16" } }, schedule = { one_of = { "linear", "cosine", "wsd" } },
-  zero = { one_of = { 0, 1, 2, 3 }, why = "a ZeRO stage" }, resume = { nonempty = true },
+  zero = { one_of = { 0, 1, 2, 3 }, why = "a ZeRO stage" }, device = { device = true }, resume = { nonempty = true },
   n_layer = whole(1), n_head = whole(1), n_embd = whole(1), seq = whole(1), batch = whole(1), accum = whole(1),
   pad_vocab = whole(0, "0: none"), steps = whole(1), warmup = whole(0), eval_every = whole(0, "0: never"),
   eval_batches = whole(0, "0: all"), sample_every = whole(0, "0: never"), sample_tokens = whole(1),
@@ -82,16 +82,11 @@ lt.config.check(cfg, {
   threads = { int = true, min = 0, max = 1024, why = "0: every core" },
 })
 local fail = lt.config.fail
-if #cfg.args > 0 then -- "steps=3" (no --) would otherwise be dropped and the default run start
-  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
-end
+lt.config.refuse_args(cfg) -- ("steps=3", without --)
 if cfg.min_lr > cfg.lr then fail(("--min_lr=%g is above --lr=%g (the rate decays from lr to min_lr)"):format(cfg.min_lr, cfg.lr)) end
 if cfg.n_embd % cfg.n_head ~= 0 then
   fail(("--n_embd=%d is not a multiple of --n_head=%d (each head takes n_embd / n_head channels)"):format(cfg.n_embd,
     cfg.n_head))
-end
-if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
-  fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
 end
 if cfg.name:find("%.%.") or cfg.name:sub(1, 1) == "/" or cfg.name:match("^%s") or cfg.name:match("%s$") then
   fail(("--name=%q is not a run name (runs/<name>/: no leading /, no .., no surrounding spaces)"):format(cfg.name))

@@ -44,9 +44,7 @@ local cfg = lt.config {
 -- every setting checked before anything is read or written; a bad setting
 -- or input is a settings error (the message alone, without a traceback)
 local fail = lt.config.fail
-if #cfg.args > 0 then
-  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
-end
+lt.config.refuse_args(cfg) -- ("steps=3", without --)
 lt.config.check(cfg, {
   input = { nonempty = true }, out = { nonempty = true }, vocab = { nonempty = true }, field = { nonempty = true },
   shard_size = { int = true, min = 1 }, val_frac = { gt = 0, max = 0.5, why = "the share for validation: one document in every 1/val_frac, at most every other one" }, batch_mb = { gt = 0 },

@@ -31,18 +31,14 @@ local cfg = lt.config {
 }
 local fail = lt.config.fail
 if cfg.ckpt == "" then fail("sample: --ckpt=<checkpoint or Hugging Face directory> is required") end
-if #cfg.args > 0 then
-  fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
-end
+lt.config.refuse_args(cfg) -- ("steps=3", without --)
 -- every setting checked before the model is read: a bad one is a settings error naming it
 lt.config.check(cfg, {
-  vocab = { nonempty = true }, max_tokens = { int = true, min = 1, max = 2 ^ 31 - 1 }, temperature = { min = 0, why = "0: greedy" },
+  vocab = { nonempty = true }, device = { device = true }, max_tokens = { int = true, min = 1, max = 2 ^ 31 - 1 },
+  temperature = { min = 0, why = "0: greedy" },
   top_k = { int = true, min = 0, why = "0: all" }, top_p = { gt = 0, max = 1, why = "1: all" },
   seed = { int = true, min = 0, max = 2 ^ 53 }, dtype = { one_of = { "f32", "bf16", "f16" } },
 })
-if not (cfg.device == "cpu" or cfg.device == "cuda" or cfg.device:match("^cuda:%d+$")) then
-  fail(("--device must be cpu, cuda or cuda:N, got %q"):format(cfg.device))
-end
 local is_dir = os.execute("test -d '" .. cfg.ckpt:gsub("'", "'\\''") .. "'")
 if not (is_dir == 0 or is_dir == true) then
   fail(("sample: --ckpt=%s is not a directory (a checkpoint, a run's ckpt directory or a Hugging Face directory)")

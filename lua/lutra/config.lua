@@ -79,12 +79,15 @@ function M.nearest(name, names)
   return best
 end
 
-local function sorted_keys(t)
+--- lt.config.sorted_keys(t) -> t's keys (strings), sorted: the order
+-- settings are listed, checked and suggested in.
+function M.sorted_keys(t)
   local keys = {}
   for k in pairs(t) do keys[#keys + 1] = k end
   table.sort(keys)
   return keys
 end
+local sorted_keys = M.sorted_keys
 
 local function usage(defaults, help, script)
   local lines = { ("usage: lutra %s [--key=value ...]"):format(script or "<recipe>"), "settings (default, type):" }
@@ -185,6 +188,7 @@ end
 --   min/max = v      inclusive bounds;  gt/lt = v  exclusive bounds
 --   one_of = {...}   one of these values (strings or numbers)
 --   nonempty = true  a string that is not empty
+--   device = true    a device name: cpu, cuda or cuda:N
 --   why = "..."      said after the rule ("... (the context)")
 -- Keys are checked in sorted order. A rule for a key that cfg lacks is an
 -- error in the recipe (with a traceback).
@@ -207,6 +211,9 @@ function M.check(cfg, rules)
       end
     end
     if r.nonempty and (type(v) ~= "string" or v == "") then bad("a non-empty string") end
+    if r.device and not (v == "cpu" or v == "cuda" or (type(v) == "string" and v:match("^cuda:%d+$"))) then
+      bad("cpu, cuda or cuda:N")
+    end
     if r.int or r.min ~= nil or r.max ~= nil or r.gt ~= nil or r.lt ~= nil then
       if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge
           or (r.int and v ~= math.floor(v)) or (r.min ~= nil and v < r.min) or (r.max ~= nil and v > r.max)
@@ -214,6 +221,15 @@ function M.check(cfg, rules)
         bad(describe(r))
       end
     end
+  end
+end
+
+--- lt.config.refuse_args(cfg): a settings error for the first word of the
+-- command line that is not a --key=value setting (cfg.args): "steps=3"
+-- would otherwise be dropped and the recipe run on its defaults.
+function M.refuse_args(cfg)
+  if #cfg.args > 0 then
+    M.fail(("unexpected argument %q: settings are --key=value (--help lists them)"):format(cfg.args[1]))
   end
 end
 

@@ -87,12 +87,7 @@ local DEFAULTS = {
 local SAMPLE_KEYS = { tokenizer = true, prompt = true, tokens = true, temperature = true, top_k = true, top_p = true,
   generator = true }
 
-local function sorted_names(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = k end
-  table.sort(out)
-  return out
-end
+local sorted_names = lt.config.sorted_keys
 
 --- lt.train.format_bytes(b) -> "12.3 MiB" (under 1 GiB) or "1.25 GiB".
 function M.format_bytes(b)
