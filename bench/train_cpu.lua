@@ -12,15 +12,20 @@
 -- the initial weights), and the losses at step 0 and at the last step.
 --
 --   ./lutra bench/train_cpu.lua [--steps=20] [--n_layer=4] [--n_embd=128] [--seq=128] [--batch=4] [--quick]
+--                               [--baseline=OTHER_LUTRA]
 --
+-- --baseline: one more side, another lutra binary (say one built from the
+-- commit before a change) running this script's single-process trainer on
+-- the same weights and batches: a before/after comparison in one run.
 -- --quick: a tiny model for 3 steps (that the script runs: tests/lua/bench_spec.lua).
 local lt = require "lutra"
 local I = require "bench.interleave"
 
 local cfg = lt.config { steps = 20, n_layer = 4, n_head = 4, n_embd = 128, seq = 128, batch = 4, vocab = 50257,
-  quick = false, mpi = true, torch = true, peer = "",
+  quick = false, mpi = true, torch = true, peer = "", peer_ranks = 2, baseline = "",
   _help = { steps = "timed steps (rounds) after one warm-up step", quick = "a tiny model for 3 steps",
-    mpi = "run the 2-rank side (mpirun)", torch = "run the PyTorch sides", peer = "(internal: the directory of a 2-rank side's inputs)" } }
+    mpi = "run the 2-rank side (mpirun)", torch = "run the PyTorch sides", peer = "(internal: the directory of a peer side's inputs)",
+    peer_ranks = "(internal: the ranks of that side)", baseline = "another lutra binary to run as one more side" } }
 if cfg.quick then
   cfg.steps, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, cfg.batch, cfg.vocab = 3, 1, 2, 32, 16, 2, 256
 end
@@ -66,8 +71,11 @@ local function trainer(dir, world)
 end
 
 local _, world = lt.dist.init()
-if cfg.peer ~= "" then -- the 2-rank side, under mpirun: bench/interleave.lua's peer protocol
-  if world ~= 2 then error("train_cpu: the 2-rank side runs as 2 ranks (this lutra built without MPI?)", 0) end
+if cfg.peer ~= "" then -- the 2-rank side under mpirun, or a baseline lutra: bench/interleave.lua's peer protocol
+  if world ~= cfg.peer_ranks then
+    error(("train_cpu: the %d-rank side runs as %d ranks (this lutra built without MPI?)"):format(cfg.peer_ranks,
+      cfg.peer_ranks), 0)
+  end
   local step = trainer(cfg.peer, world)
   I.serve(function(cmd)
     if cmd == "rss" then return { peak_rss = peak_rss() } end
@@ -134,6 +142,15 @@ if cfg.mpi then
   add("lutra x2", p, err, function(info)
     return ("%d ranks x %d thread(s), data parallel (%s); RSS of rank 0"):format(info.ranks, info.threads,
       I.describe_env(info.env))
+  end)
+end
+if cfg.baseline ~= "" then
+  local self_args = {}
+  for _, a in ipairs(arg) do self_args[#self_args + 1] = I.shell_quote(a) end
+  local p, err = I.peer { cmd = ("%s bench/train_cpu.lua %s --peer=%s --peer_ranks=1"):format(
+    I.shell_quote(cfg.baseline), table.concat(self_args, " "), I.shell_quote(dir)) }
+  add("baseline", p, err, function(info)
+    return ("%s: %d threads (%s)"):format(cfg.baseline, info.threads, I.describe_env(info.env))
   end)
 end
 local torch_args = ("%s %s %d %d %d %d %d %d"):format(I.shell_quote(dir .. "/weights.safetensors"),
