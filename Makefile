@@ -68,7 +68,7 @@ ifeq ($(CUDA),1)
   NVCC := $(CUDA_HOME)/bin/nvcc
   # sm_90 (Hopper) machine code and compute_90 PTX for newer GPUs
   NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-  NVCC_FLAGS := -O3 -std=c++17 $(NVCC_ARCH) -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter,-funwind-tables
+  NVCC_FLAGS := -O3 -std=c++17 -Ihost $(NVCC_ARCH) -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter,-funwind-tables
   CUDA_FOUND := $(CUDA_HOME) ($(shell $(CUDA_HOME)/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*'))
 else
   CUDA_FOUND := no (CUDA=0)
@@ -78,7 +78,7 @@ ifeq ($(EMU)$(CUDA),11)
   CUDA_LIBS := -lstdc++ -lrt -ldl -lpthread
   CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
   EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o
-  EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
+  EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Ihost -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                   -DLT_WITH_CUDA -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(SANITIZE)
   # EMU_TSAN=1 (make emu-tsan): block threads as ThreadSanitizer contexts;
   # the emulator's own scheduler is not instrumented (its bookkeeping is
@@ -106,7 +106,8 @@ ifeq ($(filter clean deps demo,$(MAKECMDGOALS)),)
 endif
 
 WARN := -Wall -Wextra
-CFLAGS_ALL := -std=gnu11 $(OPT) -g $(WARN) -funwind-tables -fopenmp -D_GNU_SOURCE \
+# (-Ihost: host files include each other by their path under host/, "core/iter.h")
+CFLAGS_ALL := -std=gnu11 $(OPT) -g $(WARN) -funwind-tables -fopenmp -D_GNU_SOURCE -Ihost \
               $(PKG_CFLAGS) $(CUDA_CFLAGS) $(MPI_CFLAGS) $(SANITIZE) $(CFLAGS)
 KERNEL_OPT ?= -O3
 # kernels never read floating-point exception flags: this lets selects and
@@ -127,8 +128,9 @@ BUILD_CONFIG := $(CC) | $(CXX) | $(CFLAGS_ALL) | $(KERNEL_OPT) $(KERNEL_FLAGS) |
 CONFIG_HASH := $(firstword $(shell printf '%s' '$(subst ','\'',$(BUILD_CONFIG))' | md5sum))
 CONFIG_DEP := $(BUILD)/config.hash
 
-CORE_SRC := $(filter-out host/main.c host/repl.c,$(wildcard host/*.c)) $(wildcard kernels/cpu/*.c)
-LUA_BIND_SRC := $(wildcard bindings/*.c) host/main.c host/repl.c
+# host/<subsystem>/*.c (ARCHITECTURE.md): the library; host/app/ (main, REPL) goes with the bindings
+CORE_SRC := $(filter-out host/app/%,$(wildcard host/*/*.c)) $(wildcard kernels/cpu/*.c)
+LUA_BIND_SRC := $(wildcard bindings/*.c) $(wildcard host/app/*.c)
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
 
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(EMU_OBJ)
@@ -159,7 +161,7 @@ $(BUILD)/kernels/%.o: kernels/%.c $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/tensor-impl.h host/lutra.h
+CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/core/tensor-impl.h host/lutra.h
 ifeq ($(EMU_OBJ),)
 # (ptxas's registers and shared memory per kernel kept in NAME.o.ptxas for
 # tests/gpu/launch_limits.py; the compiler's other messages still shown)

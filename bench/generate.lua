@@ -8,7 +8,7 @@
 -- The CPU may be shared, so the runs are interleaved: each of `rounds`
 -- rounds runs lutra, then torch under lutra's environment (lutra sets
 -- OMP_WAIT_POLICY=PASSIVE and OPENBLAS_THREAD_TIMEOUT=4 unless they are set,
--- host/main.c, and torch inherits them), then torch under its default one
+-- host/app/main.c, and torch inherits them), then torch under its default one
 -- (those two unset); the table gives each round, the medians, and the
 -- median of the per-round ratios, with the load average before and after.
 --

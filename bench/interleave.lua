@@ -29,7 +29,7 @@ local lt = require "lutra"
 local M = {}
 
 --- The variables of the threads' environment that lutra sets for itself
--- (host/main.c: passive OpenMP waiting, OpenBLAS's shortest spin) and that a
+-- (host/app/main.c: passive OpenMP waiting, OpenBLAS's shortest spin) and that a
 -- peer started from lutra would inherit.
 M.THREAD_VARS = { "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT" }
 

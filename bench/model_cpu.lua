@@ -3,7 +3,7 @@
 -- same weights (lutra's init, saved and loaded by the PyTorch side: the
 -- losses of the batch must agree), batch and thread count. PyTorch runs
 -- twice, under its own default thread environment and under lutra's
--- (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT: host/main.c), as persistent
+-- (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT: host/app/main.c), as persistent
 -- processes; the three take turns a step at a time (bench/interleave.lua),
 -- and the table holds each one's median over the same rounds: ms per step,
 -- tokens/s and GFLOP/s (llm.c's count: 6N + 6 L C T FLOPs per token, N all

@@ -5,7 +5,7 @@
 -- table holds each one's median over the same rounds in MB/s of UTF-8 input
 -- and lutra's speed over its. tiktoken runs under its default thread
 -- environment and under lutra's (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT:
--- host/main.c). Then both encoders' ids of every file are compared, id by id.
+-- host/app/main.c). Then both encoders' ids of every file are compared, id by id.
 --
 --   ./lutra bench/tokenizer.lua [--input=DIR] [--rounds=3] [--quick]
 --

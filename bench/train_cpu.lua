@@ -6,7 +6,7 @@
 -- same thread count. The sides are this lutra, lutra on 2 ranks under
 -- mpirun (data parallel, the same global batch split in two), and PyTorch
 -- under its default thread environment and under lutra's (OMP_WAIT_POLICY,
--- OPENBLAS_THREAD_TIMEOUT: host/main.c); they take turns a training step at
+-- OPENBLAS_THREAD_TIMEOUT: host/app/main.c); they take turns a training step at
 -- a time (bench/interleave.lua). Prints each side's median step over the
 -- same rounds as tokens/s, lutra's speed over its, peak RSS (with loading
 -- the initial weights), and the losses at step 0 and at the last step.

@@ -1,5 +1,5 @@
 /*
- * autograd.c (bindings): backward as a classic lua_CFunction, so the engine
+ * host/autograd/engine.c (bindings): backward as a classic lua_CFunction, so the engine
  * may call back into Lua: gradient-ready hooks on leaves and the backward of
  * custom Lua functions (LuaJIT forbids re-entering the VM from a function
  * called through the FFI, and allows it from a lua_CFunction).

@@ -1,5 +1,5 @@
 /*
- * bindings.h: what host/main.c and host/repl.c call to make lutra's Lua side
+ * bindings.h: what host/app/main.c and host/app/repl.c call to make lutra's Lua side
  * available in a lua_State: the embedded modules in package.preload (or a
  * source tree named by LUTRA_PATH) and the native helpers in "lutra.core".
  */

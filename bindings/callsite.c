@@ -1,6 +1,6 @@
 /*
  * callsite.c: "lutra.core".set_call_site, the call site a collective checks
- * against the other ranks' and reports (host/comm.c's lt_comm_set_site): the
+ * against the other ranks' and reports (host/comm/comm.c's lt_comm_set_site): the
  * first Lua frame from a given level outwards as "file:line", and a few
  * frames beyond it as context ("file:line < file:line"). A classic C
  * function, not an FFI call: calling it leaves a compiled trace first, so

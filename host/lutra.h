@@ -95,7 +95,7 @@ const char *lt_version(void);
 /* Number of CUDA devices usable now (0 when CUDA is not compiled in or no
    driver/device is present); *why receives the reason when 0 (static text). */
 int lt_cuda_device_count(const char **why);
-/* The CUDA caching allocator of device N (host/backend-cuda.c), in bytes:
+/* The CUDA caching allocator of device N (host/cuda/backend.c), in bytes:
    bytes in live tensors (rounded to the allocator's size classes), bytes
    held from the driver (live plus cached), and the peak of live since the
    start or the last lt_cuda_reset_peak. Zeros without CUDA. */
@@ -105,7 +105,7 @@ void lt_cuda_reset_peak(int device_index);
 void lt_cuda_empty_cache(int device_index);
 /* Waits for device N's queued work; errors of kernels that failed since. */
 lt_status lt_cuda_synchronize(int device_index);
-/* Where device N's time goes (host/profile-cuda.c): after profile_start,
+/* Where device N's time goes (host/cuda/profile.c): after profile_start,
    each piece of work lutra queues on the device's compute stream (kernel,
    cuBLASLt product, cuDNN attention, copy) is followed by a timing event
    named for it; profile_stop waits for the device and returns, per name,
@@ -129,7 +129,7 @@ void lt_cuda_profile_free(lt_cuda_profile_row *rows);
    it; profile_start clears it). */
 void lt_cuda_profile_phase(const char *name);
 /* Whether a profile runs; names the piece of work just queued (kernels/cuda,
-   host/matmul-cuda.c, host/attention-cudnn.c: cheap when not profiling). */
+   host/cuda/cublaslt.c, host/cuda/cudnn-attention.c: cheap when not profiling). */
 int lt_cuda_profiling(void);
 void lt_cuda_profile_mark(const char *what);
 /* Whether f32 matrix products on CUDA may use TF32 (default off). */
@@ -340,7 +340,7 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
 /* t.select(dim, index[i]) += src.select(dim, i), in order, deterministic. */
 lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
 
-/* ---- fused neural-network ops (host/nn.c), with gradients ----------------- */
+/* ---- fused neural-network ops (host/ops/nn.c), with gradients ----------------- */
 
 /* LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * w + b, var
    biased (Ba et al. 2016, as torch.nn.functional.layer_norm); w and b are
@@ -449,7 +449,7 @@ lt_status lt_tensor_normal_(lt_tensor *t, lt_generator *g, double mean, double s
 /* The raw block function: 4 words of output for counter ctr and key key. */
 void lt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out);
 
-/* ---- safetensors files (host/safetensors.c) ----------------------------- */
+/* ---- safetensors files (host/io/safetensors.c) ----------------------------- */
 
 typedef struct lt_safetensors lt_safetensors;
 /* Maps and validates a file (header length, JSON, dtypes, shapes, offsets
@@ -471,7 +471,7 @@ lt_status lt_safetensors_get(const lt_safetensors *f, const char *name, lt_tenso
 lt_status lt_safetensors_save(const char *path, int64_t n, const char *const *names, lt_tensor *const *tensors,
                               const char *metadata_json);
 
-/* ---- GPT-2 byte-level BPE (host/tokenizer.c) ---------------------------- */
+/* ---- GPT-2 byte-level BPE (host/io/tokenizer.c) ---------------------------- */
 
 typedef struct lt_tokenizer lt_tokenizer;
 /* Loads a tiktoken vocabulary ("base64 rank" lines, e.g. gpt2.tiktoken). */
@@ -508,7 +508,7 @@ lt_status lt_tokenizer_decode(const lt_tokenizer *t, const int32_t *ids, int64_t
 /* Frees memory the tokenizer returned. */
 void lt_free(void *p);
 
-/* ---- token shards and the batch loader (host/loader.c) --------------------- */
+/* ---- token shards and the batch loader (host/io/loader.c) --------------------- */
 
 /* Checks a shard image: llm.c's 256-int32 header (magic 20240520 version 1
    with uint16 tokens, or 20240801 version 7 with uint32) and a token count
@@ -551,7 +551,7 @@ void lt_loader_close(lt_loader *l);
 
 /* Bytes in live CPU tensors, bytes held (live plus cached), peak of live. */
 void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak);
-/* ---- autograd (host/autograd.c) --------------------------------------------- */
+/* ---- autograd (host/autograd/engine.c) --------------------------------------------- */
 
 /* Grad mode: while on (the default), ops on tensors that require grad are
    recorded for backward. lt.no_grad turns it off around a function. */
@@ -586,7 +586,7 @@ lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int n
                                     lt_tensor *const *outputs, int64_t id);
 int lt_autograd_take_dead_custom(int64_t *ids, int max);
 
-/* ---- optimizers (host/optim.c; kernels/<backend>/optim) ----------------------- */
+/* ---- optimizers (host/ops/optim.c; kernels/<backend>/optim) ----------------------- */
 
 /* One AdamW step (Loshchilov and Hutter 2019, decoupled weight decay; the
    formulas of torch.optim.AdamW) over n parameters in one fused call. All
@@ -623,7 +623,7 @@ void lt_cpu_empty_cache(void);
    which otherwise sees only an 8-byte pointer per tensor and would let
    garbage tensors pile up. */
 int64_t lt_take_alloc_pressure(void);
-/* ---- durable files and preemption (host/fsio.c; lt.ckpt) ----------------------- */
+/* ---- durable files and preemption (host/io/fsio.c; lt.ckpt) ----------------------- */
 
 /* Writes len bytes to path atomically: a temporary file beside it, fsync,
    rename, fsync of the directory. On failure the old file is untouched. */
@@ -649,7 +649,7 @@ int lt_path_kind(const char *path);
 void lt_preempt_watch(int on);
 int lt_preempt_signal(void);
 void lt_preempt_clear(void);
-/* ---- checksums (host/checksum.c; lt.ckpt) ------------------------------------------ */
+/* ---- checksums (host/io/checksum.c; lt.ckpt) ------------------------------------------ */
 
 /* CRC-32C (Castagnoli) of len bytes, continuing from crc (0 to start; the
    result of the bytes before): lt_crc32c(0, "123456789", 9) == 0xE3069283. */
@@ -664,7 +664,7 @@ uint32_t lt_crc32c_combine(uint32_t crc1, uint32_t crc2, int64_t len2);
    pieces by up to 8 threads for a large file. Errors name the file (and the
    byte offset of a failed read). */
 lt_status lt_file_crc32c(const char *path, uint32_t *crc, int64_t *bytes);
-/* ---- process groups and collectives (host/comm.c) ------------------------------------
+/* ---- process groups and collectives (host/comm/comm.c) ------------------------------------
 
    One interface over MPI (CPU tensors, under mpirun) and a single process
    (every collective the identity); semantics as torch.distributed. Tensors

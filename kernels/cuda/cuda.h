@@ -1,13 +1,13 @@
 /*
- * cuda.h: the CUDA kernels' launchers, called by host/backend-cuda.c. Each
- * takes the descriptor the host built (tensor-impl.h) and the stream to run
+ * cuda.h: the CUDA kernels' launchers, called by host/cuda/backend.c. Each
+ * takes the descriptor the host built (host/core/tensor-impl.h) and the stream to run
  * on, launches, checks the launch and returns a status. Kernels allocate
  * nothing and keep no state: memory, streams and handles are the host's.
  */
 #ifndef LUTRA_KERNELS_CUDA_H
 #define LUTRA_KERNELS_CUDA_H
 
-#include "../../host/tensor-impl.h"
+#include "../../host/core/tensor-impl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,7 +17,7 @@ typedef struct CUstream_st *lt_cuda_stream;
 
 /* "" or, for a CUDA error that loses the process's context (an illegal
    address, a kernel's assert or fault: sticky, cudaError_t's documentation),
-   a note that says so, to append to the error's message (host/backend-cuda.c) */
+   a note that says so, to append to the error's message (host/cuda/backend.c) */
 const char *lt_cuda_error_note(int cuda_error);
 
 lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s);

@@ -1,4 +1,4 @@
---- lutra.autograd: gradients from Lua (the engine is C: host/autograd.c).
+--- lutra.autograd: gradients from Lua (the engine is C: host/autograd/engine.c).
 -- Tensor methods and fields: t:requires_grad_([on]), t.requires_grad,
 -- t.grad (read and write), t.grad_fn, t.is_leaf, t:detach(),
 -- t:backward([grad][, {retain_graph=true}]), t:retain_grad(),

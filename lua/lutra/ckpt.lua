@@ -22,7 +22,7 @@
 --
 -- Integrity: list() and latest() take a checkpoint whose files have the
 -- sizes state.json lists (cheap); load() also checks the CRC-32C of each
--- file it reads (host/checksum.c, ~11 GB/s with SSE4.2) and verify() that of
+-- file it reads (host/io/checksum.c, ~11 GB/s with SSE4.2) and verify() that of
 -- every file, so bytes altered at the same size are refused, naming the
 -- file. Checkpoints saved before checksums (no 'checksums' field) load,
 -- checked by size only, with a note on stderr.

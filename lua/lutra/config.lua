@@ -18,7 +18,7 @@
 --   lt.config.check(cfg, { steps = { int = true, min = 1 }, lr = { gt = 0 } })
 local M = {}
 
--- the messages of settings errors, which lutra's error handler (host/main.c)
+-- the messages of settings errors, which lutra's error handler (host/app/main.c)
 -- prints without a traceback: a set in the registry, keyed by the message
 local PLAIN = "lutra.settings_errors"
 local registry = debug.getregistry()

@@ -1,4 +1,4 @@
---- lutra.data (lt.data): token shards and batches (host/loader.c).
+--- lutra.data (lt.data): token shards and batches (host/io/loader.c).
 --
 --   local train = lt.data.shards { path = "data/pydocs/train", batch = 8, seq = 256, seed = 1337 }
 --   local x, y = train:next()                 -- (B, T) i32 each

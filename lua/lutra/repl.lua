@@ -1,4 +1,4 @@
---- lutra.repl: what the REPL (host/repl.c) asks of Lua: printing the values
+--- lutra.repl: what the REPL (host/app/repl.c) asks of Lua: printing the values
 -- of an entry and completing names on TAB.
 local M = {}
 

@@ -1,5 +1,5 @@
 --- lutra.safetensors: safetensors files (the C reader validates every header
--- field; host/safetensors.c). lt.save(path, {name = tensor, ...}[, metadata])
+-- field; host/io/safetensors.c). lt.save(path, {name = tensor, ...}[, metadata])
 -- writes atomically (names in sorted order); lt.load(path) -> tensors,
 -- metadata; lt.safetensors.open(path) gives a reader for one tensor at a time.
 local capi = require "lutra.capi"

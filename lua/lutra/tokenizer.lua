@@ -1,4 +1,4 @@
---- lutra.tokenizer (lt.tokenizer): GPT-2's byte-level BPE (host/tokenizer.c),
+--- lutra.tokenizer (lt.tokenizer): GPT-2's byte-level BPE (host/io/tokenizer.c),
 -- giving the ids tiktoken gives.
 --
 --   local tok = lt.tokenizer.load("data/gpt2.tiktoken")     -- or load{encoder=, bpe=}

@@ -1,5 +1,5 @@
 /*
- * test_crc32c.c: CRC-32C (host/checksum.c) against the check value of the
+ * test_crc32c.c: CRC-32C (host/io/checksum.c) against the check value of the
  * CRC catalogue ("123456789") and the iSCSI vectors of RFC 3720 B.4, and
  * both its paths (the crc32 instruction with three interleaved streams, the
  * slicing-by-8 tables) against a bit-at-a-time reference, over lengths and

@@ -1,5 +1,5 @@
 /*
- * test_cuda_errors.c: the messages of CUDA errors (host/backend-cuda.c's
+ * test_cuda_errors.c: the messages of CUDA errors (host/cuda/backend.c's
  * lt_cuda_error_at), without a GPU: an error that loses the process's CUDA
  * context (an illegal address, a kernel's fault or assert) says so and how
  * to find the kernel; an ordinary one (a bad argument) does not; running
@@ -8,7 +8,7 @@
 #include "check.h"
 
 #ifdef LT_WITH_CUDA
-#include "backend-cuda.h"
+#include "cuda/backend.h"
 
 TEST(sticky_errors_say_the_context_is_lost) {
   const cudaError_t sticky[] = {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,

@@ -1,5 +1,5 @@
 /*
- * test_cudnn_graph.c: the cuDNN attention graphs of host/attention-cudnn.c,
+ * test_cudnn_graph.c: the cuDNN attention graphs of host/cuda/cudnn-attention.c,
  * built and finalized without a GPU (cuDNN 9.8+ finalizes an operation
  * graph without a device): every descriptor, attribute and op that lutra
  * makes is one cuDNN takes. Causal and not, grouped-query heads, GPT-2's
@@ -19,7 +19,7 @@
 #include "check.h"
 
 #ifdef LT_WITH_CUDA
-#include "backend-cuda.h"
+#include "cuda/backend.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  */
 #include "check.h"
 #include "lutra.h"
-#include "tensor-impl.h"
+#include "core/tensor-impl.h"
 
 #include <omp.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * cublaslt.cc: the CUDA emulator's cuBLASLt, the thirteen calls
- * host/matmul-cuda.c makes, computed on the CPU by OpenBLAS in the compute
+ * host/cuda/cublaslt.c makes, computed on the CPU by OpenBLAS in the compute
  * type (f32 accumulation, TF32-rounded inputs when asked, or f64) from what
  * the descriptors say, as NVIDIA's documentation (cublasLt.h) defines
  * them: D = alpha op(A) op(B) + beta C, column-major, op N or T, strided

@@ -1,6 +1,6 @@
 /*
  * cudnn.cc: the CUDA emulator's cuDNN: the cuDNN 9 graph ("backend") API
- * calls host/attention-cudnn.c makes, with descriptors kept as the
+ * calls host/cuda/cudnn-attention.c makes, with descriptors kept as the
  * documentation (cuDNN's "Backend Descriptor Types") defines them and
  * operation graphs interpreted on the CPU: pointwise ops (with
  * broadcasting), matrix products over the last two dimensions (batch

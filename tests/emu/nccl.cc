@@ -1,5 +1,5 @@
 /*
- * nccl.cc: the CUDA emulator's NCCL, the eight calls host/comm-nccl.c makes,
+ * nccl.cc: the CUDA emulator's NCCL, the eight calls host/comm/nccl.c makes,
  * for a job of one rank (a communicator of more ranks is refused: the
  * emulator has one device in one process). With one rank every collective
  * is a copy from the send buffer to the receive buffer (NCCL's semantics,

@@ -1,7 +1,7 @@
 /*
  * runtime.cc: the CUDA emulator's scheduler and the part of the CUDA runtime
- * API that lutra calls (host/backend-cuda.c, host/matmul-cuda.c,
- * host/comm-nccl.c, kernels/cuda), for a build of lutra whose "device" is
+ * API that lutra calls (host/cuda/backend.c, host/cuda/cublaslt.c,
+ * host/comm/nccl.c, kernels/cuda), for a build of lutra whose "device" is
  * this process (make emu; tests/emu/README.md).
  *
  * Scheduler: a launch runs its blocks one after another (first to last, or
@@ -1045,7 +1045,7 @@ void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work) {
 
 extern "C" {
 
-/* host/backend-cuda.c's allocator hands out block (a size class) for used
+/* host/cuda/backend.c's allocator hands out block (a size class) for used
    bytes (used 0: the block was freed), in the order of stream, the stream
    whose kernels use it: when the stream's earlier work has run, the bytes
    are filled with garbage and, under AddressSanitizer, the rest of the

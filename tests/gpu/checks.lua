@@ -870,7 +870,7 @@ end, { gtol = 1e-4 })
 local function library_check(name, B, NH, NKV, T, S, HS, causal, opts)
   opts = opts or {}
   check(name, function()
-    -- cuDNN 9.15 and older: no backward over a key count off a multiple of 128 (host/attention-cudnn.c)
+    -- cuDNN 9.15 and older: no backward over a key count off a multiple of 128 (host/cuda/cudnn-attention.c)
     local refused = opts.refused or (S % 128 ~= 0 and (lt.cuda.cudnn_version() or 0) <= 91500)
     local function heads(x, H, L) return x:view(B, L, H, HS):transpose(2, 3) end
     local cq, ck, cv

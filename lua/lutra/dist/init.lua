@@ -1,4 +1,4 @@
---- lutra.dist (lt.dist): processes and collectives (host/comm.c).
+--- lutra.dist (lt.dist): processes and collectives (host/comm/comm.c).
 --
 --   lt.dist.init()                               -- MPI under mpirun, else one process
 --   print(lt.dist.rank(), lt.dist.world_size())

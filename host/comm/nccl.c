@@ -1,0 +1,186 @@
+/*
+ * comm/nccl.c: the collectives of host/comm/comm.c for CUDA tensors, through
+ * NCCL. Each group (lt_comm) gets one NCCL communicator per device, made on
+ * its first CUDA collective: rank 0 of the group draws the unique id
+ * (ncclGetUniqueId) and the group's MPI communicator broadcasts it (a single
+ * process needs none), then ncclCommInitRank. Operations run on the
+ * device's communication stream after the compute stream's work so far (an
+ * event), and the compute stream waits for them with another event, so the
+ * host never blocks: later kernels simply start after the transfer.
+ * all_gather and reduce_scatter need equal chunks here (NCCL has no
+ * v-forms): other sizes are an error naming the sizes.
+ *
+ * NCCL is opened with dlopen at the first CUDA collective (as cuBLASLt is),
+ * so lutra starts, and runs on the CPU, without it.
+ *
+ * Written against nccl.h 2.28 (ncclAvg needs 2.10); NOT YET RUN on a GPU.
+ */
+#ifdef LT_WITH_CUDA
+#include "cuda/backend.h"
+#include "comm/comm-impl.h"
+#include "base/status.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NCCL_FUNCS(X)                                                                                        \
+  X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclGetErrorString) X(ncclAllReduce)            \
+  X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter)
+
+static struct {
+#define X(f) __typeof__(f) *f;
+  NCCL_FUNCS(X)
+#undef X
+} nccl;
+
+#ifndef LT_CUDA_LIBDIR
+#define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
+#endif
+
+static lt_status nccl_open(void) {
+  static void *lib;
+  if (lib)
+    return LT_OK;
+#ifdef LT_CUDA_EMU /* the CUDA emulator's one-rank NCCL is linked into lutra (tests/emu/nccl.cc) */
+  void *h = dlopen(NULL, RTLD_NOW);
+#else
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+#endif
+  if (!h)
+    h = dlopen(LT_CUDA_LIBDIR "/libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    return lt_fail(LT_ERR_DEVICE, "NCCL could not be loaded (libnccl.so.2, also tried %s): %s", LT_CUDA_LIBDIR,
+                   dlerror());
+#define X(f)                                                                         \
+  if (!(nccl.f = (__typeof__(f) *)dlsym(h, #f))) {                                    \
+    dlclose(h);                                                                      \
+    return lt_fail(LT_ERR_DEVICE, "NCCL lacks %s: a version older than 2.10?", #f); \
+  }
+  NCCL_FUNCS(X)
+#undef X
+  lib = h;
+  return LT_OK;
+}
+
+static lt_status nccl_check(ncclResult_t r, const char *what, int device) {
+  if (r == ncclSuccess)
+    return LT_OK;
+  return lt_fail(LT_ERR_DEVICE, "cuda:%d: %s: NCCL error %d (%s)", device, what, (int)r,
+                 nccl.ncclGetErrorString ? nccl.ncclGetErrorString(r) : "?");
+}
+
+/* one communicator per (group, device) */
+typedef struct nccl_entry {
+  int group_id, device;
+  ncclComm_t comm;
+  struct nccl_entry *next;
+} nccl_entry;
+static nccl_entry *entries;
+
+static lt_status comm_for(lt_comm *c, int device, ncclComm_t *out) {
+  for (nccl_entry *e = entries; e; e = e->next)
+    if (e->group_id == lt_comm_id(c) && e->device == device) {
+      *out = e->comm;
+      return LT_OK;
+    }
+  LT_TRY(nccl_open());
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (lt_comm_rank(c) == 0)
+    LT_TRY(nccl_check(nccl.ncclGetUniqueId(&id), "ncclGetUniqueId", device));
+  LT_TRY(lt_comm_bcast_bytes(c, &id, (int)sizeof id, 0));
+  nccl_entry *e = calloc(1, sizeof *e);
+  if (!e)
+    return lt_fail(LT_ERR_OOM, "NCCL: out of memory");
+  lt_cuda_ctx *ctx;
+  lt_status st = lt_cuda_ctx_get(LT_DEVICE_CUDA + device, &ctx); /* makes the device current */
+  if (st == LT_OK)
+    st = nccl_check(nccl.ncclCommInitRank(&e->comm, lt_comm_size(c), id, lt_comm_rank(c)), "ncclCommInitRank",
+                    device);
+  if (st != LT_OK) {
+    free(e);
+    return st;
+  }
+  e->group_id = lt_comm_id(c);
+  e->device = device;
+  e->next = entries;
+  entries = e;
+  *out = e->comm;
+  return LT_OK;
+}
+
+static int nccl_type(lt_dtype d, ncclDataType_t *out) {
+  switch (d) {
+  case LT_DTYPE_F32: *out = ncclFloat32; return 1;
+  case LT_DTYPE_F64: *out = ncclFloat64; return 1;
+  case LT_DTYPE_BF16: *out = ncclBfloat16; return 1;
+  case LT_DTYPE_F16: *out = ncclFloat16; return 1;
+  case LT_DTYPE_I32: *out = ncclInt32; return 1;
+  case LT_DTYPE_I64: *out = ncclInt64; return 1;
+  case LT_DTYPE_U8: *out = ncclUint8; return 1;
+  default: return 0;
+  }
+}
+
+static ncclRedOp_t nccl_op(lt_comm_op op) {
+  switch (op) {
+  case LT_COMM_AVG: return ncclAvg;
+  case LT_COMM_MAX: return ncclMax;
+  case LT_COMM_MIN: return ncclMin;
+  default: return ncclSum;
+  }
+}
+
+/* `waiter` runs nothing further until `done` has finished its work so far */
+static lt_status stream_waits(lt_cuda_ctx *ctx, cudaStream_t waiter, cudaStream_t done) {
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess)
+    e = cudaEventRecord(ev, done);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(waiter, ev, 0);
+  cudaEventDestroy(ev);
+  return e == cudaSuccess ? LT_OK : lt_cuda_error("collective: ordering the streams", ctx->index, e);
+}
+
+lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tensor *in, lt_comm_op op, int root) {
+  int device = (int)(in->storage->device - LT_DEVICE_CUDA);
+  if (out->storage->device != in->storage->device)
+    return lt_fail(LT_ERR_DEVICE, "collective: input on cuda:%d, output on another device", device);
+  ncclDataType_t dt;
+  if (!nccl_type(in->dtype, &dt))
+    return lt_fail(LT_ERR_DTYPE, "collective: NCCL has no %s", lt_dtype_name(in->dtype));
+  lt_cuda_ctx *ctx;
+  LT_TRY(lt_cuda_ctx_get(in->storage->device, &ctx));
+  ncclComm_t comm = NULL;
+  LT_TRY(comm_for(c, device, &comm));
+  LT_TRY(stream_waits(ctx, ctx->comm, ctx->compute)); /* after the compute work so far */
+  size_t n = (size_t)lt_tensor_numel(in);
+  ncclResult_t r;
+  const char *what;
+  switch (kind) {
+  case LT_NCCL_ALL_REDUCE:
+    what = "ncclAllReduce";
+    r = nccl.ncclAllReduce(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, nccl_op(op), comm, ctx->comm);
+    break;
+  case LT_NCCL_BROADCAST:
+    what = "ncclBroadcast";
+    r = nccl.ncclBroadcast(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, root, comm, ctx->comm);
+    break;
+  case LT_NCCL_ALL_GATHER: /* in: this rank's n elements; out: size x n */
+    what = "ncclAllGather";
+    r = nccl.ncclAllGather(lt_tensor_ptr(in), lt_tensor_ptr(out), n, dt, comm, ctx->comm);
+    break;
+  default: /* reduce_scatter: in: size x m elements; out: this rank's m */
+    what = "ncclReduceScatter";
+    r = nccl.ncclReduceScatter(lt_tensor_ptr(in), lt_tensor_ptr(out), (size_t)lt_tensor_numel(out), dt,
+                               nccl_op(op), comm, ctx->comm);
+    break;
+  }
+  LT_TRY(nccl_check(r, what, device));
+  return stream_waits(ctx, ctx->compute, ctx->comm); /* later kernels after the transfer */
+}
+
+#endif
