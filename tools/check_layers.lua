@@ -29,6 +29,7 @@ end
 local LAYERS = {
   { "base" },                -- host/base: status and errors, dtypes, size classes
   { "kernels" },             -- kernels/: compute on descriptors (kernels/kernel.h), nothing of the host's objects
+  { "backend" },             -- host/backend: the interface every device backend implements (backend.h)
   { "cpu", "cuda" },         -- host/cpu, host/cuda: the backends (memory, streams, libraries)
   { "core" },                -- host/core: tensors, storages, iteration, the device-to-backend map
   { "ops" },                 -- host/ops: forward ops by family (dispatch to a backend)
