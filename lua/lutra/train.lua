@@ -70,9 +70,18 @@
 -- far, evaluations and samples included). Evaluations and samples go to
 -- both as well. A line that cannot be written (a full disk) raises
 -- "train: cannot write <file>: <reason>": a run does not go on unrecorded.
-local lt = require "lutra"
+local autograd = require "lutra.autograd"
+local random = require "lutra.random"
+local F = require "lutra.nn.functional"
+local comm = require "lutra.dist.comm"
+local optim = require "lutra.optim"
+local cuda = require "lutra.cuda"
+local json = require "lutra.json"
+local runtime = require "lutra.runtime"
+local config = require "lutra.config"
+local ckpt = require "lutra.ckpt"
+local generate = require "lutra.generate"
 local C = require("lutra.capi").C
-local F = lt.F
 
 local M = {}
 
@@ -87,7 +96,7 @@ local DEFAULTS = {
 local SAMPLE_KEYS = { tokenizer = true, prompt = true, tokens = true, temperature = true, top_k = true, top_p = true,
   generator = true }
 
-local sorted_names = lt.config.sorted_keys
+local sorted_names = config.sorted_keys
 
 --- lt.train.format_bytes(b) -> "12.3 MiB" (under 1 GiB) or "1.25 GiB".
 function M.format_bytes(b)
@@ -114,7 +123,7 @@ local function json_line(t)
     end
     clean[k] = v
   end
-  return lt.json.encode(clean)
+  return json.encode(clean)
 end
 
 --- The peak FLOP/s MFU is measured against: 989e12 on CUDA (H100/H200 dense
@@ -122,7 +131,7 @@ end
 -- assumption, printed with the numbers.
 local function default_peak(device)
   if device:sub(1, 4) == "cuda" then return 989e12, "989 TFLOP/s (H100/H200 bf16 dense)" end
-  local cores = lt.num_threads()
+  local cores = runtime.num_threads()
   local peak = cores * 2.5e9 * 32
   return peak, ("%.0f GFLOP/s (%d core%s x 2.5 GHz x 32 f32 FLOPs/cycle, assumed)"):format(peak / 1e9, cores,
     cores == 1 and "" or "s")
@@ -147,10 +156,10 @@ end
 
 local function memory_now(device)
   if device:sub(1, 4) == "cuda" then
-    local s = lt.cuda.memory_stats(device)
+    local s = cuda.memory_stats(device)
     return s.allocated, s.peak
   end
-  local s = lt.memory_stats()
+  local s = runtime.memory_stats()
   return s.allocated, s.peak
 end
 
@@ -161,7 +170,7 @@ end
 function M.generate(model, ids, opts)
   opts = opts or {}
   if type(ids) ~= "table" or #ids == 0 then error("generate: needs at least one prompt token", 2) end
-  local new = lt.generate(model, ids, { max_tokens = opts.tokens or 64, temperature = opts.temperature or 1,
+  local new = generate(model, ids, { max_tokens = opts.tokens or 64, temperature = opts.temperature or 1,
     top_k = opts.top_k or 0, top_p = opts.top_p or 1, generator = opts.generator, device = opts.device,
     truncate = "left" })
   local out = {}
@@ -176,7 +185,7 @@ local function evaluate(model, loader, n, ignore_index, device)
   local was_training = model.training
   local block = model.config and model.config.block_size
   model:eval()
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _ = 1, n do
       local x, y = loader:next()
       if not x then break end
@@ -201,7 +210,7 @@ local function check_opts(raw)
   for k in pairs(raw) do
     if DEFAULTS[k] == nil then
       local known = sorted_names(DEFAULTS)
-      local near = lt.config.nearest(tostring(k), known)
+      local near = config.nearest(tostring(k), known)
       error(("train: unknown setting '%s'%s (known: %s)"):format(tostring(k),
         near and (" (did you mean '%s'?)"):format(near) or "", table.concat(known, ", ")), 3)
     end
@@ -241,7 +250,7 @@ local function check_opts(raw)
     if type(s) ~= "table" then error("train: sample must be a table {tokenizer =, prompt =, tokens =, ...}", 3) end
     for k in pairs(s) do
       if not SAMPLE_KEYS[k] then
-        local near = lt.config.nearest(tostring(k), sorted_names(SAMPLE_KEYS))
+        local near = config.nearest(tostring(k), sorted_names(SAMPLE_KEYS))
         error(("train: unknown sample setting '%s'%s (known: %s)"):format(tostring(k),
           near and (" (did you mean '%s'?)"):format(near) or "", table.concat(sorted_names(SAMPLE_KEYS), ", ")), 3)
       end
@@ -277,15 +286,15 @@ function M.run(settings)
   local device = params[1] and params[1].device or "cpu"
   local peak, peak_text = default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
-  if o.ddp and lt.dist.world_size() > 1 then -- tokens/s are the job's: so is the peak
-    peak, peak_text = peak * lt.dist.world_size(), ("%d ranks x %s"):format(lt.dist.world_size(), peak_text)
+  if o.ddp and comm.world_size() > 1 then -- tokens/s are the job's: so is the peak
+    peak, peak_text = peak * comm.world_size(), ("%d ranks x %s"):format(comm.world_size(), peak_text)
   end
 
   local dir = o.out_dir .. "/" .. o.name
   local ckpt_dir = o.ckpt_dir or (dir .. "/ckpt")
   local rng = o.rng
   if not rng then
-    rng = { default = lt.default_generator() }
+    rng = { default = random.default_generator() }
     if type(o.sample) == "table" and o.sample.generator then rng.sample = o.sample.generator end
   end
   local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
@@ -296,7 +305,7 @@ function M.run(settings)
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
   -- under data parallelism rank 0 alone prints, warns and writes the metrics
-  local lead = not ddp or lt.dist.rank() == 0
+  local lead = not ddp or comm.rank() == 0
   if ddp and opt.sharded then
     -- ZeRO 2 and 3 reduce-scatter the gradients themselves; stage 1 takes them all-reduced
     local want = opt.stage >= 2 and "none" or "all_reduce"
@@ -311,33 +320,33 @@ function M.run(settings)
     error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)
   end
   if o.config then
-    local bad = lt.json.find_unencodable(o.config)
+    local bad = json.find_unencodable(o.config)
     if bad then error(("train: config.%s cannot be saved in a checkpoint (%s)"):format(bad.path, bad.why), 2) end
   end
-  local existing = lt.ckpt.list(ckpt_dir)
+  local existing = ckpt.list(ckpt_dir)
   local newest = existing[#existing]
   if o.resume ~= "none" then
     local path = o.resume
     if o.resume == "auto" then path = nil end
     if o.resume == "auto" then -- the newest whose files pass their checksums
       local skipped
-      newest, skipped = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
+      newest, skipped = ckpt.newest_verified(ckpt_dir, function(p, why)
         if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
       end)
       local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
       local sums = ddp and ddp:reduce_numbers({ 1, mine, mine * mine }) -- (equal means: no spread)
       if sums and (sums[2] ~= sums[1] * mine or sums[3] ~= sums[1] * mine * mine) then
         error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
-          :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
+          :format(ckpt_dir, comm.rank(), newest and newest.path or "none"), 2)
       end
       if not newest and (skipped or 0) > 0 then -- (none at all: a fresh start)
-        lt.config.fail(("train: no checkpoint in %s passes its checks (each is named above); remove them to start afresh")
+        config.fail(("train: no checkpoint in %s passes its checks (each is named above); remove them to start afresh")
           :format(ckpt_dir))
       end
       path = newest and newest.path
     end
     if path then
-      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
+      local st = ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
         verified = o.resume == "auto" })
       start_step, opt_step = st.step, st.optimizer_steps or st.step
       summary.skipped = st.extra and st.extra.skipped or 0
@@ -352,7 +361,7 @@ function M.run(settings)
   end
   if o.ckpt_every > 0 and newest and newest.step > start_step then
     -- (a settings error: the message alone, as for the recipe's own settings)
-    lt.config.fail(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
+    config.fail(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
       :format(ckpt_dir, newest.step))
   end
   if resumed_from and start_step >= o.steps then
@@ -383,7 +392,7 @@ function M.run(settings)
     sample_ids = s.tokenizer:encode(s.prompt or "\n")
     if #sample_ids == 0 then sample_ids = { s.tokenizer.eot } end -- (an empty prompt: from the document start)
     if #sample_ids == 0 then error("train: sample.prompt encodes to no token, and the tokenizer has no eot", 2) end
-    local ok, err = pcall(lt.generate, model, sample_ids, { max_tokens = 0, cache = false, truncate = "left",
+    local ok, err = pcall(generate, model, sample_ids, { max_tokens = 0, cache = false, truncate = "left",
       temperature = s.temperature or 1, top_k = s.top_k or 0, top_p = s.top_p or 1, generator = s.generator,
       device = device })
     if not ok then error("train: sample: " .. tostring(err):gsub("^.-generate: ", ""), 2) end
@@ -425,7 +434,7 @@ function M.run(settings)
     if ok then ok, err = metrics:flush() end
     if not ok then error(("train: cannot write %s: %s"):format(metrics_path, tostring(err)), 0) end
   end
-  local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(lt.dist.rank()) or ""
+  local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(comm.rank()) or ""
   local function say(line)
     if not o.quiet and (lead or (ddp and o.log_all_ranks)) then
       print(prefix .. line)
@@ -457,14 +466,14 @@ function M.run(settings)
     return x, y
   end
 
-  local t_start = lt.clock()
+  local t_start = runtime.clock()
   local t_done = t_start -- when the last complete step (and its evaluation, sample) ended
   local t_loop = t_start -- (when the first step starts)
   local interval_sum, interval_n = 0, 0 -- the finite losses since the last printed line
 
   local function save(step)
-    local t0 = lt.clock()
-    local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
+    local t0 = runtime.clock()
+    local path = ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
       config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
       extra = { skipped = summary.skipped, steps = o.steps } })
     -- a Ctrl-C during the save waited for it (lt.ckpt.save defers it): taken
@@ -472,7 +481,7 @@ function M.run(settings)
     local stop = C.lt_is_interrupted() ~= 0
     if stop then C.lt_clear_interrupt() end
     record({ step = step, checkpoint = path })
-    say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
+    say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, runtime.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end
     if stop then
       summary.interrupted = true
@@ -489,14 +498,14 @@ function M.run(settings)
   local clip
   if opt.clip_grad_norm then
     clip = function(m) return opt:clip_grad_norm(m) end
-  elseif lt.optim.takes_grad_scale(opt) then
+  elseif optim.takes_grad_scale(opt) then
     clip = function(m)
-      local norm = lt.optim.grad_norm(params)
-      grad_scale = lt.optim.clip_scale(norm, m)
+      local norm = optim.grad_norm(params)
+      grad_scale = optim.clip_scale(norm, m)
       return norm
     end
   else
-    clip = function(m) return lt.optim.clip_grad_norm(params, m) end
+    clip = function(m) return optim.clip_grad_norm(params, m) end
   end
 
   -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
@@ -513,7 +522,7 @@ function M.run(settings)
   end
 
   local function one_step(step)
-    local t0 = lt.clock()
+    local t0 = runtime.clock()
     -- all micro-batches first: the step's loss divides by every counted token
     local xs, ys, total = {}, {}, 0
     for k = 1, o.accum do
@@ -577,7 +586,7 @@ function M.run(settings)
       grad_scale = 1
       lr = lr or opt.groups[1].lr
     end
-    local now = lt.clock()
+    local now = runtime.clock()
     local dt = now - t0
     summary.tokens = summary.tokens + tokens
     summary.loss = loss
@@ -602,7 +611,7 @@ function M.run(settings)
     end
     record(rec)
     summary.steps = summary.steps + 1 -- (complete: updated and recorded)
-    t_done = lt.clock()
+    t_done = runtime.clock()
     C.lt_interrupt_defer(0, nil)
     if C.lt_is_interrupted() ~= 0 then
       C.lt_clear_interrupt()
@@ -631,7 +640,7 @@ function M.run(settings)
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end
     if unsharded then opt:reshard() end
-    t_done = lt.clock()
+    t_done = runtime.clock()
   end
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
@@ -651,7 +660,7 @@ function M.run(settings)
         return
       end
     end
-    t_loop = lt.clock()
+    t_loop = runtime.clock()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
       if not ok then
@@ -694,7 +703,7 @@ function M.run(settings)
     if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
   end
   if not ok_all then error(err_all, 0) end
-  summary.seconds = (summary.interrupted and t_done or lt.clock()) - t_start
+  summary.seconds = (summary.interrupted and t_done or runtime.clock()) - t_start
   summary.optimizer_steps = opt_step
   summary.resumed_from = resumed_from
   return summary

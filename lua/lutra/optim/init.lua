@@ -12,7 +12,7 @@
 -- { params = {...}, lr = ..., weight_decay = ... } (group settings override
 -- the options). From a module or a list, weight decay goes to parameters of
 -- 2 or more dims (matrices, embeddings) and not to biases or norm weights.
-local lt = require "lutra"
+local autograd = require "lutra.autograd"
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
 local ffi, C = capi.ffi, capi.C
@@ -133,13 +133,13 @@ function Optimizer:state_of(p, g)
   if s then return s end
   s = {}
   local sdt = p.dtype == "f64" and "f64" or "f32"
-  lt.no_grad(function()
+  autograd.no_grad(function()
     if p.dtype == "bf16" or p.dtype == "f16" then s.master = p:to("f32"):contiguous() end
     if self.kind == "AdamW" then
-      s.exp_avg = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
-      s.exp_avg_sq = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
+      s.exp_avg = tensor.zeros(p:shape(), { dtype = sdt, device = p.device })
+      s.exp_avg_sq = tensor.zeros(p:shape(), { dtype = sdt, device = p.device })
     elseif g.momentum > 0 then
-      s.momentum_buffer = lt.zeros(p:shape(), { dtype = sdt, device = p.device })
+      s.momentum_buffer = tensor.zeros(p:shape(), { dtype = sdt, device = p.device })
     end
   end)
   self.state[p] = s
@@ -289,7 +289,7 @@ function Optimizer:state_dict()
       for _, k in ipairs(STATE_KEYS) do
         if s[k] ~= nil then tensors[i .. "." .. k] = s[k] end
       end
-      if s.started then tensors[i .. ".started"] = lt.ones(1, { dtype = "u8" }) end
+      if s.started then tensors[i .. ".started"] = tensor.ones(1, { dtype = "u8" }) end
     end
   end
   return { kind = self.kind, step = self.step_count, groups = groups, tensors = tensors }
@@ -371,7 +371,7 @@ function Optimizer:load_state_dict(sd)
       local t = sd.tensors[i .. "." .. k]
       if t ~= nil then
         s = s or {}
-        s[k] = lt.no_grad(function() return t:to { device = p.device }:clone() end)
+        s[k] = autograd.no_grad(function() return t:to { device = p.device }:clone() end)
       end
     end
     if s and sd.tensors[i .. ".started"] ~= nil then s.started = true end
@@ -468,7 +468,7 @@ function M.clip_grad_norm(what, max_norm)
   local norm = norm_of(by_dev, order, 2)
   local scale = M.clip_scale(norm, max_norm)
   if scale == 1 then return norm, false end
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, d in ipairs(order) do
       for _, g in ipairs(by_dev[d]) do g:mul_(scale) end
     end
