@@ -10,7 +10,7 @@
 -- lutra.autograd); lutra.tensor assembles the public table.
 local capi = require "lutra.capi"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
-local box, dims_a, dims_b = capi.tensor_box, capi.dims_a, capi.dims_b
+local box = capi.tensor_box
 
 local M = {}
 -- tensor methods: one table for the life of the state (the metatype below is

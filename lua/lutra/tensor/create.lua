@@ -2,13 +2,12 @@
 -- tables), zeros, ones, full, empty, the *_like forms and arange.
 local capi = require "lutra.capi"
 local core = require "lutra.tensor.core"
-local ffi, C, fail = capi.ffi, capi.C, capi.fail
+local ffi, C = capi.ffi, capi.C
 local box = capi.tensor_box
 local T = core.methods
 local floor = math.floor
-local dims_a, dims_b = capi.dims_a, capi.dims_b
-local take, fail_as, is_tensor, check_tensor, check_position = core.take, core.fail_as, core.is_tensor,
-  core.check_tensor, core.check_position
+local dims_a = capi.dims_a
+local take, fail_as, check_tensor = core.take, core.fail_as, core.check_tensor
 local options, read_shape, check_sizes, dtype_codes = core.options, core.read_shape, core.check_sizes,
   core.dtype_codes
 

@@ -4,8 +4,7 @@ local autograd = require "lutra.autograd"
 local create = require "lutra.tensor.create"
 local capi = require "lutra.capi"
 local core = require "lutra.tensor.core"
-local ffi, C, fail = capi.ffi, capi.C, capi.fail
-local box = capi.tensor_box
+local C = capi.C
 local T = core.methods
 local check_tensor, cdim, dtype_name = core.check_tensor, core.cdim, core.dtype_name
 

@@ -11,8 +11,8 @@ local box = capi.tensor_box
 local T = core.methods
 local floor = math.floor
 local dims_a, dims_b = capi.dims_a, capi.dims_b
-local take, fail_as, is_tensor, check_tensor, check_position = core.take, core.fail_as, core.is_tensor,
-  core.check_tensor, core.check_position
+local take, is_tensor, check_tensor, check_position = core.take, core.is_tensor, core.check_tensor,
+  core.check_position
 local gc, release = ffi.gc, core.release
 local read_shape, cdim, shape_str, binary = core.read_shape, core.cdim, core.shape_str, core.binary
 local dtype_code, device_code, dtype_out, device_out = core.dtype_code, core.device_code, core.dtype_out,

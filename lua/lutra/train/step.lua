@@ -30,7 +30,6 @@
 -- rank's summed token loss over them (a number) and tokens the inputs'
 -- elements it ran. It runs the backward passes; it may set entries of xs,
 -- ys to nil as it goes (to free them). The default is M.micro_batches.
-local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local optim = require "lutra.optim"
 local runtime = require "lutra.runtime"
