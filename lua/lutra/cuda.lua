@@ -55,7 +55,7 @@ end
 
 --- lt.cuda.profile_start([device]): from now on each piece of work lutra
 -- queues on the device's compute stream (a kernel, a cuBLASLt product,
--- cuDNN's attention, a copy) is timed with CUDA events (host/profile-cuda.c).
+-- cuDNN's attention, a copy) is timed with CUDA events (host/cuda/profile.c).
 -- Errors: a profile already running, no such device.
 function lt.cuda.profile_start(device)
   if C.lt_cuda_profile_start(cuda_index(device)) ~= 0 then error(ffi.string(C.lt_last_error()), 2) end

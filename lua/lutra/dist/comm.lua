@@ -1,4 +1,4 @@
---- lutra.dist.comm: processes and collectives (host/comm.c), the part of
+--- lutra.dist.comm: processes and collectives (host/comm/comm.c), the part of
 -- lt.dist below DataParallel and ZeRO (which use it). lutra.dist adds
 -- DataParallel and Zero to this same table and returns it: lt.dist is this
 -- table.

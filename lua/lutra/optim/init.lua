@@ -1,6 +1,6 @@
 --- lutra.optim (lt.optim): AdamW and SGD over parameter groups (classes on
 -- one base, lutra.optim.optimizer; lutra.optim.adamw, .sgd), each group
--- updated by one fused C call per step (host/optim.c, kernels/*/optim), and
+-- updated by one fused C call per step (host/ops/optim.c, kernels/*/optim), and
 -- global-norm gradient clipping. Formulas are torch.optim's (AdamW:
 -- Loshchilov and Hutter 2019, decoupled weight decay; SGD with momentum,
 -- dampening and Nesterov). bf16/f16 parameters get f32 master weights and
