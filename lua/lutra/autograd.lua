@@ -6,7 +6,8 @@
 -- lt.no_grad(fn, ...); lt.autograd.Function{forward=, backward=};
 -- lt.autograd.gradcheck(fn, inputs[, opts]).
 local capi = require "lutra.capi"
-local tensor = require "lutra.tensor"
+local tensor = require "lutra.tensor.core"
+local random = require "lutra.random"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
 local T = tensor.methods
 local box = capi.tensor_box
@@ -261,7 +262,6 @@ capi.core.set_autograd_handlers(on_leaf_ready, on_custom)
 function M.gradcheck(fn, inputs, opts)
   opts = opts or {}
   local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-5, opts.rtol or 1e-3
-  local lt = require "lutra"
   local any = false
   for i, x in ipairs(inputs) do
     if tensor.is_tensor(x) and x.requires_grad then
@@ -280,7 +280,7 @@ function M.gradcheck(fn, inputs, opts)
   if not any then error("gradcheck: no input requires grad", 2) end
   local out = fn(unpack(inputs))
   if not tensor.is_tensor(out) then error("gradcheck: fn must return a tensor", 2) end
-  local w = lt.randn(out:shape(), { dtype = out.dtype, generator = lt.Generator(12345) })
+  local w = random.randn(out:shape(), { dtype = out.dtype, generator = random.Generator(12345) })
   local function objective()
     return M.no_grad(function() return (fn(unpack(inputs)) * w):sum():item() end)
   end

@@ -26,7 +26,10 @@
 -- every file, so bytes altered at the same size are refused, naming the
 -- file. Checkpoints saved before checksums (no 'checksums' field) load,
 -- checked by size only, with a note on stderr.
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local models = require "lutra.models"
+local safetensors = require "lutra.safetensors"
+local comm = require "lutra.dist.comm"
 local capi = require "lutra.capi"
 local json = require "lutra.json"
 local C, ffi = capi.C, capi.ffi
@@ -310,11 +313,11 @@ local function save_local(dir, o)
     if o._write_shared then
       opt_sd = o._write_shared(tmp, add) -- the ranks of a job wrote their files; add() each
     else
-      lt.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
+      safetensors.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = json.encode(mcfg or {}) })
       add("model.safetensors")
       if o.opt then
         opt_sd = o.opt:state_dict()
-        lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
+        safetensors.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, { format = "lutra-optimizer", state = tensor_meta(opt_sd) })
         add("optimizer.safetensors")
       end
     end
@@ -401,15 +404,15 @@ local function shard_file(rank) return ("optimizer-rank%05d.safetensors"):format
 -- rank 0 completes the checkpoint as alone. Every rank learns whether any
 -- failed, so all raise together.
 local function save_job(dir, o)
-  local rank, world = lt.dist.rank(), lt.dist.world_size()
+  local rank, world = comm.rank(), comm.world_size()
   local sharded = o.opt and o.opt.sharded
-  local pid = lt.tensor({ C.getpid() }, { dtype = "i64" })
-  lt.dist.broadcast(pid, { src = 0 })
+  local pid = tensor.tensor({ C.getpid() }, { dtype = "i64" })
+  comm.broadcast(pid, { src = 0 })
   local name = M.step_name(o.step or 0)
   local tmp = ("%s/.tmp-%s-%d"):format(dir, name, pid:item())
   local function agree(ok, err)
-    local flag = lt.tensor({ ok and 0 or 1 }, { dtype = "i32" })
-    lt.dist.all_reduce(flag, { op = "max" })
+    local flag = tensor.tensor({ ok and 0 or 1 }, { dtype = "i32" })
+    comm.all_reduce(flag, { op = "max" })
     if flag:item() ~= 0 then
       if rank == 0 then C.lt_remove_tree(tmp) end
       error(ok and "ckpt.save: another rank failed to write its part of the checkpoint" or err, 3)
@@ -427,14 +430,14 @@ local function save_job(dir, o)
   local opt_sd
   ok, err = pcall(function()
     if rank == 0 then
-      lt.save(tmp .. "/model.safetensors", o.model:state_dict(),
+      safetensors.save(tmp .. "/model.safetensors", o.model:state_dict(),
         { format = "lutra", config = json.encode(model_config(o.model) or {}) })
     end
     if o.opt then
       opt_sd = o.opt:state_dict()
       local meta = { format = "lutra-optimizer", state = tensor_meta(opt_sd) }
-      if sharded then lt.save(tmp .. "/" .. shard_file(rank), opt_sd.tensors, meta)
-      elseif rank == 0 then lt.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, meta) end
+      if sharded then safetensors.save(tmp .. "/" .. shard_file(rank), opt_sd.tensors, meta)
+      elseif rank == 0 then safetensors.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, meta) end
     end
   end)
   agree(ok, err)
@@ -442,7 +445,7 @@ local function save_job(dir, o)
   local loaders
   if o.loader then
     local s = o.loader:state()
-    local all = lt.dist.all_gather(lt.tensor({ { s.epoch, s.index } }, { dtype = "i64" })):totable()
+    local all = comm.all_gather(tensor.tensor({ { s.epoch, s.index } }, { dtype = "i64" })):totable()
     loaders = {}
     for r = 1, world do
       loaders[r] = { epoch = all[r][1], index = all[r][2], seed = s.seed, rank = r - 1, world = world }
@@ -478,7 +481,7 @@ end
 -- checkpoint is written whole, then the interrupt is taken by the next op
 -- (lt.train checks for it and stops there).
 function M.save(dir, o)
-  local save = (type(o) == "table" and o.dist and lt.dist.world_size() > 1) and save_job or save_local
+  local save = (type(o) == "table" and o.dist and comm.world_size() > 1) and save_job or save_local
   local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
   local outer = C.lt_interrupt_deferred() ~= nil -- (inside work that defers already: its end takes it)
   if not outer then C.lt_interrupt_defer(1, "the checkpoint save") end
@@ -538,7 +541,7 @@ function M.load_model(path, opts)
     if bad then error("ckpt.load_model: " .. bad, 2) end
     verified = true
   end
-  local rd_ok, reader = pcall(lt.safetensors.open, path .. "/model.safetensors")
+  local rd_ok, reader = pcall(safetensors.open, path .. "/model.safetensors")
   if rd_ok then
     local meta_ok, meta = pcall(reader.metadata, reader)
     reader:close()
@@ -559,9 +562,9 @@ function M.load_model(path, opts)
     if mc.padded_vocab_size and mc.padded_vocab_size ~= mc.vocab_size and not cfg.pad_vocab then
       cfg.pad_vocab = mc.padded_vocab_size -- one multiple that gives the same padded size
     end
-    model = lt.models.gpt2(cfg)
+    model = models.gpt2(cfg)
   elseif mc.n_layers and mc.dim then
-    model = lt.models.llama(cfg)
+    model = models.llama(cfg)
   else
     error(("ckpt.load_model: %s/state.json: model_config is neither a GPT-2 (n_layer, n_embd) nor a Llama (n_layers, dim)")
       :format(path), 2)
@@ -598,9 +601,9 @@ function M.load(path, o)
   if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
   local st, why = read_state(path)
   if not st then error("ckpt.load: " .. why, 2) end
-  local lead = not (o.dist and lt.dist.world_size() > 1) or lt.dist.rank() == 0
+  local lead = not (o.dist and comm.world_size() > 1) or comm.rank() == 0
   if not st.checksums and lead then io.stderr:write("lutra: ckpt.load: " .. no_checksums_note(path) .. "\n") end
-  local world = o.world_size or (o.dist and lt.dist.world_size()) or 1
+  local world = o.world_size or (o.dist and comm.world_size()) or 1
   local saved_world = st.layout and st.layout.world_size or 1
   -- the training layout binds the optimizer state and the loaders' positions
   -- (one per rank); the weights are whole (rank 0 writes them, ZeRO 3 gathered)
@@ -613,7 +616,7 @@ function M.load(path, o)
       error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)
     end
   end
-  local rank = world > 1 and lt.dist.rank() or 0
+  local rank = world > 1 and comm.rank() or 0
   if type(st.loaders) == "table" then
     if o.loader and type(st.loaders[rank + 1]) ~= "table" then
       error(("ckpt.load: %s/state.json: loaders holds no state for rank %d"):format(path, rank), 2)
@@ -649,7 +652,7 @@ function M.load(path, o)
     end
     local bad = not o.verified and verify_files(path, st, { "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
-    local ok, t = pcall(lt.load, path .. "/model.safetensors")
+    local ok, t = pcall(safetensors.load, path .. "/model.safetensors")
     if not ok then error(("ckpt.load: %s"):format(tostring(t):gsub("^.-safetensors ", "safetensors ")), 2) end
     model_tensors = t
   end
@@ -671,7 +674,7 @@ function M.load(path, o)
     local bad = not o.verified and verify_files(path, st, { opt_file })
     if bad then error("ckpt.load: " .. bad, 2) end
     local ok, err = pcall(function()
-      local tensors, meta = lt.load(path .. "/" .. opt_file)
+      local tensors, meta = safetensors.load(path .. "/" .. opt_file)
       local ok2, s = pcall(json.decode, meta.state or "null")
       if not ok2 or type(s) ~= "table" or type(s.groups) ~= "table" then
         error("the metadata field 'state' is missing or malformed", 0)

@@ -20,6 +20,7 @@
 -- change epoch at the same step (loader:windows_per_epoch() says how many).
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
 
 local M = {}
@@ -67,9 +68,7 @@ function M.shards(o)
   local files = M.files(o.path)
   local B, T = o.batch, o.seq
   if type(B) ~= "number" or type(T) ~= "number" then error("shards: batch and seq must be numbers", 2) end
-  local dist_rank, dist_world = 0, 1
-  local okd, dist = pcall(require, "lutra.dist")
-  if okd and dist.rank then dist_rank, dist_world = dist.rank(), dist.world_size() end
+  local dist_rank, dist_world = comm.rank(), comm.world_size()
   local rank, world = o.rank or dist_rank, o.world or dist_world
   local paths = ffi.new("const char*[?]", #files)
   for i, f in ipairs(files) do paths[i - 1] = f end

@@ -3,6 +3,9 @@
 -- with more than `threshold` elements shows only the first and last `edge`
 -- entries of each long dim (torch's print options, defaults 1000 and 3),
 -- read through index_select so large tensors are never copied whole.
+local core = require "lutra.tensor.core"
+local join = require "lutra.tensor.join"
+
 local M = { threshold = 1000, edge = 3, precision = 4 }
 
 local function fmt_number(v, is_int, is_bool, sci)
@@ -18,7 +21,7 @@ end
 --- The values of t reduced to the edges of each long dim, as nested tables,
 -- plus for each dim whether it was cut. The corners are cut out with narrow
 -- before anything is copied, so even a huge expanded tensor costs little.
-local function summarize(t, lt)
+local function summarize(t)
   local cut = {}
   local s = t
   if t:numel() > M.threshold then
@@ -27,7 +30,7 @@ local function summarize(t, lt)
       local n = x:size(d)
       if n <= 2 * M.edge then return corners(x, d + 1) end
       cut[d] = true
-      return lt.cat({ corners(x:narrow(d, 1, M.edge), d + 1), corners(x:narrow(d, n - M.edge + 1, M.edge), d + 1) }, d)
+      return join.cat({ corners(x:narrow(d, 1, M.edge), d + 1), corners(x:narrow(d, n - M.edge + 1, M.edge), d + 1) }, d)
     end
     s = corners(t, 1)
   end
@@ -37,10 +40,9 @@ end
 
 --- tostring for tensors: "tensor(shape=[2, 3], dtype=f32, device=cpu)" and the values.
 function M.tensor(t)
-  local lt = require "lutra"
   local header = ("tensor(shape=%s, dtype=%s, device=%s)"):format(
-    require("lutra.tensor").shape_str(t), t.dtype, t.device)
-  local ok, vals, cut = pcall(summarize, t, lt)
+    core.shape_str(t), t.dtype, t.device)
+  local ok, vals, cut = pcall(summarize, t)
   if not ok then return header .. " <values unavailable: " .. tostring(vals) .. ">" end
   local dt = t.dtype
   local is_bool = dt == "bool"

@@ -29,8 +29,11 @@
 -- and all of the last block_size ids and its logits differ from the fresh
 -- forward's (measured on GPT-2 124M's shape with random weights and a
 -- 128-id context: by up to 2.2, and greedy tokens change).
-local lt = require "lutra"
-local F = lt.F
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local random = require "lutra.random"
+local F = require "lutra.nn.functional"
+local models = require "lutra.models"
 
 local M = {}
 
@@ -194,7 +197,7 @@ function M.generate(model, prompt, opts)
   else
     for i = 1, #prompt do ids[i] = prompt[i] end
   end
-  local gen = o.generator or (o.seed and lt.Generator(o.seed)) or lt.default_generator()
+  local gen = o.generator or (o.seed and random.Generator(o.seed)) or random.default_generator()
   local device = o.device or (model:parameters()[1] or {}).device or "cpu"
   local stop = {}
   for _, id in ipairs(o.stop or {}) do stop[id] = true end
@@ -202,9 +205,9 @@ function M.generate(model, prompt, opts)
   local out, reason = {}, "length"
   local was_training = model.training
   model:eval()
-  local kv = o.cache and lt.models.KVCache(block < math.huge and block or 4096) or nil
+  local kv = o.cache and models.KVCache(block < math.huge and block or 4096) or nil
   local function run(window, cache)
-    local x = lt.tensor({ window }, { dtype = "i64", device = device })
+    local x = tensor.tensor({ window }, { dtype = "i64", device = device })
     local logits = model(x, cache)
     return logits:select(1, 1):select(1, #window)
   end
@@ -213,7 +216,7 @@ function M.generate(model, prompt, opts)
     for i = first, #ids do w[#w + 1] = ids[i] end
     return w
   end
-  local ok, err = pcall(lt.no_grad, function()
+  local ok, err = pcall(autograd.no_grad, function()
     local logits
     if kv then logits = run(ids, kv) end
     for _ = 1, o.max_tokens do
@@ -228,7 +231,7 @@ function M.generate(model, prompt, opts)
         id = argmax(row) - 1
       else
         local p = F.softmax(row / o.temperature, -1):totable()
-        local u = lt.rand({ 1 }, { dtype = "f64", generator = gen }):item()
+        local u = random.rand({ 1 }, { dtype = "f64", generator = gen }):item()
         local k = pick(p, o.top_k, o.top_p, u)
         if not k then
           error(("generate: temperature %g makes the probabilities overflow; use temperature = 0 for greedy decoding")

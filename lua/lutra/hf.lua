@@ -22,9 +22,13 @@
 -- Errors name the file and the field or tensor: a missing config field, an
 -- unknown architecture, a missing, unexpected or mis-shaped tensor, a dtype
 -- safetensors cannot hold.
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local models = require "lutra.models"
+local safetensors = require "lutra.safetensors"
 local json = require "lutra.json"
-local C = require("lutra.capi").C
+local capi = require "lutra.capi"
+local C = capi.C
 
 local M = {}
 
@@ -44,7 +48,7 @@ local DTYPE_NAMES = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
 
 local function write_text(path, text)
   if C.lt_write_file_atomic(path, text, #text) ~= 0 then
-    error("hf.export: " .. require("lutra.capi").ffi.string(C.lt_last_error()), 3)
+    error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 3)
   end
 end
 
@@ -57,7 +61,7 @@ function M.export(model, dir, opts)
   local kind = type(model) == "table" and kind_of(model)
   if not kind then error("hf.export: expects a lutra GPT-2 or Llama model (one with a config)", 2) end
   if type(dir) ~= "string" or dir == "" then error("hf.export: dir must be a non-empty string", 2) end
-  if C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. require("lutra.capi").ffi.string(C.lt_last_error()), 2) end
+  if C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 2) end
   local cfg = model.config
   local sd = model:state_dict()
   local dtype = opts.dtype or sd[next(sd)].dtype
@@ -65,7 +69,7 @@ function M.export(model, dir, opts)
   local out = {}
   local tied = cfg.tie_embeddings ~= false
   if kind == "llama" then tied = cfg.tie_embeddings == true end
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for name, t in pairs(sd) do
       local v = t:to { device = "cpu", dtype = dtype }
       if name == "lm_head.weight" and tied then
@@ -80,7 +84,7 @@ function M.export(model, dir, opts)
       if v then out[name] = v:contiguous() end
     end
   end)
-  lt.save(dir .. "/model.safetensors", out, { format = "pt" })
+  safetensors.save(dir .. "/model.safetensors", out, { format = "pt" })
   local config
   if kind == "gpt2" then
     config = {
@@ -251,7 +255,7 @@ function M.load(dir, opts)
   end
   local kind, mcfg = M.config(dir)
   local wpath = dir .. "/model.safetensors"
-  local ok, file = pcall(lt.load, wpath)
+  local ok, file = pcall(safetensors.load, wpath)
   if not ok then error(("hf.load: %s"):format(tostring(file):gsub("^.-safetensors ", "safetensors ")), 2) end
   -- the number of layers the file holds, before building a model of the config's size
   local layers, pattern = -1, kind == "gpt2" and "h%.(%d+)%." or "^model%.layers%.(%d+)%."
@@ -269,10 +273,10 @@ function M.load(dir, opts)
   local embed = kind == "gpt2" and "transformer.wte.weight" or "model.embed_tokens.weight"
   if kind == "gpt2" then
     mcfg.pad_vocab = opts.pad_vocab
-    model = lt.models.gpt2(mcfg) -- config.json's values were checked above
+    model = models.gpt2(mcfg) -- config.json's values were checked above
     tensors = gpt2_tensors(file, wpath)
   else
-    model = lt.models.llama(mcfg)
+    model = models.llama(mcfg)
     tensors = file
   end
   local head = tensors["lm_head.weight"]
@@ -293,7 +297,7 @@ function M.load(dir, opts)
     for _, name in ipairs { "transformer.wte.weight", "lm_head.weight" } do
       local w = tensors[name]
       if w and mcfg.pad_vocab and w:dim() == 2 and w:size(1) == mcfg.vocab_size then
-        local padded = lt.zeros({ model.config.padded_vocab_size, w:size(2) }, { dtype = w.dtype })
+        local padded = tensor.zeros({ model.config.padded_vocab_size, w:size(2) }, { dtype = w.dtype })
         padded:narrow(1, 1, mcfg.vocab_size):copy_(w)
         tensors[name] = padded
       end

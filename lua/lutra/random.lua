@@ -3,7 +3,7 @@
 -- give the same numbers for the same seed (host/lutra.h). lt.manual_seed(s)
 -- resets the default generator; functions take {generator=g} to use another.
 local capi = require "lutra.capi"
-local tensor = require "lutra.tensor"
+local tensor = require "lutra.tensor.core"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
 
 local M = {}

@@ -1,9 +1,12 @@
 --- lutra.repl: what the REPL (host/app/repl.c) asks of Lua: printing the values
 -- of an entry and completing names on TAB.
+local ffi = require "ffi"
+local tensor = require "lutra.tensor"
+
 local M = {}
 
 local function is_tensor(x)
-  return type(x) == "cdata" and require("ffi").istype("lt_tensor*", x)
+  return type(x) == "cdata" and ffi.istype("lt_tensor*", x)
 end
 
 --- A short one-line rendering of a table (keys sorted, nested tables elided).
@@ -56,7 +59,7 @@ local function keys_of(v, methods_only)
     end
   end
   if is_tensor(v) then
-    add_table(require("lutra.tensor").methods)
+    add_table(tensor.methods)
     if not methods_only then keys.dtype, keys.device = true, true end
   elseif type(v) == "table" then
     if not methods_only then add_table(v) end

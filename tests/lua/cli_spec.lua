@@ -264,7 +264,7 @@ print("after training", s.interrupted, s.steps, updates, last, with_grad .. " of
     os.remove(started)
   end)
   it("finishes a checkpoint that a SIGINT interrupts, then stops lt.train after that step", function()
-    -- the SIGINT arrives as the save writes its optimizer file (lt.save wrapped: it signals the process itself)
+    -- the SIGINT arrives as the save writes its optimizer file (lt.safetensors.save wrapped: it signals the process itself)
     local s = tmpfile([[
 local lt = require "lutra"
 local ffi = require "ffi"
@@ -275,8 +275,8 @@ local loader = { next = function()
   local ids = lt.randint(0, 512, { 2, 17 }, { generator = g })
   return ids:narrow(2, 1, 16):contiguous(), ids:narrow(2, 2, 16):contiguous()
 end, state = function() return { epoch = 0, index = 0 } end, load_state = function() end }
-local save, saves = lt.save, 0
-lt.save = function(...)
+local save, saves = lt.safetensors.save, 0
+lt.safetensors.save = function(...) -- (what lt.ckpt.save writes its files with)
   saves = saves + 1
   if saves == 3 then ffi.C.kill(ffi.C.getpid(), 2) end -- (step 2's model.safetensors)
   return save(...)

@@ -16,7 +16,9 @@
 -- backward goes on. The sum is what is reduced: each rank divides its loss
 -- by the global token count itself. MPI progresses the transfers when it is
 -- called, so each hook also polls the buckets in flight.
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local comm = require "lutra.dist.comm"
 
 local M = {}
 local DDP = {}
@@ -39,15 +41,15 @@ function M.DataParallel(what, opts)
   end
   local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {}, marked = {},
     stats = { launched = 0, bytes = 0 }, reduce = mode == "all_reduce" }, DDP)
-  lt.dist.init()
+  comm.init()
   -- the same starting weights everywhere: rank 0's
   if opts.broadcast ~= false then
-    lt.no_grad(function()
+    autograd.no_grad(function()
       for _, p in ipairs(params) do
         -- (a ZeRO-3 parameter has no data of its own: Zero broadcast it already)
         if p.has_data then
           local buf = p:contiguous()
-          lt.dist.broadcast(buf, { src = 0, group = opts.group })
+          comm.broadcast(buf, { src = 0, group = opts.group })
           if buf ~= p then p:copy_(buf) end
         end
       end
@@ -74,7 +76,7 @@ function M.DataParallel(what, opts)
   self.bucket_of = {}
   for _, b in ipairs(self.buckets) do
     -- the flat buffer a bucket is reduced in (none when the optimizer reduces: ZeRO 2 and 3)
-    if self.reduce then b.flat = lt.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
+    if self.reduce then b.flat = tensor.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
   for _, p in ipairs(trainable) do
@@ -84,13 +86,13 @@ function M.DataParallel(what, opts)
 end
 
 function DDP:_launch(b)
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for k, p in ipairs(b.params) do
       local view = b.flat:narrow(1, b.offsets[k] + 1, p:numel())
       if p.grad ~= nil then view:copy_(p.grad:reshape(-1)) else view:zero_() end
     end
   end)
-  b.handle = lt.dist.all_reduce(b.flat, { async = true, group = self.group })
+  b.handle = comm.all_reduce(b.flat, { async = true, group = self.group })
   self.stats.launched = self.stats.launched + 1
   self.stats.bytes = self.stats.bytes + b.bytes
 end
@@ -140,7 +142,7 @@ function DDP:finish()
   end
   for k = self.next_launch or 1, #self.buckets do self:_launch(self.buckets[k]) end -- in order, gradients or not
   self.next_launch, self.marked = 1, {}
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, b in ipairs(self.buckets) do
       b.handle:wait()
       b.handle, b.ready = nil, 0
@@ -164,8 +166,8 @@ function DDP:reduce_number(x) return self:reduce_numbers({ x })[1] end
 
 --- ddp:reduce_numbers({x1, x2, ...}) -> {sums}: several sums in one all_reduce (f64).
 function DDP:reduce_numbers(xs)
-  local t = lt.tensor(xs, { dtype = "f64" })
-  lt.dist.all_reduce(t, { group = self.group })
+  local t = tensor.tensor(xs, { dtype = "f64" })
+  comm.all_reduce(t, { group = self.group })
   return t:totable()
 end
 

@@ -15,43 +15,18 @@
 -- reduce-scatters the flat gradient and so holds only its chunk's sum.
 -- Either way the rank updates its chunk and all_gather puts the updated
 -- parameters back everywhere. Clipping uses the norm over all chunks.
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local comm = require "lutra.dist.comm"
+local optim = require "lutra.optim"
+local flat = require "lutra.dist.flat"
+local zero3 = require "lutra.dist.zero3"
 
 local M = {}
 local Zero = {}
 Zero.__index = Zero
 
---- flat_groups(params, wd[, size]) -> flats: the parameters laid end to end
--- per weight-decay group (decay on dims >= 2, as lt.optim) and dtype, each
--- {params, offsets, numel, dtype, device, weight_decay}. Without size,
--- frozen parameters (requires_grad false) stay out: nothing updates them.
--- With size (ZeRO 3, which shards them all): frozen ones get flats of
--- their own (frozen = true), and every flat is padded to a multiple of
--- size (chunk = padded / size: equal chunks, as NCCL needs).
-local function flat_groups(params, wd, size)
-  local out, by = {}, {}
-  for _, p in ipairs(params) do
-    local frozen = not p.requires_grad
-    if frozen and not size then goto continue end
-    local decay = p:dim() >= 2
-    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
-    if not by[key] then
-      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
-        weight_decay = decay and wd or 0, frozen = frozen }
-      out[#out + 1] = by[key]
-    end
-    local g = by[key]
-    g.params[#g.params + 1] = p
-    g.offsets[#g.offsets + 1] = g.numel
-    g.numel = g.numel + p:numel()
-    ::continue::
-  end
-  for _, g in ipairs(size and out or {}) do
-    g.chunk = math.ceil(g.numel / size)
-    g.padded = g.chunk * size
-  end
-  return out
-end
+local flat_groups = flat.flat_groups
 M.flat_groups = flat_groups
 
 --- lt.dist.Zero(model, {stage = 1, 2 or 3, optimizer = "AdamW" or "SGD", group =,
@@ -68,22 +43,22 @@ function M.Zero(model, opts)
   local kind = opts.optimizer or "AdamW"
   if kind ~= "AdamW" and kind ~= "SGD" then error("Zero: optimizer must be AdamW or SGD, got " .. tostring(kind), 2) end
   if type(model) ~= "table" or type(model.parameters) ~= "function" then error("Zero: expects a model", 2) end
-  lt.dist.init()
+  comm.init()
   local settings = {}
   for k, v in pairs(opts) do
     if k ~= "stage" and k ~= "optimizer" and k ~= "group" and k ~= "units" then settings[k] = v end
   end
-  if stage == 3 then return require("lutra.dist.zero3").new(Zero, model, opts, settings, kind) end
+  if stage == 3 then return zero3.new(Zero, model, opts, settings, kind) end
   local group = opts.group
-  local size = group and group:size() or lt.dist.world_size()
-  local rank = group and group:rank() or lt.dist.rank()
+  local size = group and group:size() or comm.world_size()
+  local rank = group and group:rank() or comm.rank()
   local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank,
     sharded = true }, Zero)
   self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0))
   local inner_groups = {}
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for gi, f in ipairs(self.flats) do
-      f.start, f.len = lt.dist.chunk(f.numel, size, rank)
+      f.start, f.len = comm.chunk(f.numel, size, rank)
       -- this rank's chunk of the parameters, as one 1-D leaf the inner optimizer updates
       local flat = self:_flatten(f, function(p) return p end)
       f.shard = flat:narrow(1, f.start, math.max(f.len, 0)):clone():requires_grad_()
@@ -91,7 +66,7 @@ function M.Zero(model, opts)
     end
   end)
   settings.weight_decay = nil
-  self.inner = lt.optim[kind](inner_groups, settings)
+  self.inner = optim[kind](inner_groups, settings)
   self.groups = self.inner.groups
   self.kind = kind
   return self
@@ -99,7 +74,7 @@ end
 
 -- one flat vector of f's params (values of get(p), zeros where it gives nil)
 function Zero:_flatten(f, get)
-  local flat = lt.zeros({ f.numel }, { dtype = f.dtype, device = f.params[1].device })
+  local flat = tensor.zeros({ f.numel }, { dtype = f.dtype, device = f.params[1].device })
   for k, p in ipairs(f.params) do
     local v = get(p)
     if v ~= nil then flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(v:reshape(-1)) end
@@ -121,11 +96,11 @@ function Zero:set_lr(lr) self.inner:set_lr(lr) end
 -- its shard (stage 1: a slice of the all-reduced gradient; stage 2: a
 -- reduce_scatter of the local one). lt.train calls it before clipping.
 function Zero:reduce_gradients()
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, f in ipairs(self.flats) do
       local g = self:_flatten(f, function(p) return p.grad end)
       if self.stage == 2 then
-        f.shard.grad = lt.dist.reduce_scatter(g, { group = self.comm })
+        f.shard.grad = comm.reduce_scatter(g, { group = self.comm })
       else
         f.shard.grad = g:narrow(1, f.start, f.len):clone()
       end
@@ -142,13 +117,13 @@ function Zero:clip_grad_norm(max_norm)
   if not self.reduced then self:reduce_gradients() end
   local shards = {}
   for _, f in ipairs(self.flats) do shards[#shards + 1] = f.shard end
-  local mine = lt.optim.grad_norm(shards) -- this rank's part, summed in f64
-  local t = lt.tensor({ mine * mine }, { dtype = "f64" })
-  lt.dist.all_reduce(t, { group = self.comm })
+  local mine = optim.grad_norm(shards) -- this rank's part, summed in f64
+  local t = tensor.tensor({ mine * mine }, { dtype = "f64" })
+  comm.all_reduce(t, { group = self.comm })
   local norm = math.sqrt(t:item())
   if max_norm and max_norm < math.huge and norm > max_norm and norm == norm then
     local scale = max_norm / (norm + 1e-6)
-    lt.no_grad(function()
+    autograd.no_grad(function()
       for _, s in ipairs(shards) do if s.grad ~= nil then s.grad:mul_(scale) end end
     end)
   end
@@ -161,9 +136,9 @@ function Zero:step()
   if not self.reduced then self:reduce_gradients() end
   self.inner:step()
   self.step_count = self.inner.step_count
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, f in ipairs(self.flats) do
-      local full = lt.dist.all_gather(f.shard:detach(), { group = self.comm })
+      local full = comm.all_gather(f.shard:detach(), { group = self.comm })
       for k, p in ipairs(f.params) do
         p:copy_(full:narrow(1, f.offsets[k] + 1, p:numel()):view(p:shape()))
       end
@@ -187,7 +162,7 @@ end
 
 --- opt:after_load(): the chunks re-read from the parameters (after a checkpoint restored them).
 function Zero:after_load()
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, f in ipairs(self.flats) do
       local flat = self:_flatten(f, function(p) return p end)
       f.shard:copy_(flat:narrow(1, f.start, math.max(f.len, 0)))

@@ -33,7 +33,12 @@
 -- opt:unshard() gathers every parameter and keeps them (evaluation,
 -- sampling, checkpoints, export); opt:reshard() drops them again. Every
 -- rank must take part in each forward, backward, unshard and reshard.
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local comm = require "lutra.dist.comm"
+local nn = require "lutra.nn"
+local optim = require "lutra.optim"
+local flat = require "lutra.dist.flat"
 
 local M = {}
 
@@ -61,8 +66,8 @@ function M.new(base, model, opts, settings, kind)
     error("Zero: this model is already sharded by another ZeRO-3 optimizer (make one per model)", 3)
   end
   local group = opts.group
-  local size = group and group:size() or lt.dist.world_size()
-  local rank = group and group:rank() or lt.dist.rank()
+  local size = group and group:size() or comm.world_size()
+  local rank = group and group:rank() or comm.rank()
   local class = setmetatable({}, { __index = base })
   class.__index = class
   for k, v in pairs(M.methods) do class[k] = v end
@@ -72,7 +77,7 @@ function M.new(base, model, opts, settings, kind)
 
   -- units and the parameters each owns
   local modules = opts.units or default_units(model)
-  if lt.nn.is_module(modules) then -- a ModuleList: its children
+  if nn.is_module(modules) then -- a ModuleList: its children
     if modules.__name ~= "ModuleList" then
       error("Zero: units must be a list of modules (or a ModuleList), got the module " .. modules:path(), 3)
     end
@@ -83,7 +88,7 @@ function M.new(base, model, opts, settings, kind)
   for _, p in ipairs(self.params) do in_model[p] = true end
   local owner = {} -- param -> unit index (0: the root)
   for i, m in ipairs(modules) do
-    if not lt.nn.is_module(m) then error(("Zero: units[%d] is not a module"):format(i), 3) end
+    if not nn.is_module(m) then error(("Zero: units[%d] is not a module"):format(i), 3) end
     if seen[m] then error(("Zero: units[%d] (%s) is listed twice"):format(i, m:path()), 3) end
     seen[m] = true
     for _, p in ipairs(m:parameters()) do
@@ -102,7 +107,7 @@ function M.new(base, model, opts, settings, kind)
     if #lists[i] > 0 or i == 0 then
       local u = { module = i == 0 and model or modules[i], params = lists[i], root = i == 0,
         name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, nready = 0 }
-      u.flats = require("lutra.dist.zero").flat_groups(u.params, wd, size)
+      u.flats = flat.flat_groups(u.params, wd, size)
       u.bytes = 0
       for _, p in ipairs(u.params) do u.bytes = u.bytes + p:nbytes() end
       self.stats.param_bytes = self.stats.param_bytes + u.bytes
@@ -113,15 +118,15 @@ function M.new(base, model, opts, settings, kind)
   -- rank 0's values everywhere, then each rank keeps its chunks and drops the rest
   self.flats = {}
   local inner_groups = {}
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, p in ipairs(self.params) do
       local buf = p:contiguous()
-      lt.dist.broadcast(buf, { src = 0, group = group })
+      comm.broadcast(buf, { src = 0, group = group })
       if buf ~= p then p:copy_(buf) end
     end
     for _, u in ipairs(self.units) do
       for _, f in ipairs(u.flats) do
-        local flat = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
+        local flat = tensor.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
         -- (each view holds the storage too: all are freed now, or a model's
         -- worth of device memory would wait for Lua's collector)
         for k, p in ipairs(f.params) do
@@ -144,7 +149,7 @@ function M.new(base, model, opts, settings, kind)
   end)
   self.stats.peak_param_bytes = self.stats.param_bytes
   settings.weight_decay = nil
-  self.inner = lt.optim[kind](inner_groups, settings)
+  self.inner = optim[kind](inner_groups, settings)
   self.groups = self.inner.groups
   self.kind = kind
 
@@ -157,7 +162,7 @@ function M.new(base, model, opts, settings, kind)
         u.nready = u.nready + 1
       end
     end
-    self.identity[u] = lt.autograd.hook(function() self:_pre_backward(u) end)
+    self.identity[u] = autograd.hook(function() self:_pre_backward(u) end)
   end
   self.root = self.units[1]
   return self
@@ -173,8 +178,8 @@ function Z:_launch_gather(u)
   if u.gathered or u.gathering then return end
   u.gathering = {}
   for _, f in ipairs(u.flats) do
-    local full = lt.empty({ f.padded }, { dtype = f.dtype, device = f.device })
-    u.gathering[#u.gathering + 1] = lt.dist.all_gather(f.shard:detach(), { group = self.comm, out = full, async = true })
+    local full = tensor.empty({ f.padded }, { dtype = f.dtype, device = f.device })
+    u.gathering[#u.gathering + 1] = comm.all_gather(f.shard:detach(), { group = self.comm, out = full, async = true })
   end
 end
 
@@ -182,7 +187,7 @@ end
 function Z:_gather(u)
   if u.gathered then return end
   self:_launch_gather(u)
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for i, f in ipairs(u.flats) do
       local full = u.gathering[i]:wait()
       for k, p in ipairs(f.params) do
@@ -237,11 +242,11 @@ function Z:_wrap(u)
     local outs = { fn(mod, ...) }
     local n = table.maxn(outs)
     -- outputs that need gradients pass through the unit's identity
-    if lt.autograd.is_grad_enabled() then
+    if autograd.is_grad_enabled() then
       local idx, ins = {}, {}
       for i = 1, n do
         local o = outs[i]
-        if lt.is_tensor(o) and o.requires_grad and #ins < 4 then
+        if tensor.is_tensor(o) and o.requires_grad and #ins < 4 then
           idx[#idx + 1], ins[#ins + 1] = i, o
         end
       end
@@ -279,7 +284,7 @@ end
 function Z:_post_forward(u)
   if u.root then
     if #self.order > 1 then self.recording = false end
-    if not lt.autograd.is_grad_enabled() then self:_drop(u) end -- else kept until its backward
+    if not autograd.is_grad_enabled() then self:_drop(u) end -- else kept until its backward
   else
     self:_drop(u)
   end
@@ -335,10 +340,10 @@ end
 -- then u's parameters and their full gradients are dropped
 function Z:_reduce_scatter(u)
   local grads = {}
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, f in ipairs(u.flats) do
       if f.frozen then goto next_flat end
-      local g = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
+      local g = tensor.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
       for k, p in ipairs(f.params) do
         local gr = p.grad
         if gr ~= nil then
@@ -350,7 +355,7 @@ function Z:_reduce_scatter(u)
         end
       end
       self.pending[#self.pending + 1] = { f = f, input = g,
-        handle = lt.dist.reduce_scatter(g, { group = self.comm, async = true }) }
+        handle = comm.reduce_scatter(g, { group = self.comm, async = true }) }
       self.stats.reduce_scatters = self.stats.reduce_scatters + 1
       ::next_flat::
     end
@@ -376,7 +381,7 @@ end
 
 -- every pending reduce_scatter's chunk added into its shard's gradient
 function Z:_collect()
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, e in ipairs(self.pending) do
       local part = e.handle:wait()
       e.handle.input = nil
@@ -456,9 +461,9 @@ end
 --- opt:after_load(): the chunks re-read from the parameters (whole, after
 -- unshard) that a checkpoint restored.
 function Z:after_load()
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, f in ipairs(self.flats) do
-      local flat = lt.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
+      local flat = tensor.zeros({ f.padded }, { dtype = f.dtype, device = f.device })
       for k, p in ipairs(f.params) do flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(p:reshape(-1)) end
       f.shard:copy_(flat:narrow(1, self.rank * f.chunk + 1, f.chunk))
     end

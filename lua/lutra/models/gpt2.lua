@@ -10,11 +10,13 @@
 --   local model = lt.models.gpt2("gpt2", {dropout = 0.1})
 --   local logits = model(idx)              -- idx (B, T) ids -> (B, T, V)
 --   local loss, n = model:loss(idx, targets)
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
+local autograd = require "lutra.autograd"
+local F = require "lutra.nn.functional"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
-local F = lt.F
+local mconfig = require "lutra.models.config"
 
 local M = {}
 
@@ -114,7 +116,7 @@ end
 function GPT:init_weights(generator)
   local std = 0.02
   local proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
       local name, p = np[1], np[2]
       if name:match("%.bias$") then
@@ -143,7 +145,7 @@ function GPT:hidden(idx, kv)
     error(("GPT: sequence length %d is longer than the block size %d"):format(start + T, cfg.block_size))
   end
   local tr = self.transformer
-  local pos = lt.arange(start, start + T, { device = idx.device })
+  local pos = tensor.arange(start, start + T, { device = idx.device })
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
   local pending -- each block's MLP output, added to the stream inside the next norm
@@ -185,7 +187,7 @@ GPT.loss_is_cross_entropy = GPT.loss
 -- (true by default: the head is wte; false: a (padded) vocab x n_embd
 -- weight of its own), dtype, device, generator (for the initialisation).
 function M.gpt2(name, overrides)
-  local cfg, o = require("lutra.models.config").resolve("gpt2", M.configs, name, overrides)
+  local cfg, o = mconfig.resolve("gpt2", M.configs, name, overrides)
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
     tie_embeddings = 3 }
   for k, v in pairs(cfg) do

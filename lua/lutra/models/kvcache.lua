@@ -9,7 +9,7 @@
 --     local logits = model(prompt, kv)         -- fills positions 1..#prompt
 --     logits = model(next_id, kv)              -- one more position
 --   end)
-local lt = require "lutra"
+local tensor = require "lutra.tensor"
 
 local M = {}
 local KV = {}
@@ -37,8 +37,8 @@ function KV:append(layer, k, v)
   end
   if not K then
     local shape = { k:size(1), k:size(2), self.size, k:size(4) }
-    K = lt.zeros(shape, { dtype = k.dtype, device = k.device })
-    V = lt.zeros(shape, { dtype = v.dtype, device = v.device })
+    K = tensor.zeros(shape, { dtype = k.dtype, device = k.device })
+    V = tensor.zeros(shape, { dtype = v.dtype, device = v.device })
     self.k[layer], self.v[layer] = K, V
   end
   K:narrow(3, self.len + 1, T):copy_(k)

@@ -8,11 +8,12 @@
 --
 --   local model = lt.models.llama("llama-tiny")
 --   local loss, n = model:loss(idx, targets)
-local lt = require "lutra"
+local autograd = require "lutra.autograd"
+local F = require "lutra.nn.functional"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
-local F = lt.F
+local mconfig = require "lutra.models.config"
 
 local M = {}
 
@@ -89,7 +90,7 @@ function Llama:init(cfg, o)
   self.model = Body(cfg, o)
   self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device, init = false })
   if cfg.tie_embeddings then self.lm_head.weight = self.model.embed_tokens.weight end -- one tensor, stored once
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
       if not np[1]:match("norm") then np[2]:normal_(0, 0.02, o.generator) end
     end
@@ -132,7 +133,7 @@ Llama.loss_is_cross_entropy = Llama.loss
 -- tie_embeddings (false: the head its own (vocab_size, dim) weight; true: the
 -- head is the token embedding); dtype, device, generator.
 function M.llama(name, overrides)
-  local cfg, o = require("lutra.models.config").resolve("llama", M.configs, name, overrides)
+  local cfg, o = mconfig.resolve("llama", M.configs, name, overrides)
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
     rope_theta = 2, norm_eps = 2, tie_embeddings = 3 }
   for k, v in pairs(cfg) do

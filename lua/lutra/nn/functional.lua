@@ -5,6 +5,7 @@
 -- gradients autograd already knows.
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
+local random = require "lutra.random"
 local ffi, C, fail = capi.ffi, capi.C, capi.fail
 local box = capi.tensor_box
 local take, is_tensor = tensor.take, tensor.is_tensor
@@ -420,9 +421,8 @@ function F.dropout(x, p, opts)
   opts = opts or {}
   if type(p) ~= "number" or not (p >= 0 and p <= 1) then error("dropout: p must be in [0, 1], got " .. tostring(p), 2) end
   if opts.training == false or p == 0 then return x end
-  local lt = require "lutra"
   if p == 1 then return x * 0 end
-  local keep = lt.rand(x:shape(), { device = x.device, generator = opts.generator }):ge(p)
+  local keep = random.rand(x:shape(), { device = x.device, generator = opts.generator }):ge(p)
   return x * keep:to(x.dtype) * (1 / (1 - p))
 end
 

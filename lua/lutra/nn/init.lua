@@ -8,7 +8,7 @@
 -- named 0, 1, ... as in PyTorch (and so in Hugging Face checkpoints), while
 -- Lua indexes them from 1 (blocks[1] is named "0"). An error inside a
 -- module's forward is raised again with the module's path in front.
-local lt = require "lutra"
+local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local tensor = require "lutra.tensor"
 
@@ -216,14 +216,14 @@ function Module:to(a, b)
       end
     end
   end
-  if dtype and not lt.zeros(1, dtype):is_floating_point() then
+  if dtype and not tensor.zeros(1, dtype):is_floating_point() then
     error(("to: modules move to float dtypes only, got %s"):format(dtype), 2)
   end
   local moved = {}
   local function convert(t)
     if moved[t] then return moved[t] end
     local want = t:is_floating_point() and dtype or nil -- integer and bool buffers keep their dtype
-    local c = lt.no_grad(function() return t:to { dtype = want, device = device } end)
+    local c = autograd.no_grad(function() return t:to { dtype = want, device = device } end)
     if c ~= t then
       c = c:detach()
       if t.requires_grad then c:requires_grad_() end
@@ -309,7 +309,7 @@ function Module:load_state_dict(sd, opts)
     if #shaped > 0 then parts[#parts + 1] = "wrong shape or dtype: " .. table.concat(shaped, ", ") end
     error("load_state_dict: " .. table.concat(parts, "; "), 2)
   end
-  lt.no_grad(function()
+  autograd.no_grad(function()
     for name, t in pairs(own) do
       if sd[name] ~= nil then t:copy_(sd[name]) end
     end
@@ -342,7 +342,7 @@ end
 -- o.init == false leaves the memory uninitialised for a model that sets
 -- every weight itself (GPT-2 and Llama do: it saves a pass over them)
 local function uniform(shape, bound, o)
-  local t = lt.empty(shape, opts_of(o))
+  local t = tensor.empty(shape, opts_of(o))
   if not (o and o.init == false) then t:uniform_(-bound, bound, o and o.generator) end
   return nn.Parameter(t)
 end
@@ -386,7 +386,7 @@ end
 nn.Embedding = Module:extend("Embedding")
 function nn.Embedding:init(num, dim, o)
   self.num_embeddings, self.embedding_dim = num, dim
-  local w = lt.empty({ num, dim }, opts_of(o))
+  local w = tensor.empty({ num, dim }, opts_of(o))
   if not (o and o.init == false) then w:normal_(0, 1, o and o.generator) end
   self.weight = nn.Parameter(w)
 end
@@ -397,8 +397,8 @@ function nn.Embedding:extra_repr() return ("%d, %d"):format(self.num_embeddings,
 nn.LayerNorm = Module:extend("LayerNorm")
 function nn.LayerNorm:init(dim, o)
   self.eps = o and o.eps or 1e-5
-  self.weight = nn.Parameter(lt.ones({ dim }, opts_of(o)))
-  if not (o and o.bias == false) then self.bias = nn.Parameter(lt.zeros({ dim }, opts_of(o))) end
+  self.weight = nn.Parameter(tensor.ones({ dim }, opts_of(o)))
+  if not (o and o.bias == false) then self.bias = nn.Parameter(tensor.zeros({ dim }, opts_of(o))) end
 end
 --- ln(x) -> layer_norm(x); ln(x, residual) -> h, y with h = x + residual and
 -- y = layer_norm(h) in one pass (F.add_layer_norm: a pre-norm block's
@@ -413,7 +413,7 @@ nn.LayerNorm.fuses_residual = nn.LayerNorm.forward
 nn.RMSNorm = Module:extend("RMSNorm")
 function nn.RMSNorm:init(dim, o)
   self.eps = o and o.eps or 1e-6
-  self.weight = nn.Parameter(lt.ones({ dim }, opts_of(o)))
+  self.weight = nn.Parameter(tensor.ones({ dim }, opts_of(o)))
 end
 --- norm(x) -> rms_norm(x); norm(x, residual) -> h, y (F.add_rms_norm), as LayerNorm.
 function nn.RMSNorm:forward(x, residual)

@@ -70,9 +70,25 @@
 -- far, evaluations and samples included). Evaluations and samples go to
 -- both as well. A line that cannot be written (a full disk) raises
 -- "train: cannot write <file>: <reason>": a run does not go on unrecorded.
-local lt = require "lutra"
+--
+-- lt.train is built from parts a recipe can call on its own (a custom loop,
+-- a pipeline schedule replacing the micro-batch loop):
+--   lt.train.step        one optimizer step over micro-batches (accumulation,
+--                        data-parallel reduction, clipping, schedule, update)
+--   lt.train.evaluate    the validation loss over a loader's batches
+--   lt.train.checkpoint  resume (none / auto / a directory) and save
+--   lt.train.log         metrics.jsonl, the printed lines and their numbers
+local random = require "lutra.random"
+local comm = require "lutra.dist.comm"
+local json = require "lutra.json"
+local runtime = require "lutra.runtime"
+local config = require "lutra.config"
+local generate = require "lutra.generate"
+local step_part = require "lutra.train.step"
+local evaluate = require "lutra.train.evaluate"
+local checkpoint = require "lutra.train.checkpoint"
+local log = require "lutra.train.log"
 local C = require("lutra.capi").C
-local F = lt.F
 
 local M = {}
 
@@ -87,72 +103,10 @@ local DEFAULTS = {
 local SAMPLE_KEYS = { tokenizer = true, prompt = true, tokens = true, temperature = true, top_k = true, top_p = true,
   generator = true }
 
-local sorted_names = lt.config.sorted_keys
+local sorted_names = config.sorted_keys
 
---- lt.train.format_bytes(b) -> "12.3 MiB" (under 1 GiB) or "1.25 GiB".
-function M.format_bytes(b)
-  if b >= 2 ^ 30 then return ("%.2f GiB"):format(b / 2 ^ 30) end
-  return ("%.1f MiB"):format(b / 2 ^ 20)
-end
-local fmt_bytes = M.format_bytes
-
--- seconds as 0:42, 12:05 or 1:02:05
-local function fmt_time(t)
-  if t ~= t or t == math.huge then return "?" end
-  t = math.floor(t + 0.5)
-  local h, m, sec = math.floor(t / 3600), math.floor(t / 60) % 60, t % 60
-  if h > 0 then return ("%d:%02d:%02d"):format(h, m, sec) end
-  return ("%d:%02d"):format(m, sec)
-end
-
--- JSON has no NaN or infinities: they are written as the strings "nan", "inf", "-inf"
-local function json_line(t)
-  local clean = {}
-  for k, v in pairs(t) do
-    if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
-      v = v ~= v and "nan" or (v > 0 and "inf" or "-inf")
-    end
-    clean[k] = v
-  end
-  return lt.json.encode(clean)
-end
-
---- The peak FLOP/s MFU is measured against: 989e12 on CUDA (H100/H200 dense
--- bf16), else cores x 2.5 GHz x 32 f32 FLOPs per cycle (AVX2 FMA): a stated
--- assumption, printed with the numbers.
-local function default_peak(device)
-  if device:sub(1, 4) == "cuda" then return 989e12, "989 TFLOP/s (H100/H200 bf16 dense)" end
-  local cores = lt.num_threads()
-  local peak = cores * 2.5e9 * 32
-  return peak, ("%.0f GFLOP/s (%d core%s x 2.5 GHz x 32 f32 FLOPs/cycle, assumed)"):format(peak / 1e9, cores,
-    cores == 1 and "" or "s")
-end
-
---- llm.c's FLOPs per token for a GPT with a config: 6N + 6 L C T.
-local function model_flops_per_token(model, T)
-  local cfg = model.config
-  if not cfg or not cfg.n_layer or not cfg.n_embd then return nil end
-  return 6 * model:num_parameters() + 6 * cfg.n_layer * cfg.n_embd * T
-end
-
-local function mkdir_p(path)
-  local q = "'" .. path:gsub("'", "'\\''") .. "'"
-  local p = io.popen("mkdir -p " .. q .. " 2>&1 && echo ok")
-  local out = p:read("*a")
-  p:close()
-  if not out:find("ok\n$") then -- (mkdir's own words say why)
-    error(("train: cannot create the directory %s (%s)"):format(path, (out:gsub("%s+$", ""))), 3)
-  end
-end
-
-local function memory_now(device)
-  if device:sub(1, 4) == "cuda" then
-    local s = lt.cuda.memory_stats(device)
-    return s.allocated, s.peak
-  end
-  local s = lt.memory_stats()
-  return s.allocated, s.peak
-end
+--- lt.train.format_bytes(b) -> "12.3 MiB" (under 1 GiB) or "1.25 GiB" (lt.train.log.format_bytes).
+M.format_bytes = log.format_bytes
 
 --- lt.train.generate(model, ids, {tokens = 64, temperature = 1, top_k = 0, top_p = 1, generator = g, device =})
 -- -> ids: the prompt ids (a Lua table) followed by the sampled ones
@@ -161,7 +115,7 @@ end
 function M.generate(model, ids, opts)
   opts = opts or {}
   if type(ids) ~= "table" or #ids == 0 then error("generate: needs at least one prompt token", 2) end
-  local new = lt.generate(model, ids, { max_tokens = opts.tokens or 64, temperature = opts.temperature or 1,
+  local new = generate(model, ids, { max_tokens = opts.tokens or 64, temperature = opts.temperature or 1,
     top_k = opts.top_k or 0, top_p = opts.top_p or 1, generator = opts.generator, device = opts.device,
     truncate = "left" })
   local out = {}
@@ -170,38 +124,12 @@ function M.generate(model, ids, opts)
   return out
 end
 
---- Mean loss over up to n batches of a loader (no gradients).
-local function evaluate(model, loader, n, ignore_index, device)
-  local sum, count = 0, 0
-  local was_training = model.training
-  local block = model.config and model.config.block_size
-  model:eval()
-  lt.no_grad(function()
-    for _ = 1, n do
-      local x, y = loader:next()
-      if not x then break end
-      if block and x:size(x:dim()) > block then
-        error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")
-          :format(x:size(x:dim()), block), 0)
-      end
-      if device ~= "cpu" then x, y = x:to(device), y:to(device) end
-      local logits = model(x)
-      local l, c = F.cross_entropy(logits, y, { reduction = "sum", ignore_index = ignore_index })
-      sum = sum + l:item()
-      count = count + c
-    end
-  end)
-  if was_training ~= false then model:train() end
-  if count == 0 then return 0 / 0 end
-  return sum / count
-end
-
 local function check_opts(raw)
   if type(raw) ~= "table" then error("train: expects a table of settings", 3) end
   for k in pairs(raw) do
     if DEFAULTS[k] == nil then
       local known = sorted_names(DEFAULTS)
-      local near = lt.config.nearest(tostring(k), known)
+      local near = config.nearest(tostring(k), known)
       error(("train: unknown setting '%s'%s (known: %s)"):format(tostring(k),
         near and (" (did you mean '%s'?)"):format(near) or "", table.concat(known, ", ")), 3)
     end
@@ -241,7 +169,7 @@ local function check_opts(raw)
     if type(s) ~= "table" then error("train: sample must be a table {tokenizer =, prompt =, tokens =, ...}", 3) end
     for k in pairs(s) do
       if not SAMPLE_KEYS[k] then
-        local near = lt.config.nearest(tostring(k), sorted_names(SAMPLE_KEYS))
+        local near = config.nearest(tostring(k), sorted_names(SAMPLE_KEYS))
         error(("train: unknown sample setting '%s'%s (known: %s)"):format(tostring(k),
           near and (" (did you mean '%s'?)"):format(near) or "", table.concat(sorted_names(SAMPLE_KEYS), ", ")), 3)
       end
@@ -275,28 +203,25 @@ function M.run(settings)
   local model, opt = o.model, o.optimizer
   local params = opt:parameters()
   local device = params[1] and params[1].device or "cpu"
-  local peak, peak_text = default_peak(device)
+  local peak, peak_text = log.default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
-  if o.ddp and lt.dist.world_size() > 1 then -- tokens/s are the job's: so is the peak
-    peak, peak_text = peak * lt.dist.world_size(), ("%d ranks x %s"):format(lt.dist.world_size(), peak_text)
+  if o.ddp and comm.world_size() > 1 then -- tokens/s are the job's: so is the peak
+    peak, peak_text = peak * comm.world_size(), ("%d ranks x %s"):format(comm.world_size(), peak_text)
   end
 
   local dir = o.out_dir .. "/" .. o.name
   local ckpt_dir = o.ckpt_dir or (dir .. "/ckpt")
   local rng = o.rng
   if not rng then
-    rng = { default = lt.default_generator() }
+    rng = { default = random.default_generator() }
     if type(o.sample) == "table" and o.sample.generator then rng.sample = o.sample.generator end
   end
   local summary = { steps = 0, skipped = 0, tokens = 0, interrupted = false }
-  local opt_step = o.start_step -- optimizer steps taken (the schedule's clock)
-  local start_step = o.start_step
-  local resumed_from, resumed_steps -- (resumed_steps: the steps the checkpoint's run was set for)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
   -- under data parallelism rank 0 alone prints, warns and writes the metrics
-  local lead = not ddp or lt.dist.rank() == 0
+  local lead = not ddp or comm.rank() == 0
   if ddp and opt.sharded then
     -- ZeRO 2 and 3 reduce-scatter the gradients themselves; stage 1 takes them all-reduced
     local want = opt.stage >= 2 and "none" or "all_reduce"
@@ -311,50 +236,15 @@ function M.run(settings)
     error("train: checkpoints need a training loader with state() and load_state() (lt.data.shards has them)", 2)
   end
   if o.config then
-    local bad = lt.json.find_unencodable(o.config)
+    local bad = json.find_unencodable(o.config)
     if bad then error(("train: config.%s cannot be saved in a checkpoint (%s)"):format(bad.path, bad.why), 2) end
   end
-  local existing = lt.ckpt.list(ckpt_dir)
-  local newest = existing[#existing]
-  if o.resume ~= "none" then
-    local path = o.resume
-    if o.resume == "auto" then path = nil end
-    if o.resume == "auto" then -- the newest whose files pass their checksums
-      local skipped
-      newest, skipped = lt.ckpt.newest_verified(ckpt_dir, function(p, why)
-        if lead then io.stderr:write(("lutra: train: resume = \"auto\" skips %s: %s\n"):format(p, why)) end
-      end)
-      local mine = newest and newest.step or -1 -- (each rank checked the files itself: all must agree)
-      local sums = ddp and ddp:reduce_numbers({ 1, mine, mine * mine }) -- (equal means: no spread)
-      if sums and (sums[2] ~= sums[1] * mine or sums[3] ~= sums[1] * mine * mine) then
-        error(("train: the ranks found different checkpoints in %s to pass their checksums (rank %d: %s)")
-          :format(ckpt_dir, lt.dist.rank(), newest and newest.path or "none"), 2)
-      end
-      if not newest and (skipped or 0) > 0 then -- (none at all: a fresh start)
-        lt.config.fail(("train: no checkpoint in %s passes its checks (each is named above); remove them to start afresh")
-          :format(ckpt_dir))
-      end
-      path = newest and newest.path
-    end
-    if path then
-      local st = lt.ckpt.load(path, { model = model, opt = opt, loader = o.train, rng = rng, dist = ddp ~= nil,
-        verified = o.resume == "auto" })
-      start_step, opt_step = st.step, st.optimizer_steps or st.step
-      summary.skipped = st.extra and st.extra.skipped or 0
-      resumed_steps = st.extra and st.extra.steps
-      resumed_from = path
-      if lead and resumed_steps and resumed_steps ~= o.steps then
-        -- (a warning, quiet or not, before anything else can return)
-        io.stderr:write(("lutra: train: the checkpoint's run was set for %d steps, this one for %d: a schedule "
-          .. "over the steps (warmup, decay) continues on the new length\n"):format(resumed_steps, o.steps))
-      end
-    end
-  end
-  if o.ckpt_every > 0 and newest and newest.step > start_step then
-    -- (a settings error: the message alone, as for the recipe's own settings)
-    lt.config.fail(("train: %s already holds checkpoints up to step %d (another run's history); resume = \"auto\" continues it, or choose another name or ckpt_dir")
-      :format(ckpt_dir, newest.step))
-  end
+  local resumed = checkpoint.resume { dir = ckpt_dir, mode = o.resume, model = model, optimizer = opt,
+    loader = o.train, rng = rng, ddp = ddp, steps = o.steps, ckpt_every = o.ckpt_every, start_step = o.start_step,
+    level = 3 }
+  local start_step, resumed_from = resumed.start_step, resumed.resumed_from
+  local opt_step = resumed.optimizer_steps -- optimizer steps taken (the schedule's clock)
+  if resumed_from then summary.skipped = resumed.skipped end
   if resumed_from and start_step >= o.steps then
     if not o.quiet then print(("train: %s is at step %d, the last step: nothing to do"):format(resumed_from, start_step)) end
     return { steps = 0, skipped = summary.skipped, tokens = 0, interrupted = false, seconds = 0,
@@ -373,7 +263,7 @@ function M.run(settings)
   if block and T > block then
     error(("train: the sequence length %d is longer than the model's context (block_size %d)"):format(T, block), 2)
   end
-  local fpt = o.flops_per_token or model_flops_per_token(model, T)
+  local fpt = o.flops_per_token or log.flops_per_token(model, T)
 
   -- what sampling will do, checked now: the prompt's ids and the settings,
   -- by lt.generate itself (max_tokens = 0 without the cache: no forward, no draw)
@@ -383,7 +273,7 @@ function M.run(settings)
     sample_ids = s.tokenizer:encode(s.prompt or "\n")
     if #sample_ids == 0 then sample_ids = { s.tokenizer.eot } end -- (an empty prompt: from the document start)
     if #sample_ids == 0 then error("train: sample.prompt encodes to no token, and the tokenizer has no eot", 2) end
-    local ok, err = pcall(lt.generate, model, sample_ids, { max_tokens = 0, cache = false, truncate = "left",
+    local ok, err = pcall(generate, model, sample_ids, { max_tokens = 0, cache = false, truncate = "left",
       temperature = s.temperature or 1, top_k = s.top_k or 0, top_p = s.top_p or 1, generator = s.generator,
       device = device })
     if not ok then error("train: sample: " .. tostring(err):gsub("^.-generate: ", ""), 2) end
@@ -400,38 +290,12 @@ function M.run(settings)
     end
   end
   -- checkpoints: their directory is made now (a path that cannot be one fails before any step)
-  if o.ckpt_every > 0 and lead then mkdir_p(ckpt_dir) end
+  if o.ckpt_every > 0 and lead then log.mkdir_p(ckpt_dir, 3) end
 
-  local metrics_path = dir .. "/metrics.jsonl"
-  local metrics -- (rank 0's file; nil on the other ranks)
-  local opened, why = true, nil
-  if lead then
-    opened, why = pcall(function()
-      mkdir_p(dir)
-      local f, err = io.open(metrics_path, "a")
-      if not f then error(("train: cannot open %s: %s"):format(metrics_path, err), 0) end
-      metrics = f
-    end)
-  end
-  if ddp then -- rank 0 alone opens the metrics: the others learn whether it could, and stop with it
-    local bad = ddp:reduce_number(opened and 0 or 1)
-    if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", 2) end
-  end
-  if not opened then error(why, 2) end
-  -- a line that cannot be written (a full disk) stops the run: its record would be lost
-  local function record(t)
-    if not metrics then return end
-    local ok, err = metrics:write(json_line(t), "\n")
-    if ok then ok, err = metrics:flush() end
-    if not ok then error(("train: cannot write %s: %s"):format(metrics_path, tostring(err)), 0) end
-  end
-  local prefix = (ddp and o.log_all_ranks) and ("[rank %d] "):format(lt.dist.rank()) or ""
-  local function say(line)
-    if not o.quiet and (lead or (ddp and o.log_all_ranks)) then
-      print(prefix .. line)
-      io.stdout:flush()
-    end
-  end
+  local out = log.open { dir = dir, quiet = o.quiet, ddp = ddp, log_all_ranks = o.log_all_ranks, level = 3 }
+  local metrics_path = out.metrics_path
+  local function record(t) out:record(t) end
+  local function say(line) out:say(line) end
   -- each run appends: a line marks where it starts (and what it resumed)
   record({ run = o.name, start_step = start_step, resumed_from = resumed_from or nil, steps = o.steps,
     time = os.time() })
@@ -457,22 +321,18 @@ function M.run(settings)
     return x, y
   end
 
-  local t_start = lt.clock()
+  local t_start = runtime.clock()
   local t_done = t_start -- when the last complete step (and its evaluation, sample) ended
   local t_loop = t_start -- (when the first step starts)
   local interval_sum, interval_n = 0, 0 -- the finite losses since the last printed line
 
   local function save(step)
-    local t0 = lt.clock()
-    local path = lt.ckpt.save(ckpt_dir, { model = model, opt = opt, loader = o.train, step = step, rng = rng,
-      config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, dist = ddp ~= nil,
-      extra = { skipped = summary.skipped, steps = o.steps } })
-    -- a Ctrl-C during the save waited for it (lt.ckpt.save defers it): taken
-    -- now, the run stops after this step with the checkpoint whole
-    local stop = C.lt_is_interrupted() ~= 0
-    if stop then C.lt_clear_interrupt() end
+    local t0 = runtime.clock()
+    local path, stop = checkpoint.save { dir = ckpt_dir, model = model, optimizer = opt, loader = o.train, step = step,
+      rng = rng, config = o.config or nil, optimizer_steps = opt_step, keep_last = o.keep_last, ddp = ddp,
+      extra = { skipped = summary.skipped, steps = o.steps } }
     record({ step = step, checkpoint = path })
-    say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, lt.clock() - t0))
+    say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, runtime.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end
     if stop then
       summary.interrupted = true
@@ -482,30 +342,15 @@ function M.run(settings)
     return path
   end
 
-  -- a sharded optimizer (lt.dist.Zero) clips its own chunks by the norm over
-  -- all ranks; lt.optim's optimizers take the clip's factor into their fused
-  -- update (grad_scale: no pass that scales the gradients, no launch per parameter)
-  local grad_scale = 1
-  local clip
-  if opt.clip_grad_norm then
-    clip = function(m) return opt:clip_grad_norm(m) end
-  elseif lt.optim.takes_grad_scale(opt) then
-    clip = function(m)
-      local norm = lt.optim.grad_norm(params)
-      grad_scale = lt.optim.clip_scale(norm, m)
-      return norm
-    end
-  else
-    clip = function(m) return lt.optim.clip_grad_norm(params, m) end
-  end
-
-  -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
-  local own_loss = model.loss ~= nil and model.loss_is_cross_entropy == model.loss
+  -- the optimizer step: micro-batches, reduction, clipping, schedule, update
+  local stepper = step_part.new { model = model, optimizer = opt, accum = o.accum, clip = o.clip,
+    ignore_index = o.ignore_index, ddp = ddp, device = device, schedule = o.schedule or nil,
+    skip_nonfinite = o.skip_nonfinite, optimizer_steps = opt_step }
   local job_signal = 0 -- a job's preemption signal, agreed by every rank at each step
   -- the validation loss (ZeRO 3: every rank gathers the whole parameters first)
   local function validate(step)
     if val_start then o.val:load_state(val_start) end
-    local vl = evaluate(model, o.val, o.eval_batches, o.ignore_index, device)
+    local vl = evaluate(model, o.val, { batches = o.eval_batches, ignore_index = o.ignore_index, device = device })
     summary.val_loss, summary.val_step = vl, step
     record({ step = step, val_loss = vl })
     say(("step %5d/%d | val loss %.4f%s"):format(step, o.steps, vl, step == 0 and " (before training)" or ""))
@@ -513,72 +358,13 @@ function M.run(settings)
   end
 
   local function one_step(step)
-    local t0 = lt.clock()
-    -- all micro-batches first: the step's loss divides by every counted token
-    local xs, ys, total = {}, {}, 0
-    for k = 1, o.accum do
-      local x, y = next_batch()
-      -- counted where the batch arrives (the CPU, for a loader): no device sync for it
-      total = total + y:ne(o.ignore_index):to("i64"):sum():item()
-      if device ~= "cpu" then x, y = x:to(device), y:to(device) end
-      xs[k], ys[k] = x, y
-    end
-    -- data parallel: every rank divides by the global batch's count, and the
-    -- summed gradients are those of the global batch
-    if ddp then total = ddp:reduce_number(total) end
-    opt:zero_grad()
-    local loss_sum, tokens, sums = 0, 0, nil
-    for k = 1, o.accum do
-      if ddp then ddp:set_sync(k == o.accum) end -- no communication before the last micro-batch
-      local lo = { reduction = "sum", ignore_index = o.ignore_index, count = false }
-      local l = own_loss and model:loss(xs[k], ys[k], lo) or F.cross_entropy(model(xs[k]), ys[k], lo)
-      if total > 0 then (l / total):backward() end
-      -- the micro-batches' losses add up where they are; one read per step (a GPU syncs once)
-      local ld = l:detach():to("f64")
-      sums = sums and sums + ld or ld
-      tokens = tokens + xs[k]:numel()
-      xs[k], ys[k] = nil, nil
-    end
-    loss_sum = sums:item()
-    if ddp then
-      ddp:finish()
-      -- one all_reduce for the sums and for whether any rank was signalled
-      -- (all ranks then stop after the same step)
-      local sig = C.lt_preempt_signal()
-      local sums = ddp:reduce_numbers { loss_sum, tokens, sig == 15 and 1 or 0, sig ~= 0 and sig ~= 15 and 1 or 0 }
-      loss_sum, tokens = sums[1], sums[2]
-      job_signal = sums[3] > 0 and 15 or (sums[4] > 0 and 10 or 0)
-    end
-    local loss = total > 0 and loss_sum / total or 0
-    local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
-    -- a sharded optimizer (lt.dist.Zero) reduces its own chunks first
-    if opt.reduce_gradients then opt:reduce_gradients() end
-    if finite then
-      norm = clip(o.clip > 0 and o.clip or math.huge)
-      finite = norm == norm and norm ~= math.huge
-    end
-    -- from here to the step's record a Ctrl-C waits: an update is not left halfway
-    C.lt_interrupt_defer(1, "the step's update")
-    local lr
-    if not finite then
-      if not o.skip_nonfinite then
-        error(("train: step %d: the %s is not finite (loss %s, gradient norm %s); lower the learning rate or set skip_nonfinite")
-          :format(step, loss == loss and loss ~= math.huge and "gradient norm" or "loss", tostring(loss), tostring(norm)), 0)
-      end
-      summary.skipped = summary.skipped + 1
-      opt:zero_grad()
-    else
-      opt_step = opt_step + 1
-      if o.schedule then
-        lr = o.schedule(opt_step)
-        opt:set_lr(lr)
-      end
-      if grad_scale ~= 1 then opt:step { grad_scale = grad_scale } else opt:step() end
-      grad_scale = 1
-      lr = lr or opt.groups[1].lr
-    end
-    local now = lt.clock()
-    local dt = now - t0
+    stepper.skipped = summary.skipped
+    local r = stepper:run(step, next_batch, { keep_deferred = true })
+    opt_step, summary.skipped = stepper.optimizer_steps, stepper.skipped
+    if r.signal then job_signal = r.signal end
+    local loss, norm, lr, finite, tokens = r.loss, r.grad_norm, r.lr, r.finite, r.tokens
+    local now = r.finished
+    local dt = r.seconds
     summary.tokens = summary.tokens + tokens
     summary.loss = loss
     local tps = tokens / dt
@@ -589,7 +375,7 @@ function M.run(settings)
     -- on printed steps the tensors Lua has not collected yet go first, so
     -- the memory printed is what the step keeps (after the timing)
     if printed then collectgarbage() end
-    local mem, mem_peak = memory_now(device)
+    local mem, mem_peak = log.memory_now(device)
     -- the time left: the mean time per step so far (evaluations, samples and checkpoints included)
     local elapsed, done = now - t_start, step - start_step
     local eta = (now - t_loop) / done * (o.steps - step)
@@ -602,17 +388,16 @@ function M.run(settings)
     end
     record(rec)
     summary.steps = summary.steps + 1 -- (complete: updated and recorded)
-    t_done = lt.clock()
+    t_done = runtime.clock()
     C.lt_interrupt_defer(0, nil)
     if C.lt_is_interrupted() ~= 0 then
       C.lt_clear_interrupt()
       error("interrupted!", 0)
     end
     if printed then
-      say(("step %5d/%d | loss %.4f | mean(%d) %.4f | lr %.2e | norm %.3f | %6.0f ms | %7.0f tok/s | MFU %s | mem %s, peak %s | %s, ETA %s%s")
-        :format(step, o.steps, loss, interval_n, mean, lr or 0, norm, dt * 1e3, tps,
-          mfu and ("%.1f%%"):format(mfu * 100) or "n/a", fmt_bytes(mem), fmt_bytes(mem_peak), fmt_time(elapsed),
-          fmt_time(eta), finite and "" or " | skipped (not finite)"))
+      say(log.step_line { step = step, steps = o.steps, loss = loss, mean_steps = interval_n, mean = mean, lr = lr,
+        grad_norm = norm, ms = dt * 1e3, tokens_per_s = tps, mfu = mfu, mem = mem, mem_peak = mem_peak,
+        elapsed_s = elapsed, eta_s = eta, skipped = not finite })
       interval_sum, interval_n = 0, 0
     end
     if o.on_step then o.on_step(rec) end
@@ -624,14 +409,14 @@ function M.run(settings)
     if evaluating then validate(step) end
     if lead and sampling then
       local s = o.sample
-      local out = M.generate(model, sample_ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
+      local ids = M.generate(model, sample_ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
         top_k = s.top_k, top_p = s.top_p, generator = s.generator, device = device })
-      local text = s.tokenizer:decode(out, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
+      local text = s.tokenizer:decode(ids, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
       record({ step = step, sample = text })
       say(("---- sample at step %d ----\n%s\n----"):format(step, text))
     end
     if unsharded then opt:reshard() end
-    t_done = lt.clock()
+    t_done = runtime.clock()
   end
 
   -- preemption saves need a loader state; without one SIGTERM keeps its usual effect
@@ -651,7 +436,7 @@ function M.run(settings)
         return
       end
     end
-    t_loop = lt.clock()
+    t_loop = runtime.clock()
     for step = start_step + 1, o.steps do
       local ok, err = pcall(one_step, step)
       if not ok then
@@ -689,16 +474,20 @@ function M.run(settings)
     end
   end)
   C.lt_preempt_watch(0)
-  if metrics then
-    local closed, err = metrics:close()
-    if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
-  end
+  local closed, err = out:close()
+  if ok_all and not closed then ok_all, err_all = false, ("train: cannot write %s: %s"):format(metrics_path, tostring(err)) end
   if not ok_all then error(err_all, 0) end
-  summary.seconds = (summary.interrupted and t_done or lt.clock()) - t_start
+  summary.seconds = (summary.interrupted and t_done or runtime.clock()) - t_start
   summary.optimizer_steps = opt_step
   summary.resumed_from = resumed_from
   return summary
 end
+
+-- the parts, for loops of one's own
+M.step = step_part
+M.evaluate = evaluate
+M.checkpoint = checkpoint
+M.log = log
 
 setmetatable(M, { __call = function(_, settings) return M.run(settings) end })
 

@@ -1,0 +1,37 @@
+--- lutra.dist.flat: the flat buffers ZeRO lays parameters out in, shared
+-- by stages 1-2 (lutra.dist.zero) and stage 3 (lutra.dist.zero3).
+local M = {}
+
+--- flat_groups(params, wd[, size]) -> flats: the parameters laid end to end
+-- per weight-decay group (decay on dims >= 2, as lt.optim) and dtype, each
+-- {params, offsets, numel, dtype, device, weight_decay}. Without size,
+-- frozen parameters (requires_grad false) stay out: nothing updates them.
+-- With size (ZeRO 3, which shards them all): frozen ones get flats of
+-- their own (frozen = true), and every flat is padded to a multiple of
+-- size (chunk = padded / size: equal chunks, as NCCL needs).
+function M.flat_groups(params, wd, size)
+  local out, by = {}, {}
+  for _, p in ipairs(params) do
+    local frozen = not p.requires_grad
+    if frozen and not size then goto continue end
+    local decay = p:dim() >= 2
+    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
+    if not by[key] then
+      by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
+        weight_decay = decay and wd or 0, frozen = frozen }
+      out[#out + 1] = by[key]
+    end
+    local g = by[key]
+    g.params[#g.params + 1] = p
+    g.offsets[#g.offsets + 1] = g.numel
+    g.numel = g.numel + p:numel()
+    ::continue::
+  end
+  for _, g in ipairs(size and out or {}) do
+    g.chunk = math.ceil(g.numel / size)
+    g.padded = g.chunk * size
+  end
+  return out
+end
+
+return M

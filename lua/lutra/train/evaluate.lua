@@ -1,0 +1,45 @@
+--- lutra.train.evaluate (lt.train.evaluate): the validation loss, the piece
+-- of lt.train a custom loop reuses.
+--
+--   local val_loss = lt.train.evaluate(model, val_loader, { batches = 20 })
+local autograd = require "lutra.autograd"
+local F = require "lutra.nn.functional"
+
+--- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu"}])
+-- -> the mean token loss (cross-entropy of model(x) against y, summed over
+-- the targets other than ignore_index and divided by their count) over the
+-- next `batches` batches of loader:next() (fewer where it runs out; NaN when
+-- no target counted), without gradients, with the model in eval mode (put
+-- back in training mode after, unless it was in eval mode already). Batches
+-- are moved to device. The loader is read from where it is: restart it
+-- (loader:load_state) for evaluations that compare. Raises "train: the
+-- validation batches' sequence length N is longer than the model's context
+-- (block_size B)" and what the model raises.
+local function evaluate(model, loader, opts)
+  opts = opts or {}
+  local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
+  local sum, count = 0, 0
+  local was_training = model.training
+  local block = model.config and model.config.block_size
+  model:eval()
+  autograd.no_grad(function()
+    for _ = 1, n do
+      local x, y = loader:next()
+      if not x then break end
+      if block and x:size(x:dim()) > block then
+        error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")
+          :format(x:size(x:dim()), block), 0)
+      end
+      if device ~= "cpu" then x, y = x:to(device), y:to(device) end
+      local logits = model(x)
+      local l, c = F.cross_entropy(logits, y, { reduction = "sum", ignore_index = ignore_index })
+      sum = sum + l:item()
+      count = count + c
+    end
+  end)
+  if was_training ~= false then model:train() end
+  if count == 0 then return 0 / 0 end
+  return sum / count
+end
+
+return evaluate
