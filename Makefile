@@ -94,7 +94,7 @@ ifeq ($(MPI),)
   MPI := $(if $(shell $(MPI_PKG_CONFIG) --exists ompi-c && echo y),1,0)
 endif
 ifeq ($(MPI),1)
-  MPI_CFLAGS := -DLT_WITH_MPI $(shell $(MPI_PKG_CONFIG) --cflags ompi-c)
+  MPI_CFLAGS := $(shell $(MPI_PKG_CONFIG) --cflags ompi-c)
   MPI_LIBS := $(shell $(MPI_PKG_CONFIG) --libs ompi-c)
   MPI_FOUND := Open MPI $(shell $(MPI_PKG_CONFIG) --modversion ompi-c)
 else
@@ -129,7 +129,11 @@ CONFIG_HASH := $(firstword $(shell printf '%s' '$(subst ','\'',$(BUILD_CONFIG))'
 CONFIG_DEP := $(BUILD)/config.hash
 
 # host/<subsystem>/*.c (ARCHITECTURE.md): the library; host/app/ (main, REPL) goes with the bindings
-CORE_SRC := $(filter-out host/app/%,$(wildcard host/*/*.c)) $(wildcard kernels/cpu/*.c)
+# (the collectives' MPI implementation is a link-time choice: host/comm/mpi.c
+# with MPI=1, host/comm/no-mpi.c, which says there is none, otherwise)
+COMM_MPI_SRC := $(if $(filter 1,$(MPI)),host/comm/mpi.c,host/comm/no-mpi.c)
+CORE_SRC := $(filter-out host/app/% host/comm/mpi.c host/comm/no-mpi.c,$(wildcard host/*/*.c)) $(COMM_MPI_SRC) \
+            $(wildcard kernels/cpu/*.c)
 LUA_BIND_SRC := $(wildcard bindings/*.c) $(wildcard host/app/*.c)
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
 

@@ -8,7 +8,12 @@
  * event), and the compute stream waits for them with another event, so the
  * host never blocks: later kernels simply start after the transfer.
  * all_gather and reduce_scatter need equal chunks here (NCCL has no
- * v-forms): other sizes are an error naming the sizes.
+ * v-forms): other sizes are an error naming the sizes. The front
+ * (comm/comm.c) does the checks and the agreement first; this is the
+ * lt_comm_impl of comm/comm-impl.h that lt_comm_nccl() gives (NULL in a
+ * build without CUDA). No point-to-point yet (ncclSend/ncclRecv would
+ * fit the same way): send and recv of CUDA tensors go by the group's
+ * implementation, as before.
  *
  * NCCL is opened with dlopen at the first CUDA collective (as cuBLASLt is),
  * so lutra starts, and runs on the CPU, without it.
@@ -145,7 +150,11 @@ static lt_status stream_waits(lt_cuda_ctx *ctx, cudaStream_t waiter, cudaStream_
   return e == cudaSuccess ? LT_OK : lt_cuda_error("collective: ordering the streams", ctx->index, e);
 }
 
-lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tensor *in, lt_comm_op op, int root) {
+enum { LT_NCCL_ALL_REDUCE = 1, LT_NCCL_BROADCAST, LT_NCCL_ALL_GATHER, LT_NCCL_REDUCE_SCATTER };
+
+/* One NCCL collective on CUDA tensors, ordered on the device's streams; in ==
+   out for all_reduce and broadcast. */
+static lt_status nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tensor *in, lt_comm_op op, int root) {
   int device = (int)(in->storage->device - LT_DEVICE_CUDA);
   if (out->storage->device != in->storage->device)
     return lt_fail(LT_ERR_DEVICE, "collective: input on cuda:%d, output on another device", device);
@@ -183,4 +192,53 @@ lt_status lt_nccl_collective(lt_comm *c, int kind, lt_tensor *out, const lt_tens
   return stream_waits(ctx, ctx->compute, ctx->comm); /* later kernels after the transfer */
 }
 
+static lt_status nccl_all_reduce(lt_work *w, lt_tensor *t, lt_comm_op op) {
+  return nccl_collective(w->comm, LT_NCCL_ALL_REDUCE, t, t, op, 0);
+}
+
+static lt_status nccl_broadcast(lt_work *w, lt_tensor *t, int root) {
+  return nccl_collective(w->comm, LT_NCCL_BROADCAST, t, t, LT_COMM_SUM, root);
+}
+
+static lt_status nccl_all_gather(lt_work *w, lt_tensor *out, const lt_tensor *t, const int64_t *counts) {
+  (void)counts; /* equal (check_all_gather) */
+  return nccl_collective(w->comm, LT_NCCL_ALL_GATHER, out, t, LT_COMM_SUM, 0);
+}
+
+static lt_status nccl_reduce_scatter(lt_work *w, lt_tensor *out, lt_tensor *t, lt_comm_op op) {
+  return nccl_collective(w->comm, LT_NCCL_REDUCE_SCATTER, out, t, op, 0);
+}
+
+static lt_status nccl_check_all_gather(const lt_comm *c, const int64_t *counts) {
+  for (int r = 1; r < c->size; r++)
+    if (counts[r] != counts[0])
+      return lt_fail(LT_ERR_SHAPE, "all_gather of CUDA tensors: NCCL needs the same rows on every rank (rank 0 has %lld, rank %d %lld)",
+                     (long long)counts[0], r, (long long)counts[r]);
+  return LT_OK;
+}
+
+static lt_status nccl_check_reduce_scatter(const lt_comm *c, int64_t rows) {
+  if (rows % c->size != 0)
+    return lt_fail(LT_ERR_SHAPE, "reduce_scatter of CUDA tensors: NCCL needs rows divisible by the %d ranks, got %lld",
+                   c->size, (long long)rows);
+  return LT_OK;
+}
+
+static const lt_comm_impl nccl_impl = {
+    .name = "NCCL",
+    .agrees = 0, /* (the group's implementation agrees, before NCCL runs) */
+    .check_all_gather = nccl_check_all_gather,
+    .check_reduce_scatter = nccl_check_reduce_scatter,
+    .all_reduce = nccl_all_reduce,
+    .broadcast = nccl_broadcast,
+    .all_gather = nccl_all_gather,
+    .reduce_scatter = nccl_reduce_scatter,
+};
+
+const lt_comm_impl *lt_comm_nccl(void) { return &nccl_impl; }
+
+#else /* a build without CUDA: no CUDA tensors to move */
+#include "comm/comm-impl.h"
+
+const lt_comm_impl *lt_comm_nccl(void) { return NULL; }
 #endif

@@ -1,9 +1,11 @@
 /*
  * backend.c: which backends this build has and which devices are present:
  * the device-to-backend map, CPU thread counts (OpenMP and OpenBLAS), and the
- * CUDA probe that `lutra --version` and lt.cuda report.
+ * CUDA probe that `lutra --version` and lt.cuda report (core's lines of
+ * lt_build_info: core/build-info.h).
  */
 #include "base/status.h"
+#include "core/build-info.h"
 #include "core/tensor-impl.h"
 
 #include <omp.h>
@@ -30,14 +32,6 @@ const lt_backend_i *lt_backend_for(lt_device device) {
 
 int lt_has_cuda(void) {
 #ifdef LT_WITH_CUDA
-  return 1;
-#else
-  return 0;
-#endif
-}
-
-int lt_has_mpi(void) {
-#ifdef LT_WITH_MPI
   return 1;
 #else
   return 0;
@@ -85,11 +79,7 @@ void lt_set_num_threads(int n) {
 /* OpenBLAS's description of itself ("OpenBLAS 0.3.21 DYNAMIC_ARCH ..."). */
 char *openblas_get_config(void);
 
-#ifdef LT_WITH_MPI
-#include <mpi.h>
-#endif
-
-const char *lt_build_info(void) {
+const char *lt_core_build_info(void) {
   static char buf[2048];
   int n = 0;
   n += snprintf(buf + n, sizeof buf - (size_t)n, "lutra %s\n", lt_version());
@@ -116,17 +106,6 @@ const char *lt_build_info(void) {
   }
 #else
   n += snprintf(buf + n, sizeof buf - (size_t)n, "cuda: not compiled in (CUDA=0)\n");
-#endif
-#ifdef LT_WITH_MPI
-  char ver[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(ver, &len);
-  char *nl = strchr(ver, ',');
-  if (nl)
-    *nl = 0;
-  n += snprintf(buf + n, sizeof buf - (size_t)n, "mpi: compiled in (%s)\n", ver);
-#else
-  n += snprintf(buf + n, sizeof buf - (size_t)n, "mpi: not compiled in (MPI=0)\n");
 #endif
   if (n > 0 && buf[n - 1] == '\n')
     buf[n - 1] = 0;
