@@ -427,7 +427,7 @@ static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending) {
   ck->state = 0;
   if (e != cudaSuccess) {
     if (had)
-      lt_tensor_release(rep.index);
+      rep.release(rep.index);
     return lt_cuda_error("an index check", c->index, e);
   }
   unsigned long long pos = c->bad_host[2 * k], value = c->bad_host[2 * k + 1];
@@ -445,7 +445,7 @@ static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending) {
     }
   }
   if (had)
-    lt_tensor_release(rep.index);
+    rep.release(rep.index);
   return st;
 }
 
