@@ -83,10 +83,6 @@ static int deterministic;
 void lt_cuda_set_deterministic(int on) { __atomic_store_n(&deterministic, on != 0, __ATOMIC_RELAXED); }
 int lt_cuda_deterministic(void) { return __atomic_load_n(&deterministic, __ATOMIC_RELAXED); }
 
-#ifndef LT_CUDA_LIBDIR
-#define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
-#endif
-
 /* Opens cuDNN 9 once; its failure is kept and repeated to every caller. */
 static lt_status dnn_open(void) {
   static int tried;
@@ -95,14 +91,10 @@ static lt_status dnn_open(void) {
     return why[0] ? lt_fail(LT_ERR_UNSUPPORTED, "%s", why) : LT_OK;
   tried = 1;
   void *h = NULL;
-#ifdef LT_CUDA_EMU /* the CUDA emulator's cuDNN is linked into lutra (tests/emu/cudnn.cc) */
-  h = dlopen(NULL, RTLD_NOW);
-#else
   const char *names[] = {LT_CUDA_LIBDIR "/libcudnn.so.9", "libcudnn.so.9", LT_CUDA_LIBDIR "/libcudnn_graph.so.9",
                          "libcudnn_graph.so.9"};
   for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++)
-    h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-#endif
+    h = lt_cuda_library(names[i], NULL); /* (cuda/libraries.c; the emulator's is linked into lutra) */
   if (!h) {
     snprintf(why, sizeof why, "cuDNN 9 could not be loaded (libcudnn.so.9, also tried %s): %s", LT_CUDA_LIBDIR,
              dlerror());

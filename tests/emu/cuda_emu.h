@@ -10,7 +10,8 @@
  * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
  * variables (one block runs at a time, so a function's static storage is
  * the block's shared memory; garbage at the start of each block); __syncthreads; __shfl_xor_sync; atomicMin;
- * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through kernels/cuda/mma.cuh), the
+ * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through tests/emu/kernels/ptx.cuh, the
+ * stand-in for kernels/cuda/ptx.cuh), the
  * warp's matrix load ldmatrix and the asynchronous copy cp.async with its groups;
  * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
  * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
@@ -24,9 +25,6 @@
  */
 #ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
 #define LUTRA_TESTS_EMU_CUDA_EMU_H
-
-/* kernels that use instructions the emulator stands in for (mma.cuh) test this */
-#define LT_CUDA_EMULATED 1
 
 #include <math.h>
 #include <stdint.h>
