@@ -80,7 +80,9 @@ ifeq ($(EMU)$(CUDA),11)
   # first on their include path; only the C tests are told, LT_CUDA_EMU)
   CUDA_LIBS := -lstdc++ -lrt -ldl -lpthread
   CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
-  EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o \
+  # (the runtime: its scheduler and its API; what the selftests link)
+  EMU_RUNTIME := $(BUILD)/tests/emu/scheduler.o $(BUILD)/tests/emu/runtime.o
+  EMU_OBJ := $(EMU_RUNTIME) $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o \
              $(BUILD)/tests/emu/libraries.o
   EMU_REPLACES := host/cuda/libraries.c
   EMU_TEST_CFLAGS := -DLT_CUDA_EMU
@@ -91,7 +93,7 @@ ifeq ($(EMU)$(CUDA),11)
   # not the kernels' memory)
   ifeq ($(EMU_TSAN),1)
     EMU_CXXFLAGS += -DLT_EMU_TSAN=1
-    $(BUILD)/tests/emu/runtime.o: EMU_CXXFLAGS := $(filter-out $(SANITIZE),$(EMU_CXXFLAGS))
+    $(EMU_RUNTIME): EMU_CXXFLAGS := $(filter-out $(SANITIZE),$(EMU_CXXFLAGS))
   endif
 endif
 
@@ -185,18 +187,18 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_
 	$(CXX) $(EMU_CXXFLAGS) -Itests/emu/kernels -Ikernels/cuda -include tests/emu/cuda_emu.h \
 	  -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
 
-$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h $(CONFIG_DEP)
+$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_queue.h tests/emu/emu_runtime.h $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
 # the emulator's own test: kernels that break the rules it checks
-$(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(BUILD)/tests/emu/runtime.o tests/emu/cuda_emu.h \
-                             tests/emu/rewrite_launches.py
+$(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(EMU_RUNTIME) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py
 	python3 tests/emu/rewrite_launches.py $< $@.emu.cc
-	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(BUILD)/tests/emu/runtime.o -lpthread
+	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(EMU_RUNTIME) -lpthread
 # and of its cuDNN: graphs computed as documented, mistakes refused
-$(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o
-	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o $(PKG_LIBS) -lpthread
+EMU_CUDNN := $(BUILD)/tests/emu/cudnn.o
+$(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(EMU_RUNTIME) $(EMU_CUDNN)
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(EMU_CUDNN) $(PKG_LIBS) -lpthread
 endif
 
 $(BUILD)/%.o: %.c $(CONFIG_DEP)
