@@ -82,7 +82,9 @@ ifeq ($(EMU)$(CUDA),11)
   CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
   # (the runtime: its scheduler and its API; what the selftests link)
   EMU_RUNTIME := $(BUILD)/tests/emu/scheduler.o $(BUILD)/tests/emu/runtime.o
-  EMU_OBJ := $(EMU_RUNTIME) $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o \
+  # (its cuDNN: the API, finalizing graphs, running them)
+  EMU_CUDNN := $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/cudnn_graph.o $(BUILD)/tests/emu/cudnn_run.o
+  EMU_OBJ := $(EMU_RUNTIME) $(BUILD)/tests/emu/cublaslt.o $(EMU_CUDNN) $(BUILD)/tests/emu/nccl.o \
              $(BUILD)/tests/emu/libraries.o
   EMU_REPLACES := host/cuda/libraries.c
   EMU_TEST_CFLAGS := -DLT_CUDA_EMU
@@ -187,7 +189,8 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_
 	$(CXX) $(EMU_CXXFLAGS) -Itests/emu/kernels -Ikernels/cuda -include tests/emu/cuda_emu.h \
 	  -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
 
-$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_queue.h tests/emu/emu_runtime.h $(CONFIG_DEP)
+$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_queue.h tests/emu/emu_runtime.h \
+                        tests/emu/cudnn_emu.h $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
@@ -196,7 +199,6 @@ $(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(EMU_RUNTIME) tests/emu/cuda
 	python3 tests/emu/rewrite_launches.py $< $@.emu.cc
 	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(EMU_RUNTIME) -lpthread
 # and of its cuDNN: graphs computed as documented, mistakes refused
-EMU_CUDNN := $(BUILD)/tests/emu/cudnn.o
 $(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(EMU_RUNTIME) $(EMU_CUDNN)
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(EMU_CUDNN) $(PKG_LIBS) -lpthread
 endif
