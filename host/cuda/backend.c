@@ -715,7 +715,7 @@ const lt_backend_i lt_backend_cuda = {
 
 #else /* no CUDA in this build */
 
-#include "core/tensor-impl.h"
+#include "base/status.h"
 
 void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak) {
   (void)device_index;
