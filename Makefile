@@ -74,10 +74,20 @@ else
   CUDA_FOUND := no (CUDA=0)
 endif
 ifeq ($(EMU)$(CUDA),11)
-  CUDA_CFLAGS += -DLT_CUDA_EMU
+  # (no source of the product is compiled differently: the emulator's
+  # objects are linked in place of CUDA's libraries, tests/emu/libraries.c in
+  # place of host/cuda/libraries.c, and its kernels find tests/emu/kernels/
+  # first on their include path; only the C tests are told, LT_CUDA_EMU)
   CUDA_LIBS := -lstdc++ -lrt -ldl -lpthread
   CUDA_FOUND := the CUDA emulator (headers from $(CUDA_HOME))
-  EMU_OBJ := $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cublaslt.o $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/nccl.o
+  # (the runtime: its scheduler and its API; what the selftests link)
+  EMU_RUNTIME := $(BUILD)/tests/emu/scheduler.o $(BUILD)/tests/emu/runtime.o
+  # (its cuDNN: the API, finalizing graphs, running them)
+  EMU_CUDNN := $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/cudnn_graph.o $(BUILD)/tests/emu/cudnn_run.o
+  EMU_OBJ := $(EMU_RUNTIME) $(BUILD)/tests/emu/cublaslt.o $(EMU_CUDNN) $(BUILD)/tests/emu/nccl.o \
+             $(BUILD)/tests/emu/libraries.o
+  EMU_REPLACES := host/cuda/libraries.c
+  EMU_TEST_CFLAGS := -DLT_CUDA_EMU
   EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Ihost -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
                   -DLT_WITH_CUDA -I$(CUDA_HOME)/include $(PKG_CFLAGS) $(SANITIZE)
   # EMU_TSAN=1 (make emu-tsan): block threads as ThreadSanitizer contexts;
@@ -85,7 +95,7 @@ ifeq ($(EMU)$(CUDA),11)
   # not the kernels' memory)
   ifeq ($(EMU_TSAN),1)
     EMU_CXXFLAGS += -DLT_EMU_TSAN=1
-    $(BUILD)/tests/emu/runtime.o: EMU_CXXFLAGS := $(filter-out $(SANITIZE),$(EMU_CXXFLAGS))
+    $(EMU_RUNTIME): EMU_CXXFLAGS := $(filter-out $(SANITIZE),$(EMU_CXXFLAGS))
   endif
 endif
 
@@ -130,10 +140,11 @@ CONFIG_DEP := $(BUILD)/config.hash
 
 # host/<subsystem>/*.c (ARCHITECTURE.md): the library; host/app/ (main, REPL) goes with the bindings
 # (the collectives' MPI implementation is a link-time choice: host/comm/mpi.c
-# with MPI=1, host/comm/no-mpi.c, which says there is none, otherwise)
+# with MPI=1, host/comm/no-mpi.c, which says there is none, otherwise; and
+# with EMU=1 the emulator's files replace EMU_REPLACES)
 COMM_MPI_SRC := $(if $(filter 1,$(MPI)),host/comm/mpi.c,host/comm/no-mpi.c)
-CORE_SRC := $(filter-out host/app/% host/comm/mpi.c host/comm/no-mpi.c,$(wildcard host/*/*.c)) $(COMM_MPI_SRC) \
-            $(wildcard kernels/cpu/*.c)
+CORE_SRC := $(filter-out host/app/% host/comm/mpi.c host/comm/no-mpi.c $(EMU_REPLACES),$(wildcard host/*/*.c)) \
+            $(COMM_MPI_SRC) $(wildcard kernels/cpu/*.c)
 LUA_BIND_SRC := $(wildcard bindings/*.c) $(wildcard host/app/*.c)
 LUA_FILES := $(sort $(shell find lua -name '*.lua'))
 
@@ -165,7 +176,7 @@ $(BUILD)/kernels/%.o: kernels/%.c $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/core/tensor-impl.h host/lutra.h
+CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/ptx.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/core/tensor-impl.h host/lutra.h
 ifeq ($(EMU_OBJ),)
 # (ptxas's registers and shared memory per kernel kept in NAME.o.ptxas for
 # tests/gpu/launch_limits.py; the compiler's other messages still shown)
@@ -175,24 +186,26 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) $(CONFIG_DEP)
 	  grep -vE '^ptxas info|^ +[0-9]+ bytes stack frame' $@.ptxas >&2; exit $$st
 else
 # (the emulator: launches rewritten as calls, compiled by the host C++ compiler)
+# (tests/emu/kernels/: the stand-ins for kernels/cuda's headers of PTX assembly, found first)
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py \
-                           $(CONFIG_DEP)
+                           $(wildcard tests/emu/kernels/*.cuh) $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	python3 tests/emu/rewrite_launches.py $< $(BUILD)/kernels/cuda/$*.emu.cc
-	$(CXX) $(EMU_CXXFLAGS) -Ikernels/cuda -include tests/emu/cuda_emu.h -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
+	$(CXX) $(EMU_CXXFLAGS) -Itests/emu/kernels -Ikernels/cuda -include tests/emu/cuda_emu.h \
+	  -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
 
-$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h $(CONFIG_DEP)
+$(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_queue.h tests/emu/emu_runtime.h \
+                        tests/emu/cudnn_emu.h $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
 # the emulator's own test: kernels that break the rules it checks
-$(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(BUILD)/tests/emu/runtime.o tests/emu/cuda_emu.h \
-                             tests/emu/rewrite_launches.py
+$(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(EMU_RUNTIME) tests/emu/cuda_emu.h tests/emu/rewrite_launches.py
 	python3 tests/emu/rewrite_launches.py $< $@.emu.cc
-	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(BUILD)/tests/emu/runtime.o -lpthread
+	$(CXX) $(EMU_CXXFLAGS) -include tests/emu/cuda_emu.h -o $@ $@.emu.cc $(EMU_RUNTIME) -lpthread
 # and of its cuDNN: graphs computed as documented, mistakes refused
-$(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o
-	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(BUILD)/tests/emu/runtime.o $(BUILD)/tests/emu/cudnn.o $(PKG_LIBS) -lpthread
+$(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(EMU_RUNTIME) $(EMU_CUDNN)
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(EMU_CUDNN) $(PKG_LIBS) -lpthread
 endif
 
 $(BUILD)/%.o: %.c $(CONFIG_DEP)
@@ -212,7 +225,7 @@ $(BUILD)/gen/embedded.o: $(BUILD)/gen/embedded.c
 
 $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/liblutra.a $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Ihost -Ikernels/cpu -o $@ $< $(BUILD)/liblutra.a $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) $(EMU_TEST_CFLAGS) -Ihost -Ikernels/cpu -o $@ $< $(BUILD)/liblutra.a $(LDLIBS_ALL)
 
 test-c: $(C_TESTS)
 

@@ -48,11 +48,7 @@ static lt_status nccl_open(void) {
   static void *lib;
   if (lib)
     return LT_OK;
-#ifdef LT_CUDA_EMU /* the CUDA emulator's one-rank NCCL is linked into lutra (tests/emu/nccl.cc) */
-  void *h = dlopen(NULL, RTLD_NOW);
-#else
-  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-#endif
+  void *h = lt_cuda_library("libnccl.so.2", NULL); /* (cuda/libraries.c; the emulator's is linked into lutra) */
   if (!h)
     h = dlopen(LT_CUDA_LIBDIR "/libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (!h)

@@ -1,21 +1,19 @@
 /*
  * backend.c: which backends this build has and which devices are present:
  * the device-to-backend map, CPU thread counts (OpenMP and OpenBLAS), and the
- * CUDA probe that `lutra --version` and lt.cuda report (core's lines of
- * lt_build_info: core/build-info.h).
+ * core's lines of the build information `lutra --version` prints
+ * (lt_build_info, assembled in host/app/build-info.c: core/build-info.h; the
+ * CUDA probe's part is cuda/device.c's).
  */
 #include "base/status.h"
 #include "core/build-info.h"
 #include "core/tensor-impl.h"
+#include "cuda/device.h"
 
 #include <omp.h>
 #include <time.h>
 #include <stdio.h>
 #include <string.h>
-
-#ifdef LT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 /* OpenBLAS's own thread control (declared here to avoid its config header). */
 void openblas_set_num_threads(int num_threads);
@@ -34,27 +32,6 @@ int lt_has_cuda(void) {
 #ifdef LT_WITH_CUDA
   return 1;
 #else
-  return 0;
-#endif
-}
-
-int lt_cuda_device_count(const char **why) {
-#ifdef LT_WITH_CUDA
-  int n = 0, driver = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    cudaDriverGetVersion(&driver);
-    if (why) /* the runtime reports a missing libcuda as an old driver */
-      *why = driver == 0 ? "no NVIDIA driver found" : cudaGetErrorString(err);
-    cudaGetLastError(); /* clear the sticky error for later calls */
-    return 0;
-  }
-  if (why)
-    *why = n ? "" : "no CUDA device";
-  return n;
-#else
-  if (why)
-    *why = "CUDA not compiled in (built with CUDA=0)";
   return 0;
 #endif
 }
@@ -85,28 +62,7 @@ const char *lt_core_build_info(void) {
   n += snprintf(buf + n, sizeof buf - (size_t)n, "lutra %s\n", lt_version());
   n += snprintf(buf + n, sizeof buf - (size_t)n, "cpu: %s, %d threads\n", openblas_get_config(),
                 lt_num_threads());
-#ifdef LT_WITH_CUDA
-  int rt = 0, drv = 0;
-  cudaRuntimeGetVersion(&rt);
-  cudaDriverGetVersion(&drv);
-  const char *why = "";
-  int count = lt_cuda_device_count(&why);
-  char drvs[32] = "none";
-  if (drv)
-    snprintf(drvs, sizeof drvs, "%d.%d", drv / 1000, drv % 1000 / 10);
-  n += snprintf(buf + n, sizeof buf - (size_t)n,
-                "cuda: compiled in (runtime %d.%d, driver %s), %d device%s found%s%s\n", rt / 1000,
-                rt % 1000 / 10, drvs, count, count == 1 ? "" : "s", count ? "" : ": ",
-                count ? "" : why);
-  for (int i = 0; i < count && n < (int)sizeof buf - 200; i++) {
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess)
-      n += snprintf(buf + n, sizeof buf - (size_t)n, "  cuda:%d %s, sm_%d%d, %.1f GiB\n", i, prop.name,
-                    prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
-  }
-#else
-  n += snprintf(buf + n, sizeof buf - (size_t)n, "cuda: not compiled in (CUDA=0)\n");
-#endif
+  n += lt_cuda_build_info(buf + n, sizeof buf - (size_t)n); /* (cuda/device.c) */
   if (n > 0 && buf[n - 1] == '\n')
     buf[n - 1] = 0;
   return buf;

@@ -9,6 +9,7 @@
 #define LUTRA_TENSOR_IMPL_H
 
 #include "lutra.h"
+#include "backend/index-report.h"
 
 #include <stdbool.h>
 
@@ -185,23 +186,8 @@ typedef struct lt_sdpa_desc {
   int64_t sq[4], sk[4], sv[4], so[4], sdo[4], sdq[4], sdk[4], sdv[4];
 } lt_sdpa_desc;
 
-/* An index check a backend finishes later (an index kernel set *bad to
-   LT_BAD_LATER): what its message needs, handed to the backend, which
-   reports it at its next synchronisation (lt_index_report_fail). */
-enum { LT_BAD_LATER = -2 };
-typedef enum { LT_REPORT_INDEX, LT_REPORT_IDS, LT_REPORT_TARGET } lt_report_kind; /* (IDS: an embedding's) */
-typedef struct lt_index_report {
-  lt_report_kind kind;
-  const char *op; /* a string literal */
-  int dim;        /* 0-based (LT_REPORT_INDEX) */
-  int64_t limit;  /* the indexed dim's size, or the vocabulary */
-  int64_t ignore; /* the ignored target (LT_REPORT_TARGET) */
-  char shape[200]; /* lt_tensor_shape_str's size */
-  lt_tensor *index; /* retained: 1-D, its element at the kernel's position is the bad one */
-} lt_index_report;
-
-/* The error for report r whose first bad element is position pos with value v. */
-lt_status lt_index_report_fail(const lt_index_report *r, int64_t pos, int64_t v);
+/* An index check a backend finishes later: lt_index_report, LT_BAD_LATER
+   and lt_index_report_fail are backend/index-report.h's. */
 struct lt_backend_i;
 /* Hands r to the backend (retaining r->index for it), after a kernel of it
    set *bad to LT_BAD_LATER. */

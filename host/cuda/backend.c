@@ -28,14 +28,6 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 /* size classes (size-class.h): 512-byte steps to 32 KiB, then four per power of two */
 enum { SMALL_LIMIT = 32768, SMALL_STEP = 512, NCLASSES = LT_SIZE_CLASSES(SMALL_STEP, SMALL_LIMIT) };
 
-#ifdef LT_CUDA_EMU
-/* the CUDA emulator (tests/emu/runtime.cc): a block of block bytes handed
-   out for used bytes (0: freed), in the order of the stream that uses it;
-   it fills them with garbage and, under AddressSanitizer, poisons the part
-   no tensor owns */
-void lt_emu_device_span(void *p, size_t used, size_t block, cudaStream_t stream);
-#endif
-
 static int size_class(size_t nbytes, size_t *rounded) {
   return lt_size_class(nbytes, SMALL_STEP, SMALL_LIMIT, rounded);
 }
@@ -53,12 +45,7 @@ const char *lt_cuda_error_note(int e) {
   case cudaErrorInvalidAddressSpace:
   case cudaErrorInvalidPc:
   case cudaErrorLaunchFailure:
-#ifdef LT_CUDA_EMU
-    return "; on a GPU this loses the CUDA context (the emulator's faults are not sticky)";
-#else
-    return "; a kernel faulted and this process's CUDA context is lost: every later CUDA call fails the same "
-           "way until lutra restarts (tensors on the CPU are intact; CUDA_LAUNCH_BLOCKING=1 names the kernel)";
-#endif
+    return lt_cuda_fault_note(); /* (cuda/libraries.c; the emulator's are not sticky) */
   default:
     return "";
   }
@@ -192,9 +179,7 @@ static lt_status cuda_alloc(lt_device device, size_t nbytes, void **ptr) {
     c->peak = c->allocated;
   c->nalloc++;
   pthread_mutex_unlock(&lock);
-#ifdef LT_CUDA_EMU
-  lt_emu_device_span(*ptr, nbytes, rounded, c->compute);
-#endif
+  lt_cuda_device_span(*ptr, nbytes, rounded, c->compute);
   return LT_OK;
 }
 
@@ -206,9 +191,7 @@ static void cuda_free(lt_device device, void *ptr, size_t nbytes) {
   size_t rounded;
   int k = size_class(nbytes, &rounded);
   cblock *b = malloc(sizeof *b);
-#ifdef LT_CUDA_EMU
-  lt_emu_device_span(ptr, 0, rounded, c->compute);
-#endif
+  lt_cuda_device_span(ptr, 0, rounded, c->compute);
   pthread_mutex_lock(&lock);
   c->allocated -= rounded;
   if (b) {
@@ -427,7 +410,7 @@ static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending) {
   ck->state = 0;
   if (e != cudaSuccess) {
     if (had)
-      lt_tensor_release(rep.index);
+      rep.release(rep.index);
     return lt_cuda_error("an index check", c->index, e);
   }
   unsigned long long pos = c->bad_host[2 * k], value = c->bad_host[2 * k + 1];
@@ -445,7 +428,7 @@ static lt_status check_resolve(lt_cuda_ctx *c, int k, int wait, int *pending) {
     }
   }
   if (had)
-    lt_tensor_release(rep.index);
+    rep.release(rep.index);
   return st;
 }
 
@@ -732,7 +715,7 @@ const lt_backend_i lt_backend_cuda = {
 
 #else /* no CUDA in this build */
 
-#include "core/tensor-impl.h"
+#include "base/status.h"
 
 void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak) {
   (void)device_index;

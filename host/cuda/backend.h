@@ -9,6 +9,8 @@
 #include "../../kernels/cuda/cuda.h"
 #include "core/tensor-impl.h"
 
+#include "cuda/libraries.h"
+
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 

@@ -44,21 +44,12 @@ static struct {
 #undef X
 } blas;
 
-#ifndef LT_CUDA_LIBDIR
-#define LT_CUDA_LIBDIR "/usr/local/cuda/lib64"
-#endif
-
 static lt_status blas_open(void) {
   static void *lib;
   if (lib)
     return LT_OK;
   const char *name = "libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR);
-#ifdef LT_CUDA_EMU /* the CUDA emulator's cuBLASLt is linked into lutra (tests/emu/cublaslt.cc) */
-  name = "the CUDA emulator's cuBLASLt";
-  void *h = dlopen(NULL, RTLD_NOW);
-#else
-  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-#endif
+  void *h = lt_cuda_library(name, &name); /* (cuda/libraries.c; the emulator's is linked into lutra) */
   if (!h)
     h = dlopen(LT_CUDA_LIBDIR "/libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
   if (!h)

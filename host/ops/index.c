@@ -27,19 +27,6 @@ static lt_status check_dim(const char *op, const lt_tensor *t, int dim) {
   return LT_OK;
 }
 
-lt_status lt_index_report_fail(const lt_index_report *r, int64_t pos, int64_t v) {
-  if (r->kind == LT_REPORT_TARGET)
-    return lt_fail(LT_ERR_ARG,
-                   "%s: target %lld at position %lld (1-based) is outside the vocabulary [0, %lld) and is not the "
-                   "ignore index %lld", r->op, (long long)v, (long long)pos + 1, (long long)r->limit,
-                   (long long)r->ignore);
-  return lt_fail(LT_ERR_ARG,
-                 "%s: index %lld (%s %lld of the %s, 1-based) is out of range [0, %lld) for "
-                 "dim %d of shape %s (indices are 0-based)", r->op, (long long)v,
-                 r->kind == LT_REPORT_IDS ? "position" : "element", (long long)pos + 1,
-                 r->kind == LT_REPORT_IDS ? "ids" : "index", (long long)r->limit, r->dim + 1, r->shape);
-}
-
 static lt_index_report index_report(const char *op, lt_report_kind kind, const lt_tensor *index, int dim,
                                     const lt_tensor *t) {
   lt_index_report r;
@@ -76,6 +63,7 @@ static lt_status bad_index(const char *op, lt_report_kind kind, const lt_tensor 
 lt_status lt_index_defer(const lt_backend_i *be, const lt_index_report *r) {
   lt_index_report own = *r;
   lt_tensor_retain(own.index);
+  own.release = lt_tensor_release; /* (the backend lets go of it, knowing nothing of tensors) */
   lt_status st = be->defer_index_report(&own);
   if (st != LT_OK)
     lt_tensor_release(own.index);

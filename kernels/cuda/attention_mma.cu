@@ -7,7 +7,7 @@
  * while the block computes on the one before (two buffers); the warps read
  * their B fragments from the tiles with ldmatrix (.trans where the product
  * needs a tile's transpose, so no transposed copy is stored);
- * the products run as mma.m16n8k16 (mma.cuh) with f32 accumulators, and a
+ * the products run as mma.m16n8k16 (ptx.cuh) with f32 accumulators, and a
  * score tile's accumulators become the next product's A fragments in
  * registers (the probabilities rounded to the input type, as FlashAttention
  * does). Backward recomputes the probabilities from the log-sum-exp:
@@ -27,6 +27,7 @@
  */
 #include "common.cuh"
 #include "mma.cuh"
+#include "ptx.cuh" /* (the CUDA emulator's build finds tests/emu/kernels/ptx.cuh) */
 
 namespace {
 

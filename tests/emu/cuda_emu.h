@@ -10,10 +10,11 @@
  * What a kernel sees: threadIdx, blockIdx, blockDim, gridDim; __shared__
  * variables (one block runs at a time, so a function's static storage is
  * the block's shared memory; garbage at the start of each block); __syncthreads; __shfl_xor_sync; atomicMin;
- * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through kernels/cuda/mma.cuh), the
+ * the tensor-core product mma.m16n8k16 (lt_emu_mma16816, through tests/emu/kernels/ptx.cuh, the
+ * stand-in for kernels/cuda/ptx.cuh), the
  * warp's matrix load ldmatrix and the asynchronous copy cp.async with its groups;
  * __umulhi; and cub::DeviceRadixSort::SortPairs (a stable sort on the host).
- * The threads of a block are fibers on one OS thread (tests/emu/runtime.cc):
+ * The threads of a block are fibers on one OS thread (tests/emu/scheduler.cc):
  * a barrier or a shuffle switches to the next thread, so the kernels' barrier
  * discipline is checked (a thread that waits at a barrier the others never
  * reach, or a full-warp shuffle with a lane that has exited, fails the
@@ -24,9 +25,6 @@
  */
 #ifndef LUTRA_TESTS_EMU_CUDA_EMU_H
 #define LUTRA_TESTS_EMU_CUDA_EMU_H
-
-/* kernels that use instructions the emulator stands in for (mma.cuh) test this */
-#define LT_CUDA_EMULATED 1
 
 #include <math.h>
 #include <stdint.h>
@@ -94,7 +92,7 @@ static inline lt_emu_config lt_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, c
    error cudaGetLastError returns (at the launch, as a GPU does). */
 bool lt_emu_config_ok(const lt_emu_config &c, const char *name);
 
-/* Runs body once per thread of every block of c, now (runtime.cc); a
+/* Runs body once per thread of every block of c, now (scheduler.cc); a
    barrier or shuffle fault stops it and sets the error that the next wait
    (on any stream) or cudaGetLastError returns, once. */
 void lt_emu_run(const lt_emu_config &c, const char *name, const std::function<void()> &body);
@@ -151,7 +149,7 @@ void lt_emu_shared(void *p, size_t bytes);
 
 /* Shared variables have LT_EMU_SETS copies, and a block uses copy
    lt_emu_set: two under ThreadSanitizer (make emu-tsan), where every other
-   block runs on a second set of fibers (runtime.cc), one otherwise. */
+   block runs on a second set of fibers (scheduler.cc), one otherwise. */
 #if LT_EMU_TSAN
 #define LT_EMU_SETS 2
 #else
@@ -268,7 +266,7 @@ static inline void lt_emu_land_copy(void *dst, const void *src, unsigned src_byt
 }
 
 /* Whether the running block's cp.async copies land when issued (1) or at
-   the wait that covers them (0): chosen per block (runtime.cc). */
+   the wait that covers them (0): chosen per block (scheduler.cc). */
 extern unsigned lt_emu_async_eager;
 
 /* PTX's cp.async.cg.shared.global [dst], [src], 16, src_bytes (PTX ISA,

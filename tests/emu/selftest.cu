@@ -7,7 +7,7 @@
  * ordering), and the host's mistakes with asynchrony (reading a result before
  * waiting, a stream that does not wait for another, a pinned buffer
  * changed under a queued copy), which must show. Built like kernels/cuda (launches rewritten by rewrite_launches.py,
- * cuda_emu.h included first) and linked with runtime.cc. Prints
+ * cuda_emu.h included first) and linked with scheduler.cc and runtime.cc. Prints
  * "emu selftest: N passed, M failed".
  */
 #include <cuda_runtime.h>
