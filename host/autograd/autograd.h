@@ -64,6 +64,7 @@ struct lt_node {
 };
 
 typedef struct lt_autograd_meta {
+  lt_meta_free_fn free; /* first: lt_tensor_release calls it (lt_ag_meta_free) */
   int requires_grad;
   int retains_grad;
   int64_t hook_id; /* gradient-ready hooks: the Lua side's id, 0 for none */
@@ -96,7 +97,7 @@ lt_status lt_ag_saved(lt_node *n, int k, lt_tensor **t);
 lt_status lt_ag_attach(lt_node *n, lt_tensor *out, int slot);
 void lt_node_release(lt_node *n);
 
-/* Frees t's autograd metadata (lt_tensor_release calls it). */
+/* Frees t's autograd metadata (lt_tensor_release calls it through meta->free). */
 void lt_ag_meta_free(lt_tensor *t);
 
 /* Rejects in-place writes into tensors that take part in autograd while

@@ -32,6 +32,7 @@ static lt_autograd_meta *meta_get(lt_tensor *t) {
     lt_autograd_meta *m = calloc(1, sizeof *m);
     if (!m)
       return NULL;
+    m->free = lt_ag_meta_free;
     t->autograd = m;
   }
   return lt_meta(t);

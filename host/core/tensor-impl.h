@@ -33,8 +33,12 @@ struct lt_tensor {
   lt_dtype dtype;
   int64_t sizes[LT_MAX_DIMS];
   int64_t strides[LT_MAX_DIMS];
-  void *autograd; /* the autograd issue hangs its metadata here; NULL for now */
+  void *autograd; /* autograd's metadata, NULL for none; it starts with an lt_meta_free_fn */
 };
+
+/* How lt_tensor_release frees t's metadata: the first member of what
+   t->autograd points at (autograd/autograd.h's lt_autograd_meta). */
+typedef void (*lt_meta_free_fn)(lt_tensor *t);
 
 /* The arithmetic type an elementwise op or conversion runs in. */
 typedef enum lt_compute {

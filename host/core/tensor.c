@@ -131,7 +131,7 @@ void lt_tensor_release(lt_tensor *t) {
     return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     if (t->autograd)
-      lt_ag_meta_free(t);
+      (*(lt_meta_free_fn *)t->autograd)(t);
     lt_storage_release(t->storage);
     free(t);
   }
