@@ -334,6 +334,16 @@ static inline char *lt_tensor_ptr(const lt_tensor *t) {
   return (char *)t->storage->data + t->offset * lt_dtype_size(t->dtype);
 }
 
+/* Fails unless t spans its whole storage (offset 0, contiguous): a
+   parameter whose data may be dropped and restored, not a view. */
+lt_status lt_check_whole_storage(const char *op, const lt_tensor *t);
+/* Allocates s's data again after lt_tensor_drop_data (a no-op when it has
+   data); errors name op. */
+lt_status lt_storage_realloc(const char *op, lt_storage *s);
+/* Checks a requested shape (at most LT_MAX_DIMS dims, no negative size, a
+   numel that fits) and gives its numel; errors name op. */
+lt_status lt_check_shape(const char *op, int ndim, const int64_t *sizes, int64_t *numel);
+
 /* Allocates a tensor object (refcount 1) viewing storage s (retained). */
 lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t *sizes,
                           const int64_t *strides, lt_dtype dtype);
