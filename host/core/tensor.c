@@ -12,7 +12,6 @@
 #include "core/tensor-impl.h"
 
 #include <inttypes.h>
-#include <string.h>
 
 /* ---- reference counts ---------------------------------------------------- */
 
