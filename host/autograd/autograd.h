@@ -1,5 +1,11 @@
 /*
- * autograd.h: the autograd tape's layouts and the recording helpers ops use.
+ * autograd/autograd.h: the autograd tape's layouts and the recording helpers
+ * the public ops use.
+ *
+ * The public differentiable ops live beside their backward rules, one file
+ * per family (autograd/elementwise.c, reduce.c, matmul.c, view.c, copy.c,
+ * index.c, chunk.c, random.c): each checks what autograd refuses, calls its
+ * dispatch lt_op_X (ops/ops.h) and records its node.
  *
  * A tensor that requires grad carries an lt_autograd_meta. An op whose
  * inputs require grad (while grad mode is on) makes an lt_node holding the
@@ -13,7 +19,9 @@
 #define LUTRA_AUTOGRAD_H
 
 #include "base/status.h"
+#include "core/iter.h" /* (lt_bump_version) */
 #include "core/tensor-impl.h"
+#include "ops/ops.h"
 
 enum { LT_NODE_MAX_INPUTS = 5, LT_CUSTOM_MAX_INPUTS = 4, LT_NODE_MAX_OUTPUTS = 4, LT_NODE_MAX_SAVED = 6 };
 
@@ -64,6 +72,7 @@ struct lt_node {
 };
 
 typedef struct lt_autograd_meta {
+  lt_meta_free_fn free; /* first: lt_tensor_release calls it (lt_ag_meta_free) */
   int requires_grad;
   int retains_grad;
   int64_t hook_id; /* gradient-ready hooks: the Lua side's id, 0 for none */
@@ -96,18 +105,12 @@ lt_status lt_ag_saved(lt_node *n, int k, lt_tensor **t);
 lt_status lt_ag_attach(lt_node *n, lt_tensor *out, int slot);
 void lt_node_release(lt_node *n);
 
-/* Frees t's autograd metadata (lt_tensor_release calls it). */
+/* Frees t's autograd metadata (lt_tensor_release calls it through meta->free). */
 void lt_ag_meta_free(lt_tensor *t);
 
 /* Rejects in-place writes into tensors that take part in autograd while
    grad mode is on (out, or any of the n inputs, requires grad). */
 lt_status lt_ag_check_inplace(const char *op, const lt_tensor *out, int n, const lt_tensor *const *inputs);
-
-/* Bumps the storage's version after an in-place write. */
-static inline void lt_bump_version(lt_tensor *t) {
-  if (t && t->storage)
-    t->storage->version++;
-}
 
 /* Queues the hook id of a freed leaf for the Lua side to forget. */
 void lt_ag_hook_dead(int64_t id);
@@ -124,6 +127,17 @@ const lt_backward_hooks *lt_ag_current_hooks(void);
     __VA_ARGS__;                       \
     lt_grad_mode = lt_saved_mode_;     \
   } while (0)
+
+/* A public op's end: *res = r when st (its recording's status) is OK, else
+   r released and *res left as it was. */
+static inline lt_status lt_ag_result(lt_status st, lt_tensor *r, lt_tensor **res) {
+  if (st != LT_OK) {
+    lt_tensor_release(r);
+    return st;
+  }
+  *res = r;
+  return LT_OK;
+}
 
 /* ---- helpers for backward functions ----------------------------------- */
 

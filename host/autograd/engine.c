@@ -10,8 +10,10 @@
  * same on every run. Gradients
  * arriving at one node output are summed out of place in arrival order.
  *
- * Relies on the ops themselves (ops.c, reduce.c, ...) for the arithmetic of
- * backward functions, run with grad mode off.
+ * Relies on the ops (the public ones of autograd/<family>.c, whose backward
+ * rules run with grad mode off, and so record nothing) for the arithmetic.
+ * A tensor's metadata carries its destructor (lt_ag_meta_free), which
+ * core's lt_tensor_release calls without knowing autograd.
  */
 #include "autograd/autograd.h"
 
@@ -32,6 +34,7 @@ static lt_autograd_meta *meta_get(lt_tensor *t) {
     lt_autograd_meta *m = calloc(1, sizeof *m);
     if (!m)
       return NULL;
+    m->free = lt_ag_meta_free;
     t->autograd = m;
   }
   return lt_meta(t);

@@ -182,20 +182,3 @@ lt_status lt_same_device_named(const char *op, int n, const lt_tensor *const *ts
 lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be) {
   return lt_same_device_named(op, n, ts, NULL, be);
 }
-
-static int same_view(const lt_tensor *a, const lt_tensor *b) {
-  if (a->offset != b->offset || a->ndim != b->ndim)
-    return 0;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->sizes[d] != b->sizes[d] || (a->sizes[d] > 1 && a->strides[d] != b->strides[d]))
-      return 0;
-  return 1;
-}
-
-lt_status lt_unalias(const lt_tensor *out, const lt_tensor *in, lt_tensor **safe) {
-  if (out && out->storage == in->storage && !same_view(out, in))
-    return lt_tensor_clone(in, safe);
-  lt_tensor_retain((lt_tensor *)in);
-  *safe = (lt_tensor *)in;
-  return LT_OK;
-}

@@ -1,7 +1,8 @@
 /*
- * iter.h: building the iteration descriptors that kernels consume
- * (core/tensor-impl.h), and the checks every op shares: broadcasting, output
- * preparation, devices, overlap.
+ * core/iter.h: building the iteration descriptors that kernels consume
+ * (core/tensor-impl.h), and what every op shares: broadcasting, output
+ * preparation, devices, result types, the version bump of in-place writes.
+ * (The overlap check, lt_unalias, copies: it is in ops/ops.h.)
  */
 #ifndef LUTRA_ITER_H
 #define LUTRA_ITER_H
@@ -28,13 +29,16 @@ lt_status lt_same_device_named(const char *op, int n, const lt_tensor *const *ts
                                const lt_backend_i **be);
 lt_status lt_same_device(const char *op, int n, const lt_tensor *const *ts, const lt_backend_i **be);
 
-/* When out shares storage with in but is not the same view, *safe is a copy
-   of in; otherwise in itself (retained). */
-lt_status lt_unalias(const lt_tensor *out, const lt_tensor *in, lt_tensor **safe);
-
 /* torch.result_type for tensor operands: 0-dim tensors take part only when
    their category (bool < integer < float) is above that of the others. */
 lt_dtype lt_result_type(int n, const lt_tensor *const *ts);
+
+/* Bumps the storage's version after an in-place write (autograd's saved
+   tensors compare it). */
+static inline void lt_bump_version(lt_tensor *t) {
+  if (t && t->storage)
+    t->storage->version++;
+}
 
 /* The compute kind for results of a dtype. */
 static inline lt_compute lt_compute_for(lt_dtype d) {

@@ -34,8 +34,12 @@ struct lt_tensor {
   lt_dtype dtype;
   int64_t sizes[LT_MAX_DIMS];
   int64_t strides[LT_MAX_DIMS];
-  void *autograd; /* the autograd issue hangs its metadata here; NULL for now */
+  void *autograd; /* autograd's metadata, NULL for none; it starts with an lt_meta_free_fn */
 };
+
+/* How lt_tensor_release frees t's metadata: the first member of what
+   t->autograd points at (autograd/autograd.h's lt_autograd_meta). */
+typedef void (*lt_meta_free_fn)(lt_tensor *t);
 
 /* The arithmetic type an elementwise op or conversion runs in. */
 typedef enum lt_compute {
@@ -315,6 +319,16 @@ lt_status lt_check_tensor_header(const char *op, const lt_tensor *t, int pos);
 static inline char *lt_tensor_ptr(const lt_tensor *t) {
   return (char *)t->storage->data + t->offset * lt_dtype_size(t->dtype);
 }
+
+/* Fails unless t spans its whole storage (offset 0, contiguous): a
+   parameter whose data may be dropped and restored, not a view. */
+lt_status lt_check_whole_storage(const char *op, const lt_tensor *t);
+/* Allocates s's data again after lt_tensor_drop_data (a no-op when it has
+   data); errors name op. */
+lt_status lt_storage_realloc(const char *op, lt_storage *s);
+/* Checks a requested shape (at most LT_MAX_DIMS dims, no negative size, a
+   numel that fits) and gives its numel; errors name op. */
+lt_status lt_check_shape(const char *op, int ndim, const int64_t *sizes, int64_t *numel);
 
 /* Allocates a tensor object (refcount 1) viewing storage s (retained). */
 lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t *sizes,

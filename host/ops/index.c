@@ -1,12 +1,13 @@
 /*
- * index.c: the indexing dispatcher: index_select, index_add_, gather and
- * scatter_add_ (what embeddings and cross-entropy need). Index tensors hold
- * 0-based i32 or i64 positions; out-of-range ones are reported with their
- * position and the op does nothing.
+ * ops/index.c: the indexing dispatch: lt_op_index_select (and
+ * lt_op_embedding), lt_op_index_add_, lt_op_gather and lt_op_scatter_add_
+ * (what embeddings and cross-entropy need), and the index reports a backend
+ * finishes later. Index tensors hold 0-based i32 or i64 positions;
+ * out-of-range ones are reported with their position and the op does
+ * nothing. No autograd (autograd/index.c records).
  */
-#include "autograd/autograd.h"
-#include "autograd/grad-ops.h"
 #include "core/iter.h"
+#include "ops/ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +88,7 @@ static lt_status index_checked(const lt_backend_i *be, lt_status st, int64_t bad
    writes (its values would change under the kernel after being checked). */
 static lt_status index_apart(const lt_tensor *t, const lt_tensor *index, lt_tensor **idx) {
   if (index->storage == t->storage)
-    return lt_tensor_clone(index, idx);
+    return lt_op_tensor_clone(index, idx);
   lt_tensor_retain((lt_tensor *)index);
   *idx = (lt_tensor *)index;
   return LT_OK;
@@ -122,9 +123,7 @@ static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_t
   memcpy(sizes, t->sizes, sizeof sizes);
   sizes[dim] = index->sizes[0];
   lt_tensor *src = NULL, *r = NULL;
-  lt_status cst;
-  LT_NO_GRAD(cst = lt_tensor_contiguous((lt_tensor *)t, &src));
-  LT_TRY(cst);
+  LT_TRY(lt_op_tensor_contiguous((lt_tensor *)t, &src));
   lt_status st = lt_tensor_empty(t->ndim, sizes, t->dtype, t->storage->device, &r);
   if (st == LT_OK) {
     lt_index_desc d = {0};
@@ -140,8 +139,6 @@ static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_t
     st = index_checked(be, st, bad, op, kind, index, dim, t);
   }
   lt_tensor_release(src);
-  if (st == LT_OK)
-    st = lt_ag_record_index(0, t, dim, index, r);
   if (st != LT_OK) {
     lt_tensor_release(r);
     return st;
@@ -150,11 +147,11 @@ static lt_status index_select_as(const char *op, lt_report_kind kind, const lt_t
   return LT_OK;
 }
 
-lt_status lt_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+lt_status lt_op_index_select(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
   return index_select_as("index_select", LT_REPORT_INDEX, t, dim, index, res);
 }
 
-lt_status lt_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor **res) {
+lt_status lt_op_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor **res) {
   LT_TRY(lt_check_tensor("embedding", weight, 1));
   if (weight->ndim != 2) {
     char b[200];
@@ -163,7 +160,8 @@ lt_status lt_embedding(const lt_tensor *weight, const lt_tensor *ids, lt_tensor 
   return index_select_as("embedding", LT_REPORT_IDS, weight, 0, ids, res);
 }
 
-lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+lt_status lt_op_index_add_guarded(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src,
+                                  lt_write_guard guard) {
   const lt_tensor *ins[3] = {t, index, src};
   const lt_backend_i *be;
   char b1[200], b2[200];
@@ -188,16 +186,17 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
                    lt_dtype_name(src->dtype), lt_dtype_name(t->dtype));
   if (!be->index_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "index_add_: not implemented on the %s backend", be->name);
-  LT_TRY(lt_ag_check_inplace("index_add_", t, 1, &src));
+  if (guard)
+    LT_TRY(guard("index_add_", t, 1, &src));
   for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "index_add_: cannot write into an expanded tensor; clone() it first");
   lt_tensor *s = NULL, *dst = NULL, *idx = NULL;
   lt_status st = index_apart(t, index, &idx);
   if (st == LT_OK)
-    st = lt_tensor_clone(src, &s); /* contiguous, and never aliasing t */
+    st = lt_op_tensor_clone(src, &s); /* contiguous, and never aliasing t */
   if (st == LT_OK)
-    st = lt_tensor_contiguous(t, &dst);
+    st = lt_op_tensor_contiguous(t, &dst);
   if (st == LT_OK) {
     lt_index_desc d = {0};
     outer_inner(t, dim, &d.outer, &d.inner);
@@ -211,7 +210,7 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
     st = be->index_add(&d, lt_tensor_ptr(dst), lt_tensor_ptr(s), t->dtype, &bad);
     st = index_checked(be, st, bad, "index_add_", LT_REPORT_INDEX, idx, dim, t);
     if (st == LT_OK && dst != t)
-      st = lt_tensor_copy_(t, dst);
+      st = lt_op_tensor_copy_(t, dst);
     if (st == LT_OK)
       lt_bump_version(t);
   }
@@ -219,6 +218,10 @@ lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_
   lt_tensor_release(dst);
   lt_tensor_release(idx);
   return st;
+}
+
+lt_status lt_op_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+  return lt_op_index_add_guarded(t, dim, index, src, NULL);
 }
 
 /* Checks index against t for gather/scatter: same ndim, index no larger
@@ -251,7 +254,7 @@ static void restricted_view(lt_tensor *v, const lt_tensor *t, const lt_tensor *i
   }
 }
 
-lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
+lt_status lt_op_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tensor **res) {
   const lt_tensor *ins[2] = {t, index};
   const lt_backend_i *be;
   static const char *const names[2] = {"input", "index"};
@@ -277,15 +280,12 @@ lt_status lt_gather(const lt_tensor *t, int dim, const lt_tensor *index, lt_tens
       return bad_index("gather", LT_REPORT_INDEX, index, dim, t);
     return st;
   }
-  if ((st = lt_ag_record_index(1, t, dim, index, r)) != LT_OK) {
-    lt_tensor_release(r);
-    return st;
-  }
   *res = r;
   return LT_OK;
 }
 
-lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+lt_status lt_op_scatter_add_guarded(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src,
+                                    lt_write_guard guard) {
   const lt_tensor *ins[3] = {t, index, src};
   const lt_backend_i *be;
   static const char *const names[3] = {"self", "index", "source"};
@@ -301,7 +301,8 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   LT_TRY(check_gather_shapes("scatter_add_", t, dim, index, src));
   if (!be->scatter_add)
     return lt_fail(LT_ERR_UNSUPPORTED, "scatter_add_: not implemented on the %s backend", be->name);
-  LT_TRY(lt_ag_check_inplace("scatter_add_", t, 1, &src));
+  if (guard)
+    LT_TRY(guard("scatter_add_", t, 1, &src));
   for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "scatter_add_: cannot write into an expanded tensor; clone() it first");
@@ -327,4 +328,8 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
   if (st != LT_OK && bad >= 0)
     return bad_index("scatter_add_", LT_REPORT_INDEX, index, dim, t);
   return st;
+}
+
+lt_status lt_op_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src) {
+  return lt_op_scatter_add_guarded(t, dim, index, src, NULL);
 }

@@ -1,13 +1,13 @@
 /*
- * matmul.c: the matrix-product dispatcher with torch.matmul's shape rules
+ * ops/matmul.c: the matrix-product dispatch lt_op_matmul, with torch.matmul's shape rules
  * (1-D operands promoted and the added dim removed, batch dims broadcast).
  * bf16/f16 operands go to backends with native_half_matmul as they are
  * (f32 accumulation there); elsewhere they are converted to f32, multiplied
- * and rounded once into the operands' dtype.
+ * and rounded once into the operands' dtype. No autograd (lt_matmul,
+ * autograd/matmul.c, records).
  */
-#include "autograd/autograd.h"
-#include "autograd/grad-ops.h"
 #include "core/iter.h"
+#include "ops/ops.h"
 
 #include <limits.h>
 #include <string.h>
@@ -58,11 +58,11 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
   int a1 = a->ndim == 1, b1d = b->ndim == 1;
   /* promote 1-D operands to matrices */
   if (a1)
-    st = lt_tensor_unsqueeze((lt_tensor *)a, 0, &av);
+    st = lt_op_tensor_unsqueeze((lt_tensor *)a, 0, &av);
   else
     lt_tensor_retain((lt_tensor *)a), av = (lt_tensor *)a;
   if (st == LT_OK && b1d)
-    st = lt_tensor_unsqueeze((lt_tensor *)b, 1, &bv);
+    st = lt_op_tensor_unsqueeze((lt_tensor *)b, 1, &bv);
   else if (st == LT_OK)
     lt_tensor_retain((lt_tensor *)b), bv = (lt_tensor *)b;
   if (st != LT_OK)
@@ -113,7 +113,7 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
   if (lt_tensor_numel(r) == 0)
     goto done;
   if (k == 0) {
-    st = lt_tensor_fill_(r, 0);
+    st = lt_op_tensor_fill_(r, 0);
     goto done;
   }
   if (!be->matmul) {
@@ -123,7 +123,7 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
   /* operands BLAS cannot read in place are copied */
   if (!blas_ok(av)) {
     lt_tensor *c;
-    if ((st = lt_tensor_clone(av, &c)) != LT_OK)
+    if ((st = lt_op_tensor_clone(av, &c)) != LT_OK)
       goto done;
     lt_tensor_release(av);
     av = c;
@@ -134,7 +134,7 @@ static lt_status matmul_blas(const lt_tensor *a, const lt_tensor *b, lt_tensor *
   }
   if (!blas_ok(bv)) {
     lt_tensor *c;
-    if ((st = lt_tensor_clone(bv, &c)) != LT_OK)
+    if ((st = lt_op_tensor_clone(bv, &c)) != LT_OK)
       goto done;
     lt_tensor_release(bv);
     bv = c;
@@ -172,17 +172,7 @@ done:
   return LT_OK;
 }
 
-static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **res);
-
-lt_status lt_matmul(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
-  lt_status st;
-  LT_NO_GRAD(st = matmul_any(a, b, res));
-  if (st == LT_OK && (st = lt_ag_record_matmul(a, b, *res)) != LT_OK)
-    lt_tensor_release(*res);
-  return st;
-}
-
-static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
+lt_status lt_op_matmul(const lt_tensor *a, const lt_tensor *b, lt_tensor **res) {
   const lt_tensor *ins[2] = {a, b};
   const lt_backend_i *be;
   char b1[200], b2[200];
@@ -204,13 +194,13 @@ static lt_status matmul_any(const lt_tensor *a, const lt_tensor *b, lt_tensor **
     if (be->native_half_matmul)
       return matmul_blas(a, b, res);
     lt_tensor *af = NULL, *bf = NULL, *rf = NULL;
-    lt_status st = lt_tensor_to((lt_tensor *)a, LT_DTYPE_F32, a->storage->device, &af);
+    lt_status st = lt_op_tensor_to((lt_tensor *)a, LT_DTYPE_F32, a->storage->device, &af);
     if (st == LT_OK)
-      st = lt_tensor_to((lt_tensor *)b, LT_DTYPE_F32, b->storage->device, &bf);
+      st = lt_op_tensor_to((lt_tensor *)b, LT_DTYPE_F32, b->storage->device, &bf);
     if (st == LT_OK)
       st = matmul_blas(af, bf, &rf);
     if (st == LT_OK)
-      st = lt_tensor_to(rf, a->dtype, a->storage->device, res);
+      st = lt_op_tensor_to(rf, a->dtype, a->storage->device, res);
     lt_tensor_release(af);
     lt_tensor_release(bf);
     lt_tensor_release(rf);

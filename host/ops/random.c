@@ -1,11 +1,12 @@
 /*
- * random.c: generators (seed, offset) and the uniform/normal fills that draw
- * from them through the backend's Philox kernels. A draw of n elements
+ * ops/random.c: generators (seed, offset) and the uniform/normal fills that
+ * draw from them through the backend's Philox kernels. A draw of n elements
  * consumes ceil(n / 4) counters whatever the device, so CPU and CUDA stay in
- * step for the same seed.
+ * step for the same seed. The public fills (autograd/random.c) add
+ * autograd's in-place check through the write guard.
  */
-#include "autograd/autograd.h"
 #include "core/iter.h"
+#include "ops/ops.h"
 
 #include <stdlib.h>
 
@@ -37,7 +38,8 @@ void lt_generator_set_state(lt_generator *g, uint64_t seed, uint64_t offset) {
 
 typedef enum { UNIFORM, NORMAL } dist;
 
-static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, double p1, double p2) {
+static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, double p1, double p2,
+                      lt_write_guard guard) {
   const lt_backend_i *be;
   LT_OP_SCOPE(op);
   LT_TRY(lt_same_device(op, 1, (const lt_tensor *const *)&t, &be));
@@ -52,7 +54,8 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
   for (int d = 0; d < t->ndim && lt_tensor_numel(t) > 0; d++)
     if (t->strides[d] == 0 && t->sizes[d] > 1)
       return lt_fail(LT_ERR_ARG, "%s: cannot write into an expanded tensor; clone() it first", op);
-  LT_TRY(lt_ag_check_inplace(op, t, 0, NULL));
+  if (guard)
+    LT_TRY(guard(op, t, 0, NULL));
   if ((kind == UNIFORM && !be->uniform) || (kind == NORMAL && !be->normal))
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", op, be->name);
   int64_t n = lt_tensor_numel(t);
@@ -69,16 +72,24 @@ static lt_status draw(const char *op, lt_tensor *t, lt_generator *g, dist kind, 
   }
   if (!direct) {
     if (st == LT_OK)
-      st = lt_tensor_copy_(t, dst);
+      st = lt_op_tensor_copy_(t, dst);
     lt_tensor_release(dst);
   }
   return st;
 }
 
-lt_status lt_tensor_uniform_(lt_tensor *t, lt_generator *g, double lo, double hi) {
-  return draw("uniform_", t, g, UNIFORM, lo, hi);
+lt_status lt_op_tensor_uniform_guarded(lt_tensor *t, lt_generator *g, double lo, double hi, lt_write_guard guard) {
+  return draw("uniform_", t, g, UNIFORM, lo, hi, guard);
 }
 
-lt_status lt_tensor_normal_(lt_tensor *t, lt_generator *g, double mean, double std) {
-  return draw("normal_", t, g, NORMAL, mean, std);
+lt_status lt_op_tensor_normal_guarded(lt_tensor *t, lt_generator *g, double mean, double std, lt_write_guard guard) {
+  return draw("normal_", t, g, NORMAL, mean, std, guard);
+}
+
+lt_status lt_op_tensor_uniform_(lt_tensor *t, lt_generator *g, double lo, double hi) {
+  return draw("uniform_", t, g, UNIFORM, lo, hi, NULL);
+}
+
+lt_status lt_op_tensor_normal_(lt_tensor *t, lt_generator *g, double mean, double std) {
+  return draw("normal_", t, g, NORMAL, mean, std, NULL);
 }

@@ -1,19 +1,19 @@
 /*
- * reduce.c: the reduction dispatcher (sum, mean, max, min, argmax, argmin,
- * var over a set of dims with keepdim): checks dims and dtypes, shapes the
- * output and describes kept and reduced dims to the backend kernel.
+ * ops/reduce.c: the reduction dispatch lt_op_reduce (sum, mean, max, min,
+ * argmax, argmin, var, std over a set of dims with keepdim): checks dims and
+ * dtypes, shapes the output and describes kept and reduced dims to the
+ * backend kernel. No autograd (lt_reduce, autograd/reduce.c, records).
  */
-#include "autograd/autograd.h"
-#include "autograd/grad-ops.h"
 #include "core/iter.h"
+#include "ops/ops.h"
 
 #include <string.h>
 
 static const char *const reduce_names[LT_REDUCE_COUNT] = {"sum", "mean", "max", "min",
                                                            "argmax", "argmin", "var", "std"};
 
-lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_t *dims, int keepdim,
-                    int64_t correction, lt_tensor **res) {
+lt_status lt_op_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_t *dims, int keepdim,
+                       int64_t correction, lt_tensor **res) {
   if ((unsigned)op >= LT_REDUCE_COUNT)
     return lt_fail(LT_ERR_ARG, "reduce: invalid op code %d", (int)op);
   const char *name = reduce_names[op];
@@ -108,8 +108,6 @@ lt_status lt_reduce(lt_reduce_op op, const lt_tensor *a, int ndims, const int64_
   it.in_dtype = a->dtype;
   it.out_dtype = od;
   lt_status st = be->reduce(op, &it, correction);
-  if (st == LT_OK)
-    st = lt_ag_record_reduce(op, a, ndims, dims, correction, r);
   if (st != LT_OK) {
     lt_tensor_release(r);
     return st;

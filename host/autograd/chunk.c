@@ -1,6 +1,7 @@
 /*
- * chunk.c: t:chunk(n, dim), n equal views along dim (torch.chunk with a
- * size that divides evenly), as one autograd node. Its backward writes the
+ * autograd/chunk.c: the public t:chunk(n, dim), n equal views along dim
+ * (torch.chunk with a size that divides evenly; ops/view.c makes them), as
+ * one autograd node. Its backward writes the
  * pieces' gradients into one tensor of t's shape in a single pass (narrow's
  * backward would zero and copy the whole tensor once per piece, and the
  * engine would then add the pieces up). When the gradients already lie side
@@ -74,26 +75,12 @@ static lt_status chunk_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi
 
 static const lt_node_ops chunk_ops = {"ChunkBackward", chunk_backward, NULL};
 
+_Static_assert((int)LT_CHUNK_MAX <= (int)LT_NODE_MAX_OUTPUTS, "a chunk's pieces are one node's outputs");
+
 lt_status lt_tensor_chunk(lt_tensor *t, int n, int dim, lt_tensor **outs) {
-  LT_TRY(lt_check_tensor("chunk", t, 1));
-  char b[200];
-  if (dim < 0 || dim >= t->ndim)
-    return lt_fail(LT_ERR_ARG, "chunk: dim %d is out of range for shape %s", dim + 1, lt_tensor_shape_str(t, b));
-  if (n < 1 || n > LT_NODE_MAX_OUTPUTS)
-    return lt_fail(LT_ERR_ARG, "chunk: %d pieces; between 1 and %d are taken (narrow makes more)", n,
-                   LT_NODE_MAX_OUTPUTS);
-  if (t->sizes[dim] % n)
-    return lt_fail(LT_ERR_SHAPE, "chunk: dim %d of shape %s does not split into %d equal pieces", dim + 1,
-                   lt_tensor_shape_str(t, b), n);
-  int64_t piece = t->sizes[dim] / n;
+  LT_TRY(lt_op_tensor_chunk(t, n, dim, outs));
   lt_status st = LT_OK;
-  int made = 0; /* views made so far */
-  LT_NO_GRAD({
-    while (made < n && st == LT_OK)
-      if ((st = lt_tensor_narrow(t, dim, made * piece, piece, &outs[made])) == LT_OK)
-        made++;
-  });
-  if (st == LT_OK && lt_ag_needed(1, (const lt_tensor *const *)&t) && lt_dtype_is_float(t->dtype)) {
+  if (lt_ag_needed(1, (const lt_tensor *const *)&t) && lt_dtype_is_float(t->dtype)) {
     lt_node *node;
     st = lt_ag_node_new(&chunk_ops, 1, (const lt_tensor *const *)&t, &node);
     if (st == LT_OK) {
@@ -105,7 +92,7 @@ lt_status lt_tensor_chunk(lt_tensor *t, int n, int dim, lt_tensor **outs) {
     }
   }
   if (st != LT_OK) {
-    for (int j = 0; j < made; j++) {
+    for (int j = 0; j < n; j++) {
       lt_tensor_release(outs[j]);
       outs[j] = NULL;
     }
