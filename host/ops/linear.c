@@ -19,7 +19,7 @@
  */
 #include "autograd/autograd.h"
 #include "core/iter.h"
-#include "ops/loss.h"
+#include "autograd/nn.h"
 
 #include <stdio.h>
 #include <string.h>
