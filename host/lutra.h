@@ -340,7 +340,7 @@ lt_status lt_scatter_add_(lt_tensor *t, int dim, const lt_tensor *index, const l
 /* t.select(dim, index[i]) += src.select(dim, i), in order, deterministic. */
 lt_status lt_index_add_(lt_tensor *t, int dim, const lt_tensor *index, const lt_tensor *src);
 
-/* ---- fused neural-network ops (host/ops/nn.c), with gradients ----------------- */
+/* ---- fused neural-network ops (host/autograd/{norm,softmax,attention,loss,linear,rope}.c), with gradients */
 
 /* LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * w + b, var
    biased (Ba et al. 2016, as torch.nn.functional.layer_norm); w and b are

@@ -1,0 +1,50 @@
+/*
+ * autograd/rope.c: lt_rope, the differentiable rotary position embedding
+ * over (..., T, D), with its backward rule (the inverse rotation of the
+ * gradient). The rows are converted to the dtype the kernel reads, rotated
+ * by the dispatch (ops/rope.c) and returned in x's dtype.
+ */
+#include "autograd/nn.h"
+
+/* x rotated (inverse: back) from position start, in x's dtype. */
+static lt_status rope_run(const lt_tensor *x, double base, int64_t start, int inverse, lt_tensor **res) {
+  lt_dtype cd = lt_nn_row_dtype(x->storage->backend, x->dtype);
+  lt_tensor *xc = NULL, *y = NULL;
+  lt_status st = lt_nn_as_compute(x, cd, &xc);
+  if (st == LT_OK)
+    st = lt_op_rope(xc, base, start, inverse, &y);
+  lt_tensor_release(xc);
+  if (st != LT_OK)
+    return st;
+  return lt_nn_to_dtype(y, x->dtype, res);
+}
+
+/* f[0] base, i[0] start. */
+static lt_status rope_backward(lt_node *n, lt_tensor *const *go, lt_tensor **gi) {
+  return rope_run(go[0], n->f[0], n->i[0], 1, &gi[0]);
+}
+
+static const lt_node_ops rope_ops = {"RopeBackward", rope_backward, NULL};
+
+lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **res) {
+  LT_OP_SCOPE("rope");
+  LT_TRY(lt_op_rope_check(x, base, start));
+  lt_tensor *r;
+  LT_TRY(rope_run(x, base, start, 0, &r));
+  if (lt_ag_needed(1, &x)) {
+    lt_node *n;
+    lt_status st = lt_ag_node_new(&rope_ops, 1, &x, &n);
+    if (st == LT_OK) {
+      n->f[0] = base;
+      n->i[0] = start;
+      st = lt_ag_attach(n, r, 0);
+      lt_node_release(n);
+    }
+    if (st != LT_OK) {
+      lt_tensor_release(r);
+      return st;
+    }
+  }
+  *res = r;
+  return LT_OK;
+}
