@@ -1,7 +1,8 @@
 --- lutra.nn.functional (lt.F): functions of neural networks that own no
 -- parameters, as torch.nn.functional. The fused ones (layer_norm, rms_norm,
 -- softmax, log_softmax, cross_entropy, rope, gelu, silu) are C kernels with
--- their own backward (host/ops/nn.c); the others compose tensor ops, whose
+-- their own backward (host/autograd/norm.c, softmax.c, loss.c, rope.c, ...,
+-- over the dispatch in host/ops/); the others compose tensor ops, whose
 -- gradients autograd already knows.
 local capi = require "lutra.capi"
 local tensor = require "lutra.tensor"
