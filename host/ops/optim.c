@@ -5,41 +5,21 @@
  * bumps the parameters' versions (autograd then refuses graphs that saved
  * the old values). Formulas and their sources are in kernels/cpu/optim.c.
  */
-#include "core/iter.h"
 #include "base/status.h"
+#include "core/iter.h"
+#include "ops/ops.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A contiguous copy of g (as lt_tensor_contiguous makes it: the backend's
-   copy kernel into a fresh tensor of g's shape and dtype), for the kernels'
-   flat view of a gradient that is not contiguous. */
+/* A contiguous copy of g, for the kernels' flat view of a gradient that is
+   not contiguous (lt_op_tensor_contiguous: the backend's copy kernel into a
+   fresh tensor of g's shape and dtype). */
 static lt_status contiguous_copy(const lt_tensor *g, lt_tensor **out) {
-  const lt_backend_i *be = g->storage->backend;
-  lt_tensor *r;
-  LT_TRY(lt_tensor_empty_like(g, g->dtype, &r));
-  lt_status st;
-  if (!be->copy) {
-    st = lt_fail(LT_ERR_UNSUPPORTED, "copy_: not implemented on the %s backend", be->name);
-  } else {
-    lt_iter it;
-    const lt_tensor *ops[2] = {r, g};
-    lt_iter_build(&it, 2, ops);
-    st = be->copy(&it);
-  }
-  if (st != LT_OK) {
-    lt_tensor_release(r);
-    return st;
-  }
-  *out = r;
-  return LT_OK;
+  return lt_op_tensor_contiguous((lt_tensor *)g, out);
 }
-
-/* Bumps the storage's version after the kernels wrote the parameter in
-   place (autograd then refuses graphs that saved the old values). */
-static void bump_version(lt_tensor *t) { t->storage->version++; }
 
 static int is_half(lt_dtype d) { return d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
 
@@ -152,7 +132,7 @@ static lt_status run_group(const char *op, int n, lt_tensor *const *params, lt_t
     st = fn(be, n, ts, h);
   if (st == LT_OK)
     for (int i = 0; i < n; i++)
-      bump_version(params[i]);
+      lt_bump_version(params[i]); /* (autograd then refuses graphs that saved the old values) */
   for (int i = 0; tmp && i < n; i++)
     lt_tensor_release(tmp[i]);
   free(tmp);
