@@ -82,7 +82,12 @@ lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn
 /* optim.c: fused AdamW and SGD over a group, and gradient sums of squares */
 lt_status lt_cpu_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);
 lt_status lt_cpu_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h);
-lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out);
+/* out[k] = the sum of squares of ts[k].grad in f64; scratch (NULL: none) of
+   lt_cpu_sum_squares_scratch(n, ts) bytes, from the caller, lets a tensor's
+   blocks run on all threads (without it they run in turn: the same sums in
+   the same order, the same result) */
+size_t lt_cpu_sum_squares_scratch(int n, const lt_optim_tensor *ts);
+lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out);
 
 /* Reads index element i of an i32/i64 index array with a stride. */
 static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {

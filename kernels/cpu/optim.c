@@ -201,13 +201,24 @@ static double block_sum_squares(const lt_optim_tensor *t, int64_t i0, int64_t i1
   return s;
 }
 
-lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out) {
+/* one f64 partial per block of the largest tensor that has more than one */
+size_t lt_cpu_sum_squares_scratch(int n, const lt_optim_tensor *ts) {
+  int64_t most = 0;
+  for (int k = 0; k < n; k++) {
+    int64_t nblocks = (ts[k].numel + BLOCK - 1) / BLOCK;
+    if (nblocks > 1 && nblocks > most)
+      most = nblocks;
+  }
+  return (size_t)most * sizeof(double);
+}
+
+lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out) {
   for (int k = 0; k < n; k++) {
     const lt_optim_tensor *t = &ts[k];
     int64_t nblocks = (t->numel + BLOCK - 1) / BLOCK;
     double total = 0;
-    double *parts = nblocks > 1 ? lt_cpu_alloc((size_t)nblocks * sizeof *parts) : NULL;
-    if (!parts) { /* one block, or no memory for partials: the same sums in the same order */
+    double *parts = nblocks > 1 ? scratch : NULL;
+    if (!parts) { /* one block, or no scratch for partials: the same sums in the same order */
       for (int64_t b = 0; b < nblocks; b++)
         total += block_sum_squares(t, b * BLOCK, (b + 1) * BLOCK < t->numel ? (b + 1) * BLOCK : t->numel);
     } else {
@@ -218,7 +229,6 @@ lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out)
       }
       for (int64_t b = 0; b < nblocks; b++)
         total += parts[b];
-      lt_cpu_free(parts, (size_t)nblocks * sizeof *parts);
     }
     out[k] = total;
   }
