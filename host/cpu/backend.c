@@ -3,7 +3,9 @@
  * (cpu/alloc.c) and the kernels in kernels/cpu/.
  */
 #include "../../kernels/cpu/cpu.h"
+#include "backend/backend.h"
 #include "base/status.h"
+#include "cpu/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -16,6 +16,7 @@
 #include "cuda/backend.h"
 #include "base/size-class.h"
 #include "base/status.h"
+#include "core/tensor-impl.h" /* lt_index_report_fail (host/ops/index.c): goes with that call */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -732,7 +733,7 @@ const lt_backend_i lt_backend_cuda = {
 
 #else /* no CUDA in this build */
 
-#include "core/tensor-impl.h"
+#include "base/status.h"
 
 void lt_cuda_memory_stats(int device_index, int64_t *allocated, int64_t *reserved, int64_t *peak) {
   (void)device_index;

@@ -7,7 +7,7 @@
 #define LUTRA_BACKEND_CUDA_H
 
 #include "../../kernels/cuda/cuda.h"
-#include "core/tensor-impl.h"
+#include "backend/backend.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>

@@ -1,13 +1,13 @@
 /*
  * cpu.h: the CPU kernels' entry points, gathered into lt_backend_cpu by
  * host/cpu/backend.c, and the chunk conversions they share.
- * Kernels compute only: the host checks shapes, allocates and builds the
- * iteration descriptors (host/core/tensor-impl.h).
+ * Kernels compute only: the host checks shapes, allocates (scratch too)
+ * and builds the descriptors (kernels/kernel.h), all this header includes.
  */
 #ifndef LUTRA_KERNELS_CPU_H
 #define LUTRA_KERNELS_CPU_H
 
-#include "../../host/core/tensor-impl.h"
+#include "../kernel.h"
 
 /* Elements per chunk that elementwise kernels convert and compute at a time. */
 enum { LT_CPU_CHUNK = 1024 };

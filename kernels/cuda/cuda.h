@@ -1,13 +1,13 @@
 /*
  * cuda.h: the CUDA kernels' launchers, called by host/cuda/backend.c. Each
- * takes the descriptor the host built (host/core/tensor-impl.h) and the stream to run
+ * takes the descriptor the host built (kernels/kernel.h) and the stream to run
  * on, launches, checks the launch and returns a status. Kernels allocate
  * nothing and keep no state: memory, streams and handles are the host's.
  */
 #ifndef LUTRA_KERNELS_CUDA_H
 #define LUTRA_KERNELS_CUDA_H
 
-#include "../../host/core/tensor-impl.h"
+#include "../kernel.h"
 
 #ifdef __cplusplus
 extern "C" {
