@@ -15,16 +15,27 @@
 #include <math_constants.h>
 #include <stdio.h>
 
-extern "C" lt_status lt_fail(lt_status st, const char *fmt, ...);
+/* The host's note for CUDA error e, to append to its message ("" without
+   one: lt_cuda_kernel_hooks, cuda.h). */
+static inline const char *lt_cuda_note(cudaError_t e) {
+  const char *(*note)(int) = lt_cuda_kernel_hooks.error_note;
+  return note ? note((int)e) : "";
+}
+
+/* Names the work just queued for the profile when one runs (lt.cuda.profile_start). */
+static inline void lt_cuda_mark(const char *what) {
+  const lt_cuda_hooks *h = &lt_cuda_kernel_hooks;
+  if (h->profiling && h->profiling() && h->profile_mark)
+    h->profile_mark(what);
+}
 
 /* Fails with the CUDA error of the last launch, naming the kernel, file and line. */
 static inline lt_status lt_cuda_check_launch_at(const char *file, int line, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]%s", what, cudaGetErrorString(e), file, line,
-                   lt_cuda_error_note(e));
-  if (lt_cuda_profiling()) /* lt.cuda.profile_start: the launch named for the profile */
-    lt_cuda_profile_mark(what);
+                   lt_cuda_note(e));
+  lt_cuda_mark(what); /* lt.cuda.profile_start: the launch named for the profile */
   return LT_OK;
 }
 #define lt_cuda_check_launch(what) lt_cuda_check_launch_at(__FILE__, __LINE__, (what))

@@ -339,8 +339,8 @@ extern "C" lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s) {
     cudaError_t e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(it->numel * elem_size(dd)),
                                     cudaMemcpyDeviceToDevice, (cudaStream_t)s);
     if (e != cudaSuccess)
-      return lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s%s", cudaGetErrorString(e), lt_cuda_error_note(e));
-    lt_cuda_profile_mark("copy on the device");
+      return lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s%s", cudaGetErrorString(e), lt_cuda_note(e));
+    lt_cuda_mark("copy on the device");
     return LT_OK;
   }
   if (contiguous && is_f32_or_half(dd) && is_f32_or_half(sd)) {

@@ -280,9 +280,9 @@ extern "C" lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const 
     if (e != cudaSuccess) {
       cudaGetLastError();
       return lt_fail(LT_ERR_DEVICE, "cuda: index_add: sorting the indices failed: %s%s", cudaGetErrorString(e),
-                     lt_cuda_error_note(e));
+                     lt_cuda_note(e));
     }
-    lt_cuda_profile_mark("index_add sort (CUB)");
+    lt_cuda_mark("index_add sort (CUB)");
     dim3 grid((unsigned)n, (unsigned)d->outer);
     if (dtype == LT_DTYPE_F64)
       sorted_index_add_kernel<double><<<grid, THREADS, 0, cs>>>(*d, dst, src, dtype, skeys, spos, bad);

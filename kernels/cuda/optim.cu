@@ -294,7 +294,7 @@ extern "C" lt_status lt_cuda_grad_sum_squares(int n, const lt_optim_tensor *ts, 
     e = cudaStreamSynchronize(cs);
   if (e != cudaSuccess) {
     cudaGetLastError(); /* (reported here: not again by the next launch's check) */
-    return lt_fail(LT_ERR_DEVICE, "cuda: reading gradient norms: %s%s", cudaGetErrorString(e), lt_cuda_error_note(e));
+    return lt_fail(LT_ERR_DEVICE, "cuda: reading gradient norms: %s%s", cudaGetErrorString(e), lt_cuda_note(e));
   }
   return LT_OK;
 }
