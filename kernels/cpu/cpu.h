@@ -8,6 +8,7 @@
 #define LUTRA_KERNELS_CPU_H
 
 #include "../kernel.h"
+#include "../shared/scalar.h"
 
 /* Elements per chunk that elementwise kernels convert and compute at a time. */
 enum { LT_CPU_CHUNK = 1024 };
@@ -89,10 +90,9 @@ lt_status lt_cpu_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h);
 size_t lt_cpu_sum_squares_scratch(int n, const lt_optim_tensor *ts);
 lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out);
 
-/* Reads index element i of an i32/i64 index array with a stride. */
+/* Reads index element i of an i32/i64 index array with a stride (shared/scalar.h's lt_index_at). */
 static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {
-  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)index)[i * stride]
-                            : ((const int64_t *)index)[i * stride];
+  return lt_index_at(index, dt, i * stride);
 }
 
 /*

@@ -30,9 +30,6 @@ static inline uint16_t store16(float x, lt_dtype dt) {
   return dt == LT_DTYPE_BF16 ? lt_f32_to_bf16(x) : lt_f32_to_f16(x);
 }
 
-/* torch.lerp's two-sided form: exact at both ends. */
-#define LERP(a, b, w) ((w) < 0.5 ? (a) + (w) * ((b) - (a)) : (b) - ((b) - (a)) * (1 - (w)))
-
 #define ADAMW_BODY(T, SQRT, P_LOAD, G_LOAD, P_STORE)                                              \
   {                                                                                                \
     T lr = (T)h->lr, b1 = (T)h->beta1, b2 = (T)h->beta2, eps = (T)h->eps;                          \
@@ -43,7 +40,7 @@ static inline uint16_t store16(float x, lt_dtype dt) {
     for (int64_t i = 0; i < t->numel; i++) {                                                       \
       T g = G_LOAD(i) * gs, p = P_LOAD(i);                                                         \
       p *= decay;                                                                                  \
-      T mi = LERP(m[i], g, w1);                                                                    \
+      T mi = LT_LERP(T, m[i], g, w1); /* (torch.lerp: shared/scalar.h) */                           \
       T vi = b2 * v[i] + (1 - b2) * g * g;                                                         \
       m[i] = mi;                                                                                   \
       v[i] = vi;                                                                                   \

@@ -14,14 +14,10 @@ static const int THREADS = 256;
 
 /* ---- cross-entropy ------------------------------------------------------------- */
 
-__device__ __forceinline__ int64_t target_at(const char *p, int dt, int64_t i) {
-  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
-}
-
 __global__ void ce_check_kernel(const char *tgt, int tdt, int64_t N, int64_t V, int64_t ignore,
                                 unsigned long long *bad) {
   LT_GRID_STRIDE(r, N) {
-    int64_t t = target_at(tgt, tdt, r);
+    int64_t t = lt_index_at(tgt, tdt, r);
     if (t != ignore && (t < 0 || t >= V))
       atomicMin(bad, (unsigned long long)r);
   }
@@ -113,7 +109,7 @@ template <typename S, typename A>
 __global__ void ce_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int tdt, int64_t N, int64_t V, int64_t ldd,
                               int64_t ignore, const A *lse, const A *scale, S *dx, int vec) {
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    int64_t t = target_at(tgt, tdt, r);
+    int64_t t = lt_index_at(tgt, tdt, r);
     bool live = t != ignore; /* (an ignored row's gradient is zeros) */
     A s = scale ? scale[r] : (A)1;
     ce_row_grad<S, A>(x + r * ldx, dx + r * ldd, t, V, ldd, live, live ? lse[r] : (A)0, live ? s : (A)0, vec);
@@ -133,7 +129,7 @@ __global__ void ce_fwd_bwd_kernel(const S *x, int64_t ldx, const char *tgt, int 
   if (*bad != ~0ULL)
     return;
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    int64_t t = target_at(tgt, tdt, r);
+    int64_t t = lt_index_at(tgt, tdt, r);
     const S *xr = x + r * ldx;
     bool live = t != ignore;
     A l = 0, xt = 0;

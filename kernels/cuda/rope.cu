@@ -15,7 +15,7 @@ __global__ void rope_kernel(const S *x, S *y, int64_t R, int64_t Tn, int64_t D, 
   int64_t h = D / 2;
   LT_GRID_STRIDE(e, R * Tn * h) {
     int64_t i = e % h, rt = e / h, t = rt % Tn;
-    double ang = (double)(start + t) * pow(base, -2.0 * (double)i / (double)D);
+    double ang = lt_rope_angle(start + t, i, D, base); /* (shared/scalar.h) */
     A c = (A)cos(ang), s = (A)(sign * sin(ang));
     const S *xr = x + rt * D;
     S *yr = y + rt * D;
