@@ -9,7 +9,7 @@
 
 #ifdef __CUDACC__
 #define LT_HOST_DEVICE __host__ __device__
-#define LT_SHARED_INLINE static __forceinline__ __host__ __device__
+#define LT_SHARED_INLINE static __forceinline__ LT_HOST_DEVICE
 #else
 #define LT_HOST_DEVICE
 #define LT_SHARED_INLINE static inline
