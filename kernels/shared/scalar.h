@@ -22,7 +22,7 @@
 /* x truncated toward zero as an i64: NaN gives 0, values beyond i64 saturate
    (narrower integers then wrap, as C casts do). */
 LT_SHARED_INLINE int64_t lt_f64_to_i64(double x) {
-  if (x != x)
+  if (isnan(x))
     return 0;
   if (x >= 9223372036854775807.0)
     return INT64_MAX;
