@@ -176,7 +176,11 @@ $(BUILD)/kernels/%.o: kernels/%.c $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(KERNEL_OPT) $(KERNEL_FLAGS) -MMD -MP -c $< -o $@
 
-CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/ptx.cuh kernels/cuda/cuda.h kernels/attention_rows.h host/core/tensor-impl.h host/lutra.h
+# (the headers the .cu objects include: the kernel interface, the headers
+# both devices share, the CUDA kernels' own)
+CUDA_KERNEL_DEPS := kernels/cuda/common.cuh kernels/cuda/mma.cuh kernels/cuda/ptx.cuh kernels/cuda/rows.cuh \
+                    kernels/cuda/cuda.h kernels/kernel.h kernels/shared/host_device.h kernels/shared/philox.h \
+                    kernels/shared/scalar.h kernels/attention_rows.h host/lutra.h
 ifeq ($(EMU_OBJ),)
 # (ptxas's registers and shared memory per kernel kept in NAME.o.ptxas for
 # tests/gpu/launch_limits.py; the compiler's other messages still shown)

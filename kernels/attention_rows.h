@@ -23,14 +23,12 @@
 #ifndef LUTRA_ATTENTION_ROWS_H
 #define LUTRA_ATTENTION_ROWS_H
 
+#include "shared/host_device.h"
+
 #include <math.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define LT_HD static __host__ __device__ __forceinline__
-#else
-#define LT_HD static inline
-#endif
+#define LT_HD LT_SHARED_INLINE /* (compiled for both devices) */
 #ifdef __CUDA_ARCH__ /* the device pass: loops over a fixed HS unroll into registers */
 #define LT_UNROLL _Pragma("unroll")
 #else

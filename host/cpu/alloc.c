@@ -8,9 +8,9 @@
  * of two. Cached bytes are capped (LUTRA_CPU_CACHE_MB, default 4096; 0 turns
  * caching off, which suits valgrind and AddressSanitizer runs).
  */
+#include "cpu/alloc.h"
 #include "base/size-class.h"
 #include "base/status.h"
-#include "core/tensor-impl.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -3,7 +3,9 @@
  * (cpu/alloc.c) and the kernels in kernels/cpu/.
  */
 #include "../../kernels/cpu/cpu.h"
+#include "backend/backend.h"
 #include "base/status.h"
+#include "cpu/alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,17 @@ static lt_status cpu_sdpa_bwd(const lt_sdpa_desc *d) {
   return sdpa_status(lt_cpu_sdpa_bwd(d));
 }
 
+/* the kernel's scratch from the caching allocator (none when there is no
+   memory for it: the kernel then sums each tensor's blocks in turn, to the
+   same result) */
+static lt_status cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out) {
+  size_t bytes = lt_cpu_sum_squares_scratch(n, ts);
+  double *scratch = bytes ? lt_cpu_alloc(bytes) : NULL;
+  lt_status st = lt_cpu_grad_sum_squares(n, ts, scratch, out);
+  lt_cpu_free(scratch, bytes);
+  return st;
+}
+
 const lt_backend_i lt_backend_cpu = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -95,5 +108,5 @@ const lt_backend_i lt_backend_cpu = {
     .rope = lt_cpu_rope,
     .adamw = lt_cpu_adamw,
     .sgd = lt_cpu_sgd,
-    .grad_sum_squares = lt_cpu_grad_sum_squares,
+    .grad_sum_squares = cpu_grad_sum_squares,
 };

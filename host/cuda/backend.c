@@ -16,6 +16,7 @@
 #include "cuda/backend.h"
 #include "base/size-class.h"
 #include "base/status.h"
+#include "backend/index-report.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -90,8 +91,11 @@ lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out) {
       c->free_lists = calloc(NCLASSES, sizeof *c->free_lists);
       if (!c->free_lists)
         st = lt_fail(LT_ERR_OOM, "cuda:%d: out of host memory for the allocator", index);
-      else if ((st = lt_cuda_blas_init(c)) == LT_OK)
+      else if ((st = lt_cuda_blas_init(c)) == LT_OK) {
+        if (!lt_cuda_kernel_hooks.error_note) /* (once, before any kernel runs: kernels/cuda/cuda.h) */
+          lt_cuda_kernel_hooks = (lt_cuda_hooks){lt_cuda_error_note, lt_cuda_profiling, lt_cuda_profile_mark};
         __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+      }
     }
   }
   pthread_mutex_unlock(&lock);

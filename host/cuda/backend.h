@@ -7,7 +7,7 @@
 #define LUTRA_BACKEND_CUDA_H
 
 #include "../../kernels/cuda/cuda.h"
-#include "core/tensor-impl.h"
+#include "backend/backend.h"
 
 #include "cuda/libraries.h"
 
@@ -54,6 +54,11 @@ typedef struct lt_cuda_ctx {
 /* The context of a cuda device, initialised on first use and made current.
    Errors: no such device (naming what was found), initialisation failures. */
 lt_status lt_cuda_ctx_get(lt_device device, lt_cuda_ctx **out);
+/* "" or, for a CUDA error that loses the process's context (an illegal
+   address, a kernel's assert or fault: sticky, cudaError_t's documentation),
+   a note that says so, to append to the error's message; the kernels get it
+   through lt_cuda_kernel_hooks (kernels/cuda/cuda.h) */
+const char *lt_cuda_error_note(int cuda_error);
 /* A status for a failed CUDA call: "cuda:N: what: message (name) [file:line]". */
 lt_status lt_cuda_error_at(const char *file, int line, const char *what, int device_index, cudaError_t e);
 #define lt_cuda_error(what, device_index, e) lt_cuda_error_at(__FILE__, __LINE__, (what), (device_index), (e))

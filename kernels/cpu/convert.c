@@ -5,7 +5,8 @@
  * Rules: into bf16/f16 round to nearest even (via f32 from f64); NaN and Inf
  * are kept; float to integer truncates toward zero, NaN gives 0 and values
  * beyond i64 saturate, then narrower integers wrap (as C casts do); anything
- * to bool is "nonzero" (NaN is true, as in torch).
+ * to bool is "nonzero" (NaN is true, as in torch). The float-to-integer rule
+ * is lt_f64_to_i64 (shared/scalar.h), the one the CUDA kernels use too.
  */
 #include "cpu.h"
 #include "half.h"
@@ -14,15 +15,6 @@
 #include <omp.h>
 #include <string.h>
 
-static inline int64_t f64_to_i64(double x) {
-  if (isnan(x))
-    return 0;
-  if (x >= 9223372036854775807.0)
-    return INT64_MAX;
-  if (x <= -9223372036854775808.0)
-    return INT64_MIN;
-  return (int64_t)x;
-}
 
 lt_dtype lt_cpu_native_dtype(lt_compute ck) {
   return ck == LT_COMPUTE_F32 ? LT_DTYPE_F32 : ck == LT_COMPUTE_F64 ? LT_DTYPE_F64 : LT_DTYPE_I64;
@@ -74,9 +66,9 @@ void lt_cpu_load(lt_compute ck, void *buf, const char *src, lt_dtype dt, int64_t
   case LT_COMPUTE_I64: {
 #undef BF16_TO
 #undef F16_TO
-#define BF16_TO(x) f64_to_i64(lt_bf16_to_f32(x))
-#define F16_TO(x) f64_to_i64(lt_f16_to_f32(x))
-    LOAD_ALL(int64_t, f64_to_i64);
+#define BF16_TO(x) lt_f64_to_i64(lt_bf16_to_f32(x))
+#define F16_TO(x) lt_f64_to_i64(lt_f16_to_f32(x))
+    LOAD_ALL(int64_t, lt_f64_to_i64);
 #undef BF16_TO
 #undef F16_TO
     break;
@@ -101,11 +93,11 @@ void lt_cpu_load(lt_compute ck, void *buf, const char *src, lt_dtype dt, int64_t
 #define TO_F16(x) lt_f32_to_f16((float)(x))
 
 /* Float kinds store to integers through a saturating i64 truncation. */
-#define FI64(x) f64_to_i64((double)(x))
-#define FI32(x) ((int32_t)f64_to_i64((double)(x)))
-#define FI8(x) ((int8_t)f64_to_i64((double)(x)))
-#define FU8(x) ((uint8_t)f64_to_i64((double)(x)))
-#define FU16(x) ((uint16_t)f64_to_i64((double)(x)))
+#define FI64(x) lt_f64_to_i64((double)(x))
+#define FI32(x) ((int32_t)lt_f64_to_i64((double)(x)))
+#define FI8(x) ((int8_t)lt_f64_to_i64((double)(x)))
+#define FU8(x) ((uint8_t)lt_f64_to_i64((double)(x)))
+#define FU16(x) ((uint16_t)lt_f64_to_i64((double)(x)))
 
 void lt_cpu_store(lt_compute ck, char *dst, lt_dtype dt, int64_t stride, const void *buf, int64_t n) {
   if (ck == LT_COMPUTE_I64) {

@@ -1,13 +1,14 @@
 /*
  * cpu.h: the CPU kernels' entry points, gathered into lt_backend_cpu by
  * host/cpu/backend.c, and the chunk conversions they share.
- * Kernels compute only: the host checks shapes, allocates and builds the
- * iteration descriptors (host/core/tensor-impl.h).
+ * Kernels compute only: the host checks shapes, allocates (scratch too)
+ * and builds the descriptors (kernels/kernel.h), all this header includes.
  */
 #ifndef LUTRA_KERNELS_CPU_H
 #define LUTRA_KERNELS_CPU_H
 
-#include "../../host/core/tensor-impl.h"
+#include "../kernel.h"
+#include "../shared/scalar.h"
 
 /* Elements per chunk that elementwise kernels convert and compute at a time. */
 enum { LT_CPU_CHUNK = 1024 };
@@ -82,12 +83,16 @@ lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn
 /* optim.c: fused AdamW and SGD over a group, and gradient sums of squares */
 lt_status lt_cpu_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);
 lt_status lt_cpu_sgd(int n, const lt_optim_tensor *ts, const lt_sgd_hparams *h);
-lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out);
+/* out[k] = the sum of squares of ts[k].grad in f64; scratch (NULL: none) of
+   lt_cpu_sum_squares_scratch(n, ts) bytes, from the caller, lets a tensor's
+   blocks run on all threads (without it they run in turn: the same sums in
+   the same order, the same result) */
+size_t lt_cpu_sum_squares_scratch(int n, const lt_optim_tensor *ts);
+lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out);
 
-/* Reads index element i of an i32/i64 index array with a stride. */
+/* Reads index element i of an i32/i64 index array with a stride (shared/scalar.h's lt_index_at). */
 static inline int64_t lt_cpu_index_at(const char *index, lt_dtype dt, int64_t stride, int64_t i) {
-  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)index)[i * stride]
-                            : ((const int64_t *)index)[i * stride];
+  return lt_index_at(index, dt, i * stride);
 }
 
 /*

@@ -73,18 +73,13 @@ static void run_map(const lt_iter *it, lt_compute ck, chunk_fn fn, const void *c
 
 /* ---- unary ---------------------------------------------------------------- */
 
-/* GELU, tanh approximation (Hendrycks and Gimpel 2016; as GPT-2) */
-#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
-#define GELU_C 0.044715
-
-/* sigmoid(2u) for GELU's u = sqrt(2/pi) (x + 0.044715 x^3), from exp(-|2u|)
-   so that it neither overflows nor loses its tail: 1 / (1 + e) for u >= 0,
-   e / (1 + e) below (an infinite u gives exactly 1 or 0) */
+/* sigmoid(2u) for GELU's u (shared/scalar.h: the formula both devices
+   compute), from exp(-|2u|) by GEXP */
 #define SIGMOID2U(T, GEXP, x)                                                                 \
   ({                                                                                          \
-    T z_ = (T)(2 * GELU_K) * ((x) + (T)GELU_C * (x) * (x) * (x));                              \
+    T z_ = LT_GELU_2U(T, x);                                                                  \
     T e_ = GEXP(z_ < 0 ? z_ : -z_);                                                           \
-    z_ >= 0 ? (T)1 / ((T)1 + e_) : e_ / ((T)1 + e_);                                          \
+    LT_SIGMOID_FROM_EXP(T, z_, e_);                                                           \
   })
 
 #define UNARY_CASES(T, EXP, GEXP, LOG, SQRT, TANH, ONE)                                  \
@@ -171,20 +166,6 @@ lt_status lt_cpu_unary(lt_unary_op op, lt_compute ck, const lt_iter *it) {
 
 #define FDIV(x, y) ((x) / (y))
 
-/* Integer power by squaring; a negative exponent gives 1/x^e truncated. */
-static inline int64_t ipow(int64_t x, int64_t e) {
-  if (e < 0)
-    return x == 1 ? 1 : x == -1 ? ((e & 1) ? -1 : 1) : 0;
-  uint64_t r = 1, b = (uint64_t)x;
-  while (e) {
-    if (e & 1)
-      r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return (int64_t)r;
-}
-
 /* Integer add/sub/mul wrap around (through unsigned arithmetic, no UB); integer
    division never reaches this kind (the host computes it in f32). */
 #define IADD(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
@@ -198,7 +179,7 @@ static inline int64_t ipow(int64_t x, int64_t e) {
   case LT_BINARY_SUB: for (int64_t i = 0; i < n; i++) o[i] = ISUB(A, B); break;  \
   case LT_BINARY_MUL: for (int64_t i = 0; i < n; i++) o[i] = IMUL(A, B); break;  \
   case LT_BINARY_DIV: for (int64_t i = 0; i < n; i++) o[i] = IDIV(A, B); break;  \
-  case LT_BINARY_POW: for (int64_t i = 0; i < n; i++) o[i] = ipow(A, B); break;  \
+  case LT_BINARY_POW: for (int64_t i = 0; i < n; i++) o[i] = lt_ipow(A, B); break;  \
   case LT_BINARY_MAXIMUM: for (int64_t i = 0; i < n; i++) o[i] = A > B ? A : B; break; \
   case LT_BINARY_MINIMUM: for (int64_t i = 0; i < n; i++) o[i] = A < B ? A : B; break; \
   case LT_BINARY_EQ: for (int64_t i = 0; i < n; i++) o[i] = A == B; break;       \
@@ -218,12 +199,10 @@ typedef struct {
 
 /* The derivatives of the activations, times the incoming gradient g. */
 #define ACTIVATION_GRADS(T, EXP, GEXP, ONE)                                          \
-  case LT_BINARY_GELU_GRAD: /* s = sigmoid(2u) = (1 + tanh u) / 2, 1 - tanh^2 u = 4 s (1 - s) */ \
+  case LT_BINARY_GELU_GRAD: /* shared/scalar.h: s = sigmoid(2u) */                \
     for (int64_t i = 0; i < n; i++) {                                                \
       T x = a[i], s = SIGMOID2U(T, GEXP, x);                                         \
-      T du = (T)GELU_K * (ONE + (T)(3 * GELU_C) * x * x), t = s * (ONE - s);         \
-      /* t is 0 where tanh u is +-1 (|x| > ~10): du may then be inf, the term 0 */  \
-      o[i] = b[i] * (s + (t != 0 ? (T)2 * x * t * du : (T)0));                       \
+      o[i] = LT_GELU_GRAD(T, x, s, b[i]);                                            \
     }                                                                                \
     break;                                                                           \
   case LT_BINARY_SILU_GRAD:                                                          \

@@ -30,9 +30,6 @@ static inline uint16_t store16(float x, lt_dtype dt) {
   return dt == LT_DTYPE_BF16 ? lt_f32_to_bf16(x) : lt_f32_to_f16(x);
 }
 
-/* torch.lerp's two-sided form: exact at both ends. */
-#define LERP(a, b, w) ((w) < 0.5 ? (a) + (w) * ((b) - (a)) : (b) - ((b) - (a)) * (1 - (w)))
-
 #define ADAMW_BODY(T, SQRT, P_LOAD, G_LOAD, P_STORE)                                              \
   {                                                                                                \
     T lr = (T)h->lr, b1 = (T)h->beta1, b2 = (T)h->beta2, eps = (T)h->eps;                          \
@@ -43,7 +40,7 @@ static inline uint16_t store16(float x, lt_dtype dt) {
     for (int64_t i = 0; i < t->numel; i++) {                                                       \
       T g = G_LOAD(i) * gs, p = P_LOAD(i);                                                         \
       p *= decay;                                                                                  \
-      T mi = LERP(m[i], g, w1);                                                                    \
+      T mi = LT_LERP(T, m[i], g, w1); /* (torch.lerp: shared/scalar.h) */                           \
       T vi = b2 * v[i] + (1 - b2) * g * g;                                                         \
       m[i] = mi;                                                                                   \
       v[i] = vi;                                                                                   \
@@ -201,13 +198,24 @@ static double block_sum_squares(const lt_optim_tensor *t, int64_t i0, int64_t i1
   return s;
 }
 
-lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out) {
+/* one f64 partial per block of the largest tensor that has more than one */
+size_t lt_cpu_sum_squares_scratch(int n, const lt_optim_tensor *ts) {
+  int64_t most = 0;
+  for (int k = 0; k < n; k++) {
+    int64_t nblocks = (ts[k].numel + BLOCK - 1) / BLOCK;
+    if (nblocks > 1 && nblocks > most)
+      most = nblocks;
+  }
+  return (size_t)most * sizeof(double);
+}
+
+lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *scratch, double *out) {
   for (int k = 0; k < n; k++) {
     const lt_optim_tensor *t = &ts[k];
     int64_t nblocks = (t->numel + BLOCK - 1) / BLOCK;
     double total = 0;
-    double *parts = nblocks > 1 ? lt_cpu_alloc((size_t)nblocks * sizeof *parts) : NULL;
-    if (!parts) { /* one block, or no memory for partials: the same sums in the same order */
+    double *parts = nblocks > 1 ? scratch : NULL;
+    if (!parts) { /* one block, or no scratch for partials: the same sums in the same order */
       for (int64_t b = 0; b < nblocks; b++)
         total += block_sum_squares(t, b * BLOCK, (b + 1) * BLOCK < t->numel ? (b + 1) * BLOCK : t->numel);
     } else {
@@ -218,7 +226,6 @@ lt_status lt_cpu_grad_sum_squares(int n, const lt_optim_tensor *ts, double *out)
       }
       for (int64_t b = 0; b < nblocks; b++)
         total += parts[b];
-      lt_cpu_free(parts, (size_t)nblocks * sizeof *parts);
     }
     out[k] = total;
   }

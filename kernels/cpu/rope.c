@@ -16,9 +16,8 @@
     int64_t h = D / 2;                                                                          \
     _Pragma("omp parallel for schedule(static) if (R * Tn * D >= 32768)")                       \
     for (int64_t t = 0; t < Tn; t++) {                                                          \
-      double pos = (double)(start + t);                                                         \
       for (int64_t i = 0; i < h; i++) {                                                         \
-        double ang = pos * pow(base, -2.0 * (double)i / (double)D);                             \
+        double ang = lt_rope_angle(start + t, i, D, base); /* (shared/scalar.h) */              \
         T c = (T)cos(ang), s = (T)(sign * sin(ang));                                            \
         for (int64_t r = 0; r < R; r++) {                                                       \
           const T *xr = x + (r * Tn + t) * D;                                                   \

@@ -1,6 +1,6 @@
 /*
  * sdpa_ref.c: the CPU backend's answer to the library-attention interface
- * (lt_sdpa_desc, host/core/tensor-impl.h), which cuDNN serves on a GPU: plain
+ * (lt_sdpa_desc, kernels/kernel.h), which cuDNN serves on a GPU: plain
  * attention over strided bf16/f16 operands computed in f64, one query row
  * at a time. It is the reference that lt_attention_library's layouts,
  * strides, saved stats and gradients are tested against where there is no

@@ -1,13 +1,15 @@
 /*
  * common.cuh: what the CUDA kernels share: dtype loads and stores to the
  * three compute kinds (as kernels/cpu/convert.c: round to nearest even into
- * 16-bit floats, float to integer truncating with NaN -> 0 and saturation),
+ * 16-bit floats, float to integer truncating with NaN -> 0 and saturation,
+ * lt_f64_to_i64 of shared/scalar.h, which both devices include),
  * element offsets of an lt_iter, grid sizing and launch checks.
  */
 #ifndef LUTRA_CUDA_COMMON_CUH
 #define LUTRA_CUDA_COMMON_CUH
 
 #include "cuda.h"
+#include "../shared/scalar.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,16 +17,27 @@
 #include <math_constants.h>
 #include <stdio.h>
 
-extern "C" lt_status lt_fail(lt_status st, const char *fmt, ...);
+/* The host's note for CUDA error e, to append to its message ("" without
+   one: lt_cuda_kernel_hooks, cuda.h). */
+static inline const char *lt_cuda_note(cudaError_t e) {
+  const char *(*note)(int) = lt_cuda_kernel_hooks.error_note;
+  return note ? note((int)e) : "";
+}
+
+/* Names the work just queued for the profile when one runs (lt.cuda.profile_start). */
+static inline void lt_cuda_mark(const char *what) {
+  const lt_cuda_hooks *h = &lt_cuda_kernel_hooks;
+  if (h->profiling && h->profiling() && h->profile_mark)
+    h->profile_mark(what);
+}
 
 /* Fails with the CUDA error of the last launch, naming the kernel, file and line. */
 static inline lt_status lt_cuda_check_launch_at(const char *file, int line, const char *what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return lt_fail(LT_ERR_DEVICE, "cuda: %s failed to launch: %s [%s:%d]%s", what, cudaGetErrorString(e), file, line,
-                   lt_cuda_error_note(e));
-  if (lt_cuda_profiling()) /* lt.cuda.profile_start: the launch named for the profile */
-    lt_cuda_profile_mark(what);
+                   lt_cuda_note(e));
+  lt_cuda_mark(what); /* lt.cuda.profile_start: the launch named for the profile */
   return LT_OK;
 }
 #define lt_cuda_check_launch(what) lt_cuda_check_launch_at(__FILE__, __LINE__, (what))
@@ -34,16 +47,6 @@ static inline unsigned lt_cuda_blocks(int64_t n, int threads) {
   if (b > 65535LL * 32)
     b = 65535LL * 32; /* grid-stride loops cover the rest */
   return (unsigned)(b > 0 ? b : 1);
-}
-
-__device__ __forceinline__ int64_t lt_f2i(double x) {
-  if (x != x)
-    return 0;
-  if (x >= 9223372036854775807.0)
-    return INT64_MAX;
-  if (x <= -9223372036854775808.0)
-    return INT64_MIN;
-  return (int64_t)x;
 }
 
 /* Element i of a typed float array in its compute type (f64 for f64, else
@@ -92,10 +95,10 @@ template <> __device__ __forceinline__ double lt_load<double>(const char *p, int
 
 template <> __device__ __forceinline__ int64_t lt_load<int64_t>(const char *p, int dt, int64_t i) {
   switch (dt) {
-  case LT_DTYPE_F32: return lt_f2i(((const float *)p)[i]);
-  case LT_DTYPE_F64: return lt_f2i(((const double *)p)[i]);
-  case LT_DTYPE_BF16: return lt_f2i(__bfloat162float(((const __nv_bfloat16 *)p)[i]));
-  case LT_DTYPE_F16: return lt_f2i(__half2float(((const __half *)p)[i]));
+  case LT_DTYPE_F32: return lt_f64_to_i64(((const float *)p)[i]);
+  case LT_DTYPE_F64: return lt_f64_to_i64(((const double *)p)[i]);
+  case LT_DTYPE_BF16: return lt_f64_to_i64(__bfloat162float(((const __nv_bfloat16 *)p)[i]));
+  case LT_DTYPE_F16: return lt_f64_to_i64(__half2float(((const __half *)p)[i]));
   case LT_DTYPE_I8: return ((const int8_t *)p)[i];
   case LT_DTYPE_U8: return ((const uint8_t *)p)[i];
   case LT_DTYPE_U16: return ((const uint16_t *)p)[i];
@@ -112,11 +115,11 @@ template <typename T> __device__ __forceinline__ void lt_store(char *p, int dt, 
   case LT_DTYPE_F64: ((double *)p)[i] = (double)v; break;
   case LT_DTYPE_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn((float)v); break;
   case LT_DTYPE_F16: ((__half *)p)[i] = __float2half_rn((float)v); break;
-  case LT_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)lt_f2i((double)v); break;
-  case LT_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)lt_f2i((double)v); break;
-  case LT_DTYPE_U16: ((uint16_t *)p)[i] = (uint16_t)lt_f2i((double)v); break;
-  case LT_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)lt_f2i((double)v); break;
-  case LT_DTYPE_I64: ((int64_t *)p)[i] = lt_f2i((double)v); break;
+  case LT_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)lt_f64_to_i64((double)v); break;
+  case LT_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)lt_f64_to_i64((double)v); break;
+  case LT_DTYPE_U16: ((uint16_t *)p)[i] = (uint16_t)lt_f64_to_i64((double)v); break;
+  case LT_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)lt_f64_to_i64((double)v); break;
+  case LT_DTYPE_I64: ((int64_t *)p)[i] = lt_f64_to_i64((double)v); break;
   default: ((uint8_t *)p)[i] = v != (T)0; break;
   }
 }

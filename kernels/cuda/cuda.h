@@ -1,13 +1,13 @@
 /*
  * cuda.h: the CUDA kernels' launchers, called by host/cuda/backend.c. Each
- * takes the descriptor the host built (host/core/tensor-impl.h) and the stream to run
+ * takes the descriptor the host built (kernels/kernel.h) and the stream to run
  * on, launches, checks the launch and returns a status. Kernels allocate
  * nothing and keep no state: memory, streams and handles are the host's.
  */
 #ifndef LUTRA_KERNELS_CUDA_H
 #define LUTRA_KERNELS_CUDA_H
 
-#include "../../host/core/tensor-impl.h"
+#include "../kernel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,10 +15,21 @@ extern "C" {
 
 typedef struct CUstream_st *lt_cuda_stream;
 
-/* "" or, for a CUDA error that loses the process's context (an illegal
-   address, a kernel's assert or fault: sticky, cudaError_t's documentation),
-   a note that says so, to append to the error's message (host/cuda/backend.c) */
-const char *lt_cuda_error_note(int cuda_error);
+/* What the kernels call back into the host for, as function pointers the
+   host installs (host/cuda/backend.c, when it initialises a device, before
+   any kernel runs); a NULL entry means none. Defined in hooks.cu. */
+typedef struct lt_cuda_hooks {
+  /* the note to append to a CUDA error's message ("" or, for an error that
+     loses the process's context, one that says so: lt_cuda_error_note);
+     NULL: no note */
+  const char *(*error_note)(int cuda_error);
+  /* whether lt.cuda.profile_start runs (lt_cuda_profiling), and a mark
+     naming the work just queued on the profiled stream
+     (lt_cuda_profile_mark); NULL: no profiling */
+  int (*profiling)(void);
+  void (*profile_mark)(const char *what);
+} lt_cuda_hooks;
+extern lt_cuda_hooks lt_cuda_kernel_hooks;
 
 lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s);
 lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_stream s);

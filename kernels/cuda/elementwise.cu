@@ -25,16 +25,12 @@ __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
 
-#define GELU_K 0.7978845608028654
-#define GELU_C 0.044715
-
-/* sigmoid(2u) = (1 + tanh u) / 2 for the tanh GELU's u = sqrt(2/pi) (x +
-   0.044715 x^3), from exp(-|2u|) as kernels/cpu/elementwise.c: no
-   cancellation in 1 + tanh u where tanh u nears -1 (x below about -4) */
+/* sigmoid(2u) = (1 + tanh u) / 2 for the tanh GELU's u, from exp(-|2u|):
+   the formula of shared/scalar.h, which kernels/cpu/elementwise.c computes too */
 template <typename T> __device__ __forceinline__ T gelu_sigmoid2u(T x) {
-  T z = (T)(2 * GELU_K) * (x + (T)GELU_C * x * x * x);
+  T z = LT_GELU_2U(T, x);
   T e = m_exp(z < (T)0 ? z : -z);
-  return z >= (T)0 ? (T)1 / ((T)1 + e) : e / ((T)1 + e);
+  return LT_SIGMOID_FROM_EXP(T, z, e);
 }
 
 template <typename T> __device__ __forceinline__ T unary_op(int op, T a) {
@@ -80,10 +76,9 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
   case LT_BINARY_LE: return a <= b;
   case LT_BINARY_GT: return a > b;
   case LT_BINARY_GE: return a >= b;
-  case LT_BINARY_GELU_GRAD: { /* s = sigmoid(2u), 1 - tanh^2 u = 4 s (1 - s) */
-    T s = gelu_sigmoid2u(a), du = (T)GELU_K * (one + (T)(3 * GELU_C) * a * a), t = s * (one - s);
-    /* t is 0 where tanh u is +-1 (|a| > ~10): du may then be inf, the term 0 */
-    return b * (s + (t != (T)0 ? (T)2 * a * t * du : (T)0));
+  case LT_BINARY_GELU_GRAD: { /* shared/scalar.h: s = sigmoid(2u) */
+    T s = gelu_sigmoid2u(a);
+    return LT_GELU_GRAD(T, a, s, b);
   }
   case LT_BINARY_SILU_GRAD: {
     T sg = one / (one + m_exp(-a));
@@ -93,26 +88,13 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
   }
 }
 
-__device__ __forceinline__ int64_t ipow(int64_t x, int64_t e) {
-  if (e < 0)
-    return x == 1 ? 1 : x == -1 ? ((e & 1) ? -1 : 1) : 0;
-  uint64_t r = 1, b = (uint64_t)x;
-  while (e) {
-    if (e & 1)
-      r *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return (int64_t)r;
-}
-
 template <> __device__ __forceinline__ int64_t binary_op<int64_t>(int op, int64_t a, int64_t b) {
   switch (op) {
   case LT_BINARY_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
   case LT_BINARY_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
   case LT_BINARY_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
   case LT_BINARY_DIV: return b == 0 ? 0 : a / b;
-  case LT_BINARY_POW: return ipow(a, b);
+  case LT_BINARY_POW: return lt_ipow(a, b);
   case LT_BINARY_MAXIMUM: return a > b ? a : b;
   case LT_BINARY_MINIMUM: return a < b ? a : b;
   case LT_BINARY_EQ: return a == b;
@@ -339,8 +321,8 @@ extern "C" lt_status lt_cuda_copy(const lt_iter *it, lt_cuda_stream s) {
     cudaError_t e = cudaMemcpyAsync(it->data[0], it->data[1], (size_t)(it->numel * elem_size(dd)),
                                     cudaMemcpyDeviceToDevice, (cudaStream_t)s);
     if (e != cudaSuccess)
-      return lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s%s", cudaGetErrorString(e), lt_cuda_error_note(e));
-    lt_cuda_profile_mark("copy on the device");
+      return lt_fail(LT_ERR_DEVICE, "cuda: copy failed: %s%s", cudaGetErrorString(e), lt_cuda_note(e));
+    lt_cuda_mark("copy on the device");
     return LT_OK;
   }
   if (contiguous && is_f32_or_half(dd) && is_f32_or_half(sd)) {
@@ -376,9 +358,7 @@ extern "C" lt_status lt_cuda_fill(const lt_iter *it, double value, lt_cuda_strea
   if (dt == LT_DTYPE_BOOL)
     LAUNCH(fill_kernel<int64_t>, *it, (int64_t)(value != 0));
   /* integers: truncate toward zero, NaN -> 0, saturate (then wrap on store) */
-  int64_t v = value != value ? 0 : value >= 9223372036854775807.0 ? INT64_MAX
-              : value <= -9223372036854775808.0 ? INT64_MIN : (int64_t)value;
-  LAUNCH(fill_kernel<int64_t>, *it, v);
+  LAUNCH(fill_kernel<int64_t>, *it, lt_f64_to_i64(value));
 }
 
 extern "C" lt_status lt_cuda_unary(lt_unary_op op, lt_compute ck, const lt_iter *it, lt_cuda_stream s) {

@@ -22,14 +22,10 @@
 static const int THREADS = 256;
 static const unsigned long long NONE = ~0ULL;
 
-__device__ __forceinline__ int64_t index_at(const char *p, int dt, int64_t i) {
-  return dt == LT_DTYPE_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
-}
-
 __global__ void check_1d_kernel(const char *index, int dt, int64_t stride, int64_t n, int64_t limit,
                                 unsigned long long *bad) {
   LT_GRID_STRIDE(i, n) {
-    int64_t v = index_at(index, dt, i * stride);
+    int64_t v = lt_index_at(index, dt, i * stride);
     if (v < 0 || v >= limit)
       atomicMin(bad, (unsigned long long)i);
   }
@@ -43,7 +39,7 @@ __global__ void index_select_kernel(lt_index_desc d, E *dst, const E *src, const
   LT_GRID_STRIDE(e, total) {
     int64_t c = e % d.inner, r = e / d.inner;
     int64_t o = r / d.nindex, i = r % d.nindex;
-    int64_t v = index_at(d.index, d.index_dtype, i * d.index_stride);
+    int64_t v = lt_index_at(d.index, d.index_dtype, i * d.index_stride);
     dst[e] = src[(o * d.src_dim + v) * d.inner + c];
   }
 }
@@ -55,7 +51,7 @@ template <typename T> __global__ void index_add_kernel(lt_index_desc d, char *ds
   LT_GRID_STRIDE(e, d.outer * d.inner) {
     int64_t o = e / d.inner, c = e % d.inner;
     for (int64_t i = 0; i < d.nindex; i++) {
-      int64_t v = index_at(d.index, d.index_dtype, i * d.index_stride);
+      int64_t v = lt_index_at(d.index, d.index_dtype, i * d.index_stride);
       int64_t to = (o * d.dst_dim + v) * d.inner + c, from = (o * d.nindex + i) * d.inner + c;
       T a = lt_load<T>(dst, dt, to), b = lt_load<T>(src, dt, from);
       lt_store<T>(dst, dt, to, (T)(a + b));
@@ -67,7 +63,7 @@ template <typename T> __global__ void index_add_kernel(lt_index_desc d, char *ds
    a check read later, when the index may have changed) */
 __global__ void index_value_kernel(const char *index, int dt, int64_t stride, unsigned long long *bad) {
   if (bad[0] != NONE)
-    bad[1] = (unsigned long long)index_at(index, dt, (int64_t)bad[0] * stride);
+    bad[1] = (unsigned long long)lt_index_at(index, dt, (int64_t)bad[0] * stride);
 }
 
 extern "C" lt_status lt_cuda_index_value(const char *index, lt_dtype dt, int64_t stride, unsigned long long *bad,
@@ -80,7 +76,7 @@ extern "C" lt_status lt_cuda_index_value(const char *index, lt_dtype dt, int64_t
 __global__ void sort_input_kernel(const char *index, int dt, int64_t stride, int64_t n, int32_t *keys,
                                   int32_t *pos) {
   LT_GRID_STRIDE(i, n) {
-    keys[i] = (int32_t)index_at(index, dt, i * stride);
+    keys[i] = (int32_t)lt_index_at(index, dt, i * stride);
     pos[i] = (int32_t)i;
   }
 }
@@ -155,7 +151,7 @@ template <> __global__ void index_add_kernel<int64_t>(lt_index_desc d, char *dst
   LT_GRID_STRIDE(e, d.outer * d.inner) {
     int64_t o = e / d.inner, c = e % d.inner;
     for (int64_t i = 0; i < d.nindex; i++) {
-      int64_t v = index_at(d.index, d.index_dtype, i * d.index_stride);
+      int64_t v = lt_index_at(d.index, d.index_dtype, i * d.index_stride);
       int64_t to = (o * d.dst_dim + v) * d.inner + c, from = (o * d.nindex + i) * d.inner + c;
       uint64_t a = (uint64_t)lt_load<int64_t>(dst, dt, to), b = (uint64_t)lt_load<int64_t>(src, dt, from);
       lt_store<int64_t>(dst, dt, to, (int64_t)(a + b));
@@ -169,7 +165,7 @@ __global__ void check_iter_kernel(lt_iter it, int64_t dim_size, unsigned long lo
   LT_GRID_STRIDE(e, it.numel) {
     int64_t o[LT_ITER_MAX_OPS];
     lt_offsets(it, e, o);
-    int64_t v = index_at(it.data[1], it.dtypes[1], o[1]);
+    int64_t v = lt_index_at(it.data[1], it.dtypes[1], o[1]);
     if (v < 0 || v >= dim_size)
       atomicMin(bad, (unsigned long long)e);
   }
@@ -181,7 +177,7 @@ template <typename E> __global__ void gather_kernel(lt_iter it, int64_t dim_stri
   LT_GRID_STRIDE(e, it.numel) {
     int64_t o[LT_ITER_MAX_OPS];
     lt_offsets(it, e, o);
-    int64_t v = index_at(it.data[1], it.dtypes[1], o[1]);
+    int64_t v = lt_index_at(it.data[1], it.dtypes[1], o[1]);
     ((E *)it.data[0])[o[0]] = ((const E *)it.data[2])[o[2] + v * dim_stride];
   }
 }
@@ -203,7 +199,7 @@ __global__ void scatter_add_kernel(lt_iter outer, lt_iter inner, int64_t dim_str
     for (int64_t e = 0; e < inner.numel; e++) {
       int64_t o[LT_ITER_MAX_OPS];
       lt_offsets(inner, e, o);
-      int64_t v = index_at(inner.data[1], inner.dtypes[1], base[1] + o[1]);
+      int64_t v = lt_index_at(inner.data[1], inner.dtypes[1], base[1] + o[1]);
       int64_t to = base[2] + o[2] + v * dim_stride, from = base[0] + o[0];
       if (integer) {
         uint64_t a = (uint64_t)lt_load<int64_t>(inner.data[2], tdt, to),
@@ -280,9 +276,9 @@ extern "C" lt_status lt_cuda_index_add(const lt_index_desc *d, char *dst, const 
     if (e != cudaSuccess) {
       cudaGetLastError();
       return lt_fail(LT_ERR_DEVICE, "cuda: index_add: sorting the indices failed: %s%s", cudaGetErrorString(e),
-                     lt_cuda_error_note(e));
+                     lt_cuda_note(e));
     }
-    lt_cuda_profile_mark("index_add sort (CUB)");
+    lt_cuda_mark("index_add sort (CUB)");
     dim3 grid((unsigned)n, (unsigned)d->outer);
     if (dtype == LT_DTYPE_F64)
       sorted_index_add_kernel<double><<<grid, THREADS, 0, cs>>>(*d, dst, src, dtype, skeys, spos, bad);

@@ -53,7 +53,7 @@ template <typename T>
 __device__ __forceinline__ void adamw_one(const adamw_consts<T> &c, T g, T &p, T &m, T &v) {
   g *= c.grad_scale;
   p *= c.decay;
-  m = c.w1 < (T)0.5 ? m + c.w1 * (g - m) : g - (g - m) * (1 - c.w1);
+  m = LT_LERP(T, m, g, c.w1); /* torch.lerp (shared/scalar.h) */
   v = c.b2 * v + (1 - c.b2) * g * g;
   p -= c.step_size * m / (sqrt(v) / c.bc2_sqrt + c.eps);
 }
@@ -294,7 +294,7 @@ extern "C" lt_status lt_cuda_grad_sum_squares(int n, const lt_optim_tensor *ts, 
     e = cudaStreamSynchronize(cs);
   if (e != cudaSuccess) {
     cudaGetLastError(); /* (reported here: not again by the next launch's check) */
-    return lt_fail(LT_ERR_DEVICE, "cuda: reading gradient norms: %s%s", cudaGetErrorString(e), lt_cuda_error_note(e));
+    return lt_fail(LT_ERR_DEVICE, "cuda: reading gradient norms: %s%s", cudaGetErrorString(e), lt_cuda_note(e));
   }
   return LT_OK;
 }
