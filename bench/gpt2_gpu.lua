@@ -2,7 +2,7 @@
 -- backward and a fused AdamW update (lt.optim.AdamW: one call per parameter
 -- group, f32 master weights for bf16), at T=1024 and the micro-batches given. Prints ms per step, tokens/s, MFU and
 -- peak memory per dtype and batch, and the bf16 product rate measured in the
--- same run. MFU uses llm.c's FLOP count (as DESIGN.md and bench/model_cpu.lua):
+-- same run. MFU uses llm.c's FLOP count (as ARCHITECTURE.md, Performance, and bench/model_cpu.lua):
 -- 6N + 6 L C T FLOPs per token (N all parameters; L layers, C channels, T
 -- sequence length),
 -- against 989 TFLOP/s (the H100/H200 dense bf16 figure) and against the

@@ -6,7 +6,7 @@
  * `ffi.cdef` loads (see tools/embed.c), so that part holds no preprocessor
  * lines, passes no struct by value and writes sizes as int64_t.
  *
- * Conventions (DESIGN.md):
+ * Conventions (ARCHITECTURE.md, "C conventions"):
  * - Dimensions are 0-based here; the Lua layer maps 1-based and negative dims.
  * - Index tensors (index_select, gather, scatter_add, argmax results) hold
  *   0-based positions, as token ids are 0-based values.

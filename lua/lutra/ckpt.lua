@@ -5,7 +5,7 @@
 --   local state = lt.ckpt.load(lt.ckpt.latest("runs/gpt2/ckpt"), { model = model, opt = opt, loader = train,
 --     rng = { default = lt.default_generator() } })
 --
--- Layout (DESIGN.md, Checkpoints): <dir>/step_00000500/ holds
+-- Layout (ARCHITECTURE.md, Checkpoints): <dir>/step_00000500/ holds
 --   model.safetensors      the weights (state_dict names, tied tensors once)
 --   optimizer.safetensors  the optimizer's tensors (f32 master weights, moments)
 --                          under "<position>.<name>", its settings in the metadata
