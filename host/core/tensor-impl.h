@@ -89,25 +89,4 @@ lt_status lt_storage_realloc(const char *op, lt_storage *s);
    numel that fits) and gives its numel; errors name op. */
 lt_status lt_check_shape(const char *op, int ndim, const int64_t *sizes, int64_t *numel);
 
-/* Allocates a tensor object (refcount 1) viewing storage s (retained). */
-lt_tensor *lt_tensor_wrap(lt_storage *s, int64_t offset, int ndim, const int64_t *sizes,
-                          const int64_t *strides, lt_dtype dtype);
-void lt_storage_release(lt_storage *s);
-/* A contiguous, uninitialised tensor with t's shape, dtype and device. */
-lt_status lt_tensor_empty_like(const lt_tensor *t, lt_dtype dtype, lt_tensor **out);
-/* lt_tensor_empty whose errors (a bad shape, a device not there, out of
-   memory) name op instead of "empty" */
-lt_status lt_tensor_empty_as(const char *op, int ndim, const int64_t *sizes, lt_dtype dtype, lt_device device,
-                             lt_tensor **out);
-
-/* Writes "[2, 3]" into buf (at least 200 bytes) and returns buf. */
-const char *lt_shape_str(int ndim, const int64_t *sizes, char *buf);
-
-/* Contiguous strides for sizes; returns numel. */
-int64_t lt_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
-
-/* CPU caching allocator. */
-void *lt_cpu_alloc(size_t nbytes);
-void lt_cpu_free(void *ptr, size_t nbytes);
-
 #endif
