@@ -10,7 +10,7 @@
 #   make check-tokenizer  every Python-docs file through lutra and tiktoken
 #   make bench      print the benchmark tables
 #   make asan       the C tests and Lua specs under AddressSanitizer and UBSan
-#   make fuzz       libFuzzer on the safetensors reader (FUZZ_SECONDS=60)
+#   make fuzz       libFuzzer on the safetensors, shard and vocabulary readers (FUZZ_SECONDS=60)
 #   make emu        lutra on the CUDA emulator (build-emu/lutra: GPU checks on the CPU)
 #   make emu-asan   the GPU checks on the emulator under AddressSanitizer and UBSan
 #   make emu-tsan   the GPU checks on the emulator under ThreadSanitizer (races between threads and blocks)

@@ -1,8 +1,9 @@
 /*
- * host/autograd/engine.c (bindings): backward as a classic lua_CFunction, so the engine
- * may call back into Lua: gradient-ready hooks on leaves and the backward of
- * custom Lua functions (LuaJIT forbids re-entering the VM from a function
- * called through the FFI, and allows it from a lua_CFunction).
+ * bindings/autograd.c: backward as a classic lua_CFunction, so the engine
+ * (host/autograd/engine.c's lt_autograd_backward) may call back into Lua:
+ * gradient-ready hooks on leaves and the backward of custom Lua functions
+ * (LuaJIT forbids re-entering the VM from a function called through the
+ * FFI, and allows it from a lua_CFunction).
  *
  * Tensors cross as addresses (Lua numbers; x86-64 addresses fit a double);
  * the Lua side (lua/lutra/autograd.lua) turns them into owned cdata. The two

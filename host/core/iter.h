@@ -1,7 +1,8 @@
 /*
  * core/iter.h: building the iteration descriptors that kernels consume
- * (core/tensor-impl.h), and what every op shares: broadcasting, output
- * preparation, devices, result types, the version bump of in-place writes.
+ * (kernels/kernel.h, through core/tensor-impl.h), and what every op shares:
+ * broadcasting, output preparation, devices, result types, the version bump
+ * of in-place writes.
  * (The overlap check, lt_unalias, copies: it is in ops/ops.h.)
  */
 #ifndef LUTRA_ITER_H

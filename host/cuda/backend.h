@@ -67,7 +67,7 @@ lt_status lt_cuda_error_at(const char *file, int line, const char *what, int dev
 lt_status lt_cuda_blas_init(lt_cuda_ctx *c);
 lt_status lt_cuda_matmul(const lt_matmul_desc *d);
 
-/* cuda/cudnn-attention.c: cuDNN's fused attention (lt_sdpa_desc, core/tensor-impl.h);
+/* cuda/cudnn-attention.c: cuDNN's fused attention (lt_sdpa_desc, kernels/kernel.h);
    LT_ERR_UNSUPPORTED with cuDNN's reason when it refuses a graph */
 lt_status lt_cudnn_sdpa_prepare(const lt_sdpa_desc *d, int backward);
 lt_status lt_cudnn_sdpa_fwd(const lt_sdpa_desc *d);
