@@ -8,8 +8,10 @@
  * comes from the caller.
  *
  * Relies on host/lutra.h for the public enums (lt_dtype, lt_status, the op
- * enums) and lt_dtype_size, and declares the one host/base function kernels
- * call, lt_fail. Included by C and by CUDA C++ (nvcc, the CUDA emulator).
+ * enums) and the host/base functions it declares (lt_dtype_size,
+ * lt_dtype_is_float, lt_dtype_name); declares lt_fail, the error message
+ * kernels leave for lt_last_error. Included by C and by CUDA C++ (nvcc, the
+ * CUDA emulator).
  */
 #ifndef LUTRA_KERNEL_H
 #define LUTRA_KERNEL_H

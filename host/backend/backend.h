@@ -5,7 +5,7 @@
  * indices later (CUDA) keeps until its next synchronisation. The
  * descriptors its entries take are the kernels' (kernels/kernel.h).
  *
- * One static const table per backend: lt_backend_cpu (host/cpu/backend.c)
+ * One const table per backend: lt_backend_cpu (host/cpu/backend.c)
  * and, in a build with CUDA, lt_backend_cuda (host/cuda/backend.c); the
  * device-to-backend map is host/core/backend.c (lt_backend_for).
  */
@@ -15,7 +15,7 @@
 #include "../../kernels/kernel.h"
 #include "backend/index-report.h" /* lt_index_report, LT_BAD_LATER */
 
-/* Backend vtable: one static const table per backend; optional entries are NULL. */
+/* Backend vtable: one const table per backend; optional entries are NULL. */
 typedef struct lt_backend_i {
   const char *name;
   lt_status (*alloc)(lt_device device, size_t nbytes, void **ptr);
@@ -118,11 +118,6 @@ typedef struct lt_backend_i {
   /* out[i] (host memory) = the sum of squares of ts[i].grad, accumulated in f64 */
   lt_status (*grad_sum_squares)(int n, const lt_optim_tensor *ts, double *out);
 } lt_backend_i;
-
-extern const lt_backend_i lt_backend_cpu;
-#ifdef LT_WITH_CUDA
-extern const lt_backend_i lt_backend_cuda;
-#endif
 
 extern const lt_backend_i lt_backend_cpu;
 #ifdef LT_WITH_CUDA

@@ -1,7 +1,7 @@
 /*
  * comm.c: process groups and collectives (lt_dist_*, lt_comm_*): the front
  * over the implementations of comm/comm-impl.h. lt_dist_init chooses the
- * world's: MPI when the process runs under mpirun (OMPI_COMM_WORLD_SIZE set;
+ * world's: MPI when the process runs under mpirun (OMPI_COMM_WORLD_SIZE above 1;
  * comm/mpi.c), a single process otherwise (comm/single.c: every collective
  * the identity or a copy). A collective on CUDA tensors goes to NCCL on the
  * same group (comm/nccl.c; there all_gather and reduce_scatter need equal
