@@ -4,8 +4,10 @@
  *
  * The public differentiable ops live beside their backward rules, one file
  * per family (autograd/elementwise.c, reduce.c, matmul.c, view.c, copy.c,
- * index.c, chunk.c, random.c): each checks what autograd refuses, calls its
- * dispatch lt_op_X (ops/ops.h) and records its node.
+ * index.c, chunk.c, random.c, and the neural-network families norm.c,
+ * softmax.c, loss.c, rope.c, attention.c, linear.c): each checks what
+ * autograd refuses, calls its dispatch (lt_op_X of ops/ops.h; ops/nn.h for
+ * the neural-network families) and records its node.
  *
  * A tensor that requires grad carries an lt_autograd_meta. An op whose
  * inputs require grad (while grad mode is on) makes an lt_node holding the
