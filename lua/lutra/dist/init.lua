@@ -8,5 +8,6 @@ local M = require "lutra.dist.comm"
 
 M.DataParallel = require("lutra.dist.ddp").DataParallel
 M.Zero = require("lutra.dist.zero").Zero
+M.tp = require "lutra.dist.tp"
 
 return M

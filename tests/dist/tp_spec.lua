@@ -1,0 +1,80 @@
+-- tests/dist/tp_spec.lua: lt.dist.tp's region operators and the column- and
+-- row-parallel linear layers on every rank of the job (tensor parallelism
+-- over the whole world, and over tp=2 groups of a mesh when the world
+-- allows), against one process computing the same whole layers on the same
+-- inputs: outputs and the gradients of every input and parameter (a
+-- rank's shard against the matching slice of the whole gradient).
+local lt = require "lutra"
+package.path = "tests/dist/?.lua;" .. package.path
+local H = require "harness"
+local tp = lt.dist.tp
+
+-- the same whole layers and input on every rank (one generator seed)
+local function whole(seed, B, T, C, H4)
+  local g = lt.Generator(seed)
+  local fc = lt.nn.Linear(C, H4, { dtype = "f64", generator = g })
+  local proj = lt.nn.Linear(H4, C, { dtype = "f64", generator = g })
+  local x = lt.randn({ B, T, C }, { dtype = "f64", generator = g })
+  return fc, proj, x
+end
+
+local function groups_to_test(w)
+  local out = { { "the world", lt.dist.new_group(0, lt.dist.rank()) } }
+  if w % 2 == 0 and w > 2 then out[#out + 1] = { "tp=2 of a mesh", lt.dist.mesh { tp = 2 }.tp } end
+  return out
+end
+
+H.test("column then row parallel MLP equals the whole MLP: output and every gradient", function(_, w)
+  for _, case in ipairs(groups_to_test(w)) do
+    local name, g = case[1], case[2]
+    local n, r = g:size(), g:rank()
+    local fc, proj, x = whole(5, 2, 3, 8, 16 * w)
+    -- one process's answer
+    local xw = x:detach():requires_grad_()
+    local want = proj(fc(xw):gelu())
+    want:sum():backward()
+    -- the split layers from the same weights
+    local up, down = tp.ColumnParallelLinear.from(fc, g), tp.RowParallelLinear.from(proj, g)
+    assert(up.weight:size(1) == 16 * w / n and down.weight:size(2) == 16 * w / n, name .. ": shard shapes")
+    local xt = x:detach():requires_grad_()
+    local y = down(up(xt):gelu())
+    y:sum():backward()
+    H.close(y, want, 1e-12, name .. ": output")
+    H.close(xt.grad, xw.grad, 1e-12, name .. ": input gradient (all-reduced by f)")
+    local k = 16 * w / n
+    H.close(up.weight.grad, fc.weight.grad:narrow(1, r * k + 1, k), 1e-12, name .. ": column weight gradient")
+    H.close(up.bias.grad, fc.bias.grad:narrow(1, r * k + 1, k), 1e-12, name .. ": column bias gradient")
+    H.close(down.weight.grad, proj.weight.grad:narrow(2, r * k + 1, k), 1e-12, name .. ": row weight gradient")
+    H.close(down.bias.grad, proj.bias.grad, 1e-12, name .. ": row bias gradient (added once)")
+  end
+end)
+
+H.test("gather_output and an input the row layer slices itself", function(_, w)
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  local fc, proj, x = whole(7, 2, 2, 4, 4 * w)
+  local xw = x:detach():requires_grad_()
+  local h = fc(xw)
+  local want = proj(h)
+  want:sum():backward()
+  local up = tp.ColumnParallelLinear.from(fc, g, { gather_output = true })
+  local down = tp.RowParallelLinear.from(proj, g, { input_is_parallel = false })
+  local xt = x:detach():requires_grad_()
+  local full = up(xt)
+  H.close(full, h, 1e-12, "gathered column output")
+  local y = down(full)
+  y:sum():backward()
+  H.close(y, want, 1e-12, "output")
+  H.close(xt.grad, xw.grad, 1e-12, "input gradient")
+end)
+
+H.test("sizes that do not divide are refused on every rank, naming the sizes", function(_, w)
+  if w == 1 then return end
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  local odd = lt.nn.Linear(4, 2 * w + 1, { dtype = "f64" })
+  H.raises(function() tp.ColumnParallelLinear.from(odd, g) end, "output features do not divide", tostring(w))
+  local odd_in = lt.nn.Linear(2 * w + 1, 4, { dtype = "f64" })
+  H.raises(function() tp.RowParallelLinear.from(odd_in, g) end, "input features do not divide")
+  H.raises(function() tp.copy_to_region(lt.zeros(2), "world") end, "expected a process group")
+end)
+
+H.run("tests/dist/tp_spec.lua")
