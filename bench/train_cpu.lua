@@ -128,9 +128,10 @@ local function add(name, p, err, describe)
   end }
 end
 
+-- this script's own arguments, for the peer sides that rerun it
+local self_args = {}
+for _, a in ipairs(arg) do self_args[#self_args + 1] = I.shell_quote(a) end
 if cfg.mpi then
-  local self_args = {}
-  for _, a in ipairs(arg) do self_args[#self_args + 1] = I.shell_quote(a) end
   local root = io.popen("id -u"):read("*l") == "0" and " --allow-run-as-root" or ""
   local p, err
   if io.popen("command -v mpirun"):read("*l") then
@@ -145,8 +146,6 @@ if cfg.mpi then
   end)
 end
 if cfg.baseline ~= "" then
-  local self_args = {}
-  for _, a in ipairs(arg) do self_args[#self_args + 1] = I.shell_quote(a) end
   local p, err = I.peer { cmd = ("%s bench/train_cpu.lua %s --peer=%s --peer_ranks=1"):format(
     I.shell_quote(cfg.baseline), table.concat(self_args, " "), I.shell_quote(dir)) }
   add("baseline", p, err, function(info)

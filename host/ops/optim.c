@@ -14,13 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A contiguous copy of g, for the kernels' flat view of a gradient that is
-   not contiguous (lt_op_tensor_contiguous: the backend's copy kernel into a
-   fresh tensor of g's shape and dtype). */
-static lt_status contiguous_copy(const lt_tensor *g, lt_tensor **out) {
-  return lt_op_tensor_contiguous((lt_tensor *)g, out);
-}
-
 static int is_half(lt_dtype d) { return d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
 
 /* The dtype of a parameter's optimizer state. */
@@ -82,7 +75,7 @@ static lt_status describe(const char *op, int n, lt_tensor *const *params, lt_te
       return lt_fail(LT_ERR_DEVICE, "%s: the gradient of parameter %d is on %s, the parameter on %s", op, i + 1,
                      lt_device_name(g->storage->device, b1), lt_device_name(p->storage->device, b2));
     if (!lt_tensor_is_contiguous(g)) {
-      LT_TRY(contiguous_copy(g, &tmp[i]));
+      LT_TRY(lt_op_tensor_contiguous((lt_tensor *)g, &tmp[i])); /* (the kernels read gradients flat) */
       g = tmp[i];
     }
     memset(&ts[i], 0, sizeof ts[i]);
@@ -215,7 +208,7 @@ lt_status lt_grad_sum_squares(int n, lt_tensor *const *grads, double *out) {
       break;
     }
     if (!lt_tensor_is_contiguous(g)) {
-      if ((st = contiguous_copy(g, &tmp[i])) != LT_OK)
+      if ((st = lt_op_tensor_contiguous((lt_tensor *)g, &tmp[i])) != LT_OK)
         break;
       g = tmp[i];
     }

@@ -68,13 +68,14 @@ H.test("gather_output and an input the row layer slices itself", function(_, w)
 end)
 
 H.test("sizes that do not divide are refused on every rank, naming the sizes", function(_, w)
-  if w == 1 then return end
+  H.raises(function() tp.copy_to_region(lt.zeros(2), "world") end, "expected a process group")
+  if w == 1 then return end -- (every size divides by one rank)
   local g = lt.dist.new_group(0, lt.dist.rank())
   local odd = lt.nn.Linear(4, 2 * w + 1, { dtype = "f64" })
   H.raises(function() tp.ColumnParallelLinear.from(odd, g) end, "output features do not divide", tostring(w))
   local odd_in = lt.nn.Linear(2 * w + 1, 4, { dtype = "f64" })
-  H.raises(function() tp.RowParallelLinear.from(odd_in, g) end, "input features do not divide")
-  H.raises(function() tp.copy_to_region(lt.zeros(2), "world") end, "expected a process group")
+  H.raises(function() tp.RowParallelLinear.from(odd_in, g) end, "input features do not divide", tostring(2 * w + 1))
+  H.raises(function() tp.scatter_to_region(lt.zeros(2, 2 * w + 1), g) end, "the last dim", "does not divide")
 end)
 
 H.run("tests/dist/tp_spec.lua")

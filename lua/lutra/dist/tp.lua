@@ -60,16 +60,18 @@ function M.reduce_from_region(x, g)
   return reduce_fn(x, g)
 end
 
---- The group's slice of x's last dim for this rank: (..., C) -> (..., C / n).
--- Errors when C does not divide by the group's size.
-local function my_slice(x, g, what)
-  local n, c = g:size(), x:size(-1)
+--- This rank's 1/n of t along dim (n the group's size), contiguous. Errors
+-- when the dim's size does not divide, naming it as "%d <noun>" (noun
+-- phrased by the caller) at the caller's caller.
+local function shard(t, dim, g, what, noun)
+  local n, c = g:size(), t:size(dim)
   if c % n ~= 0 then
-    error(("%s: the last dim (%d) does not divide by the tensor-parallel group's %d ranks"):format(what, c, n), 3)
+    error(("%s: " .. noun .. " not divide by the tensor-parallel group's %d ranks"):format(what, c, n), 3)
   end
-  local w = math.floor(c / n)
-  return x:narrow(-1, g:rank() * w + 1, w):contiguous()
+  local k = math.floor(c / n)
+  return t:narrow(dim, g:rank() * k + 1, k):contiguous()
 end
+local LAST = "the last dim (%d) does"
 
 --- all-gather along the last dim forward, this rank's slice backward
 -- (Megatron's gather_from_tensor_model_parallel_region).
@@ -82,7 +84,7 @@ local gather_fn = autograd.Function {
     for r = 0, g:size() - 1 do parts[#parts + 1] = all:narrow(1, r * rows + 1, rows) end
     return tensor.cat(parts, -1)
   end,
-  backward = function(ctx, dy) return my_slice(dy, ctx.group, "gather_from_region") end,
+  backward = function(ctx, dy) return shard(dy, -1, ctx.group, "gather_from_region", LAST) end,
 }
 --- tp.gather_from_region(x, group) -> (..., C * n): the ranks' x side by side
 -- along the last dim, rank order.
@@ -97,7 +99,7 @@ end
 local scatter_fn = autograd.Function {
   forward = function(ctx, x, g)
     ctx.group = g
-    return my_slice(x, g, "scatter_to_region")
+    return shard(x, -1, g, "scatter_to_region", LAST)
   end,
   backward = function(ctx, dy) return M.gather_from_region(dy, ctx.group):detach() end,
 }
@@ -107,14 +109,6 @@ function M.scatter_to_region(x, g)
   return scatter_fn(x, g)
 end
 
-local function slice_rows(t, g, what)
-  local n, rows = g:size(), t:size(1)
-  if rows % n ~= 0 then
-    error(("%s: %d output features do not divide by the tensor-parallel group's %d ranks"):format(what, rows, n), 3)
-  end
-  local k = math.floor(rows / n)
-  return t:narrow(1, g:rank() * k + 1, k):contiguous()
-end
 
 --- tp.ColumnParallelLinear: y = x W_r^T + b_r, W split by output features
 -- (each rank holds W's rows r*out/n .. (r+1)*out/n, and that part of b).
@@ -130,9 +124,9 @@ function M.ColumnParallelLinear.from(lin, g, o)
   check_group("ColumnParallelLinear", g)
   local m = M.ColumnParallelLinear({ group = g })
   m.in_features, m.out_features = lin.weight:size(2), lin.weight:size(1)
-  m.weight = nn.Parameter(slice_rows(lin.weight:detach(), g, "ColumnParallelLinear"))
+  m.weight = nn.Parameter(shard(lin.weight:detach(), 1, g, "ColumnParallelLinear", "%d output features do"))
   local b = lin._params.by_name.bias
-  if b then m.bias = nn.Parameter(slice_rows(b:detach():view(-1, 1), g, "ColumnParallelLinear"):view(-1)) end
+  if b then m.bias = nn.Parameter(shard(b:detach(), 1, g, "ColumnParallelLinear", "%d output features do")) end
   m.gather_output = o and o.gather_output or false
   return m
 end
@@ -157,13 +151,7 @@ function M.RowParallelLinear.from(lin, g, o)
   check_group("RowParallelLinear", g)
   local m = M.RowParallelLinear({ group = g })
   m.in_features, m.out_features = lin.weight:size(2), lin.weight:size(1)
-  local n = g:size()
-  if m.in_features % n ~= 0 then
-    error(("RowParallelLinear: %d input features do not divide by the tensor-parallel group's %d ranks")
-      :format(m.in_features, n), 2)
-  end
-  local k = math.floor(m.in_features / n)
-  m.weight = nn.Parameter(lin.weight:detach():narrow(2, g:rank() * k + 1, k):contiguous())
+  m.weight = nn.Parameter(shard(lin.weight:detach(), 2, g, "RowParallelLinear", "%d input features do"))
   local b = lin._params.by_name.bias
   if b then m.bias = nn.Parameter(b:detach():clone()) end
   m.input_is_parallel = not (o and o.input_is_parallel == false)
