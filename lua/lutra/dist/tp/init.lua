@@ -1,0 +1,19 @@
+--- lutra.dist.tp (lt.dist.tp): tensor parallelism as Megatron-LM splits a
+-- transformer (Shoeybi et al. 2019; sequence parallelism: Korthikanti et
+-- al. 2022). One table of:
+--   regions.lua  the f / g operators and their sequence-parallel forms
+--                (copy_to_region, reduce_from_region, gather_from_region,
+--                scatter_to_region, gather_rows, reduce_scatter_rows,
+--                scatter_rows) and shard(), the slicing of a whole tensor
+--   records.lua  which parameters are shards (mark, plan, sharded, group)
+--   linear.lua   ColumnParallelLinear, RowParallelLinear
+-- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
+-- lt.dist.new_group); every rank of it calls the same functions in the
+-- same order, as for any collective.
+local M = {}
+
+for _, part in ipairs { "regions", "records", "linear" } do
+  for k, v in pairs(require("lutra.dist.tp." .. part)) do M[k] = v end
+end
+
+return M
