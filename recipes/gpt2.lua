@@ -28,6 +28,8 @@
 -- "The " at 0.8 (6 seeds); the validation text itself has 0.66.
 --   ./lutra recipes/gpt2.lua --ckpt_every=250 --resume=auto   # checkpoints in runs/<name>/ckpt, resumed
 --   mpirun -np 4 ./lutra recipes/gpt2.lua --zero=3             # data parallel, ZeRO stage 1, 2 or 3
+--   mpirun -np 4 ./lutra recipes/gpt2.lua --tp=2 --sp          # tensor parallel in pairs (sequence parallel), x2 data parallel
+--   ./lutra recipes/gpt2.lua --model=llama --n_kv_head=2       # a Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention)
 --   ./lutra recipes/gpt2.lua --threads=1                      # one CPU thread (default: every core)
 --   ./lutra recipes/gpt2.lua --help
 local lt = require "lutra"
@@ -38,7 +40,8 @@ local cfg = lt.config {
   steps = 1500, lr = 6e-3, min_lr = 0, warmup = 30, weight_decay = 0.1, beta2 = 0.95, clip = 1.0,
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 1,
   top_k = 0, top_p = 1, prompt = "This module provides", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
-  schedule = "linear", zero = 0, log_all_ranks = false,
+  schedule = "linear", zero = 0, tp = 1, sp = false, log_all_ranks = false,
+  model = "gpt2", n_kv_head = 0, ffn = 0,
   threads = 0,
   _help = {
     data = "token shards: a directory with train_*.bin and val_*.bin (make data)",
@@ -60,6 +63,10 @@ local cfg = lt.config {
     keep_last = "checkpoints kept (0: all)", resume = "none, auto (the newest checkpoint) or a checkpoint directory",
     schedule = "after warmup: linear or cosine decay to min_lr, or wsd (warmup-stable-decay)", zero = "ZeRO stage 0-3 under mpirun",
     log_all_ranks = "every rank prints (under mpirun)",
+    tp = "tensor-parallel ranks (under mpirun; adjacent ranks, within a node): each holds 1/tp of every block",
+    sp = "sequence parallelism with --tp: norms and dropout on 1/tp of the tokens",
+    model = "gpt2, or llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, untied head)",
+    n_kv_head = "llama: key/value heads (0: n_head / 2, or n_head when odd)", ffn = "llama: the MLP's hidden units (0: Llama's 8/3 n_embd rounded up to 64)",
     threads = "CPU threads for kernels and BLAS, per rank (0: the cores it may use, or OMP_NUM_THREADS)",
   },
 }
@@ -70,7 +77,8 @@ local whole = function(lo, why) return { int = true, min = lo, why = why } end
 lt.config.check(cfg, {
   data = { nonempty = true }, vocab = { nonempty = true }, name = { nonempty = true },
   dtype = { one_of = { "f32", "bf16", "f16" } }, schedule = { one_of = { "linear", "cosine", "wsd" } },
-  zero = { one_of = { 0, 1, 2, 3 }, why = "a ZeRO stage" }, device = { device = true }, resume = { nonempty = true },
+  zero = { one_of = { 0, 1, 2, 3 }, why = "a ZeRO stage" }, model = { one_of = { "gpt2", "llama" } },
+  tp = whole(1), n_kv_head = whole(0, "0: n_head / 2"), ffn = whole(0, "0: 8/3 n_embd"), device = { device = true }, resume = { nonempty = true },
   n_layer = whole(1), n_head = whole(1), n_embd = whole(1), seq = whole(1), batch = whole(1), accum = whole(1),
   pad_vocab = whole(0, "0: none"), steps = whole(1), warmup = whole(0), eval_every = whole(0, "0: never"),
   eval_batches = whole(0, "0: all"), sample_every = whole(0, "0: never"), sample_tokens = whole(1),
@@ -119,9 +127,17 @@ do
 end
 
 -- under mpirun: data parallel, each rank reading its own part of the data
--- (--batch is per rank; the global batch is batch x ranks); rank 0 prints
+-- (--batch is per rank; the global batch is batch x ranks); rank 0 prints.
+-- With --tp the ranks form a mesh, tp adjacent ranks splitting every block
+-- and reading the same batches; the data-parallel ranks are world / tp.
 local rank, world = lt.dist.init()
 local function say(...) if rank == 0 then print(...) end end
+if world % cfg.tp ~= 0 then
+  fail(("--tp=%d does not divide the job's %d ranks (mpirun -np): use a tp that divides it"):format(cfg.tp, world))
+end
+if cfg.sp and cfg.tp == 1 then fail("--sp (sequence parallelism) splits the tokens across --tp ranks: it needs --tp > 1") end
+local mesh = world > 1 and lt.dist.mesh { tp = cfg.tp } or nil
+local dp_rank, dp_world = mesh and mesh.coords.dp or 0, mesh and mesh.sizes.dp or 1
 
 lt.manual_seed(cfg.seed)
 local tok = lt.tokenizer.load(cfg.vocab)
@@ -137,7 +153,7 @@ local function shards(part, o)
   end
   fail(("--data=%s: %s"):format(cfg.data, why))
 end
-local train = shards("train", { seed = cfg.seed, rank = rank, world = world })
+local train = shards("train", { seed = cfg.seed, rank = dp_rank, world = dp_world })
 local val = shards("val", { shuffle = false })
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
@@ -152,22 +168,46 @@ end
 local baseline, ntrain, nval = lt.data.unigram_entropy(cfg.data .. "/train", cfg.data .. "/val", tok.n_vocab)
 say(("data: %d training and %d validation tokens; unigram baseline %.3f nats/token"):format(ntrain, nval, baseline))
 
-local model = lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
-  block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = cfg.pad_vocab > 0 and cfg.pad_vocab or nil,
-  generator = lt.Generator(cfg.seed) }
+-- (a shape that does not split across --tp ranks is a settings error naming it)
+local tp_group = cfg.tp > 1 and mesh.tp or nil
+local pad = cfg.pad_vocab > 0 and cfg.pad_vocab or nil
+local ok, model = pcall(function()
+  if cfg.model == "llama" then
+    local kv = cfg.n_kv_head > 0 and cfg.n_kv_head or (cfg.n_head % 2 == 0 and cfg.n_head / 2 or cfg.n_head)
+    local ffn = cfg.ffn > 0 and cfg.ffn or math.ceil(8 * cfg.n_embd / 3 / 64) * 64
+    return lt.models.llama { dim = cfg.n_embd, n_layers = cfg.n_layer, n_heads = cfg.n_head, n_kv_heads = kv,
+      ffn_dim = ffn, vocab_size = tok.n_vocab, max_seq_len = cfg.seq, pad_vocab = pad,
+      generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
+  end
+  return lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
+    block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = pad,
+    generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
+end)
+if not ok then
+  local why = tostring(model):gsub("^.-: (%a+: )", "%1")
+  fail(cfg.tp > 1 and ("--tp=%d: %s"):format(cfg.tp, why) or why)
+end
 -- under mpirun each rank takes its own GPU (cuda:<local rank>)
 local device = (cfg.device == "cuda" and world > 1) and lt.dist.device() or cfg.device
 model:to(device, cfg.dtype)
-say(("model: GPT-2 with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
-  cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq, model:num_parameters() / 1e6, cfg.device, cfg.dtype,
-  world > 1 and (", data parallel over %d ranks%s"):format(world, cfg.zero > 0 and (", ZeRO stage " .. cfg.zero) or "")
-    or (cfg.zero > 0 and (", ZeRO stage %d on one process (nothing to shard)"):format(cfg.zero) or "")))
-local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero >= 2 and "none" or "all_reduce" }) or nil
+local layout = {}
+if cfg.tp > 1 then layout[#layout + 1] = ("tensor parallel over %d ranks%s"):format(cfg.tp, cfg.sp and " (sequence parallel)" or "") end
+if dp_world > 1 then layout[#layout + 1] = ("data parallel over %d ranks"):format(dp_world) end
+if cfg.zero > 0 then
+  layout[#layout + 1] = dp_world > 1 and ("ZeRO stage %d"):format(cfg.zero)
+    or ("ZeRO stage %d on one data-parallel rank (nothing to shard)"):format(cfg.zero)
+end
+say(("model: %s with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
+  cfg.model == "llama" and "Llama" or "GPT-2", cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq,
+  lt.dist.tp.num_parameters(model) / 1e6, cfg.device, cfg.dtype, #layout > 0 and ", " .. table.concat(layout, ", ") or ""))
+local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero >= 2 and "none" or "all_reduce",
+  group = mesh.dp }) or nil
 
 local opt_settings = { lr = cfg.lr, betas = { 0.9, cfg.beta2 }, weight_decay = cfg.weight_decay }
 local opt
 if cfg.zero > 0 then -- ZeRO: each rank keeps 1/ranks of the optimizer state (stage 3: of the parameters too)
   opt_settings.stage = cfg.zero
+  opt_settings.group = mesh and mesh.dp or nil
   opt = lt.dist.Zero(model, opt_settings)
 else
   opt = lt.optim.AdamW(model, opt_settings)

@@ -558,10 +558,9 @@ function M.load_model(path, opts)
   local cfg = {}
   for k, v in pairs(mc) do if k ~= "padded_vocab_size" then cfg[k] = v end end
   local model
+  -- (a vocabulary padded by pad_vocab, or for tensor parallelism: one multiple that gives the same rows)
+  if mc.padded_vocab_size and mc.padded_vocab_size ~= mc.vocab_size then cfg.pad_vocab = mc.padded_vocab_size end
   if mc.n_layer and mc.n_embd then
-    if mc.padded_vocab_size and mc.padded_vocab_size ~= mc.vocab_size and not cfg.pad_vocab then
-      cfg.pad_vocab = mc.padded_vocab_size -- one multiple that gives the same padded size
-    end
     model = models.gpt2(cfg)
   elseif mc.n_layers and mc.dim then
     model = models.llama(cfg)

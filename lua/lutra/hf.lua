@@ -55,7 +55,7 @@ end
 --- lt.hf.export(model, dir[, {dtype = the model's}]): writes dir/config.json
 -- and dir/model.safetensors in the Hugging Face layout of the model's kind
 -- (GPT-2 or Llama); dtype f32, bf16 or f16 converts the weights. A padded
--- GPT-2 vocabulary is cut back to vocab_size rows. Returns dir.
+-- vocabulary (pad_vocab, or tensor parallelism's) is cut back to vocab_size rows. Returns dir.
 function M.export(model, dir, opts)
   opts = opts or {}
   local kind = type(model) == "table" and kind_of(model)
@@ -74,12 +74,11 @@ function M.export(model, dir, opts)
       local v = t:to { device = "cpu", dtype = dtype }
       if name == "lm_head.weight" and tied then
         v = nil -- (not in a tied model's state dict: the embedding's, stored once as Hugging Face does)
-      elseif kind == "gpt2" then
-        if (name == "transformer.wte.weight" or name == "lm_head.weight") and cfg.padded_vocab_size ~= cfg.vocab_size then
-          v = v:narrow(1, 1, cfg.vocab_size)
-        elseif is_conv1d(name) then
-          v = v:t()
-        end
+      elseif (name == "transformer.wte.weight" or name == "model.embed_tokens.weight" or name == "lm_head.weight")
+          and (cfg.padded_vocab_size or cfg.vocab_size) ~= cfg.vocab_size then
+        v = v:narrow(1, 1, cfg.vocab_size) -- (the padding rows: not part of the model)
+      elseif kind == "gpt2" and is_conv1d(name) then
+        v = v:t()
       end
       if v then out[name] = v:contiguous() end
     end

@@ -2,10 +2,14 @@
 -- (lt.models.gpt2(name or config[, overrides]) and llama's alike).
 local M = {}
 
+-- the settings that say how to build the model, not what it is
+local OPTS = { dtype = true, device = true, generator = true, tp = true, sequence_parallel = true }
+
 --- M.resolve(family, configs, name_or_table, overrides) -> cfg, opts: the
 -- named base config (configs[name]) or the given table, with overrides on
--- top; dtype, device and generator go to opts (with init = false: the
--- constructors set every weight), the rest to cfg. Neither argument is
+-- top; dtype, device, generator, tp (a tensor-parallel group) and
+-- sequence_parallel go to opts (with init = false: the constructors set
+-- every weight), the rest to cfg (what a checkpoint records of the model). Neither argument is
 -- changed. Raises "<family>: unknown config '<name>' (known: ...)" at the
 -- constructor's caller.
 function M.resolve(family, configs, name, overrides)
@@ -25,7 +29,7 @@ function M.resolve(family, configs, name, overrides)
   for k, v in pairs(overrides or {}) do merged[k] = v end
   local cfg, opts = {}, { init = false }
   for k, v in pairs(merged) do
-    if k == "dtype" or k == "device" or k == "generator" then opts[k] = v else cfg[k] = v end
+    if OPTS[k] then opts[k] = v else cfg[k] = v end
   end
   return cfg, opts
 end

@@ -17,6 +17,7 @@ local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
+local parallel = require "lutra.models.parallel"
 
 local M = {}
 
@@ -31,7 +32,7 @@ M.configs = {
 
 local Attention = nn.Module:extend("CausalSelfAttention")
 function Attention:init(cfg, o)
-  self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+  self.n_head, self.n_embd, self.head_size = cfg.n_head, cfg.n_embd, cfg.n_embd / cfg.n_head
   self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, o)
   self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, o)
   self.dropout = cfg.dropout or 0
@@ -113,13 +114,19 @@ function GPT:init(cfg, o)
 end
 
 --- GPT-2's initialisation (from the given generator, or the default one).
+-- A padded vocabulary's extra rows (wte's, an untied head's) start at zero
+-- and the draws are those of the unpadded model: padding changes nothing.
 function GPT:init_weights(generator)
+  local cfg = self.config
   local std = 0.02
-  local proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+  local proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
   autograd.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
       local name, p = np[1], np[2]
-      if name:match("%.bias$") then
+      if (name == "transformer.wte.weight" or name == "lm_head.weight") and cfg.padded_vocab_size ~= cfg.vocab_size then
+        p:zero_()
+        p:narrow(1, 1, cfg.vocab_size):normal_(0, std, generator)
+      elseif name:match("%.bias$") then
         p:zero_()
       elseif name:match("ln_") then
         p:fill_(1)
@@ -185,9 +192,14 @@ GPT.loss_is_cross_entropy = GPT.loss
 -- pad_vocab (round the embedding rows up to a multiple, e.g. 64 or 128, as
 -- llm.c does for speed; logits keep vocab_size columns), tie_embeddings
 -- (true by default: the head is wte; false: a (padded) vocab x n_embd
--- weight of its own), dtype, device, generator (for the initialisation).
+-- weight of its own), dtype, device, generator (for the initialisation),
+-- tp (a tensor-parallel process group: the model is built whole, then each
+-- rank keeps its shards, lutra.models.parallel; n_head must divide by its
+-- size and the vocabulary is padded to a multiple of pad_vocab x tp) and
+-- sequence_parallel (with tp: norms and dropout on 1/tp of the tokens).
 function M.gpt2(name, overrides)
   local cfg, o = mconfig.resolve("gpt2", M.configs, name, overrides)
+  local n = o.tp ~= nil and parallel.check_group("gpt2", o.tp) or 1
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
     tie_embeddings = 3 }
   for k, v in pairs(cfg) do
@@ -214,10 +226,12 @@ function M.gpt2(name, overrides)
   if cfg.n_embd % cfg.n_head ~= 0 then
     error(("gpt2: n_embd %d is not a multiple of n_head %d"):format(cfg.n_embd, cfg.n_head), 2)
   end
-  local pad = cfg.pad_vocab or 1
-  cfg.padded_vocab_size = math.ceil(cfg.vocab_size / pad) * pad
+  parallel.divides("gpt2", n, { { "n_head", cfg.n_head, "each rank takes n_head / tp heads" } })
+  cfg.padded_vocab_size = parallel.padded_vocab(cfg.vocab_size, cfg.pad_vocab, n)
   cfg.tie_embeddings = cfg.tie_embeddings ~= false
-  return GPT(cfg, o)
+  local model = GPT(cfg, o)
+  if n > 1 then parallel.gpt2(model, o.tp, o.sequence_parallel) end
+  return model
 end
 
 return M

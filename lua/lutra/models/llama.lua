@@ -14,6 +14,7 @@ local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
+local parallel = require "lutra.models.parallel"
 
 local M = {}
 
@@ -75,7 +76,7 @@ Layer.fuses_carry = Layer.forward -- (it takes pending and carry: lutra.models.r
 
 local Body = nn.Module:extend("LlamaModel")
 function Body:init(cfg, o)
-  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim, o)
+  self.embed_tokens = nn.Embedding(cfg.padded_vocab_size, cfg.dim, o)
   local layers = {}
   for i = 1, cfg.n_layers do layers[i] = Layer(cfg, o) end
   self.layers = nn.ModuleList(layers)
@@ -88,11 +89,20 @@ M.Llama = Llama
 function Llama:init(cfg, o)
   self.config = cfg
   self.model = Body(cfg, o)
-  self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, { bias = false, dtype = o.dtype, device = o.device, init = false })
+  self.lm_head = nn.Linear(cfg.dim, cfg.padded_vocab_size,
+    { bias = false, dtype = o.dtype, device = o.device, init = false })
   if cfg.tie_embeddings then self.lm_head.weight = self.model.embed_tokens.weight end -- one tensor, stored once
+  -- (a vocabulary padded for tensor parallelism: the extra rows zero, the draws the unpadded model's)
+  local padded = cfg.padded_vocab_size ~= cfg.vocab_size
   autograd.no_grad(function()
     for _, np in ipairs(self:named_parameters()) do
-      if not np[1]:match("norm") then np[2]:normal_(0, 0.02, o.generator) end
+      local name, p = np[1], np[2]
+      if padded and (name == "model.embed_tokens.weight" or name == "lm_head.weight") then
+        p:zero_()
+        p:narrow(1, 1, cfg.vocab_size):normal_(0, 0.02, o.generator)
+      elseif not name:match("norm") then
+        p:normal_(0, 0.02, o.generator)
+      end
     end
   end)
 end
@@ -112,8 +122,14 @@ function Llama:hidden(idx, kv)
   return y
 end
 
---- model(idx[, kv]) -> logits (B, T, V), as model:hidden.
-function Llama:forward(idx, kv) return self.lm_head(self:hidden(idx, kv)) end
+--- model(idx[, kv[, padded]]) -> logits (B, T, V), as model:hidden
+-- (padded = true: the padded vocabulary's columns too).
+function Llama:forward(idx, kv, padded)
+  local cfg = self.config
+  local logits = self.lm_head(self:hidden(idx, kv))
+  if cfg.padded_vocab_size ~= cfg.vocab_size and not padded then logits = logits:narrow(3, 1, cfg.vocab_size) end
+  return logits
+end
 
 --- model:loss(idx, targets[, opts]) -> mean loss over counted tokens, their
 -- count (opts as F.cross_entropy's): the head and the loss as one op where
@@ -121,9 +137,12 @@ function Llama:forward(idx, kv) return self.lm_head(self:hidden(idx, kv)) end
 -- (also wrapped by lt.dist.Zero's stage 3; one overridden runs as
 -- model(idx)).
 function Llama:loss(idx, targets, opts)
+  local cfg = self.config
+  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+  for k, v in pairs(opts or {}) do o[k] = v end
   local run = head.runner(self, Llama.forward)
-  if not run then return F.cross_entropy(self(idx), targets, opts) end
-  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, opts) end)
+  if not run then return F.cross_entropy(self(idx, nil, true), targets, o) end
+  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, o) end)
 end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 Llama.loss_is_cross_entropy = Llama.loss
@@ -131,11 +150,17 @@ Llama.loss_is_cross_entropy = Llama.loss
 --- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len,
 -- tie_embeddings (false: the head its own (vocab_size, dim) weight; true: the
--- head is the token embedding); dtype, device, generator.
+-- head is the token embedding), pad_vocab (the embedding and head rows
+-- rounded up to a multiple; logits keep vocab_size columns); dtype, device, generator; tp (a
+-- tensor-parallel process group: built whole, then each rank keeps its
+-- shards, lutra.models.parallel; n_heads and ffn_dim must divide by its
+-- size, and n_kv_heads divide by it or it by n_kv_heads; the vocabulary is
+-- padded to a multiple of it) and sequence_parallel (with tp).
 function M.llama(name, overrides)
   local cfg, o = mconfig.resolve("llama", M.configs, name, overrides)
+  local n = o.tp ~= nil and parallel.check_group("llama", o.tp) or 1
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
-    rope_theta = 2, norm_eps = 2, tie_embeddings = 3 }
+    rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1 }
   for k, v in pairs(cfg) do
     if not known[k] then
       local names = {}
@@ -165,7 +190,16 @@ function M.llama(name, overrides)
   cfg.norm_eps = cfg.norm_eps or 1e-5
   cfg.max_seq_len = cfg.max_seq_len or 2048
   cfg.tie_embeddings = cfg.tie_embeddings == true
-  return Llama(cfg, o)
+  parallel.divides("llama", n, { { "n_heads", cfg.n_heads, "each rank takes n_heads / tp query heads" },
+    { "ffn_dim", cfg.ffn_dim, "each rank takes ffn_dim / tp of the MLP's hidden units" } })
+  if not parallel.kv_split(cfg.n_kv_heads, n) then
+    error(("llama: n_kv_heads %d and tp %d: the key/value heads can neither be split (n_kv_heads divides by tp) nor replicated (tp divides by n_kv_heads)")
+      :format(cfg.n_kv_heads, n), 2)
+  end
+  cfg.padded_vocab_size = parallel.padded_vocab(cfg.vocab_size, cfg.pad_vocab, n)
+  local model = Llama(cfg, o)
+  if n > 1 then parallel.llama(model, o.tp, o.sequence_parallel) end
+  return model
 end
 
 return M

@@ -10,6 +10,7 @@ local runtime = require "lutra.runtime"
 local cuda = require "lutra.cuda"
 local json = require "lutra.json"
 local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -56,12 +57,16 @@ function M.default_peak(device)
 end
 
 --- lt.train.log.flops_per_token(model, T) -> llm.c's FLOPs per token for a
--- GPT with a config (n_layer, n_embd) at sequence length T: 6N + 6 L C T;
--- nil for a model without that config.
+-- transformer with a config (GPT-2's n_layer, n_embd or Llama's n_layers,
+-- dim) at sequence length T: 6N + 6 L C T, N the whole model's parameters
+-- (a tensor-parallel model's shards counted whole); nil for a model
+-- without that config.
 function M.flops_per_token(model, T)
   local cfg = model.config
-  if not cfg or not cfg.n_layer or not cfg.n_embd then return nil end
-  return 6 * model:num_parameters() + 6 * cfg.n_layer * cfg.n_embd * T
+  if not cfg then return nil end
+  local L, C = cfg.n_layer or cfg.n_layers, cfg.n_embd or cfg.dim
+  if not L or not C then return nil end
+  return 6 * records.num_parameters(model) + 6 * L * C * T
 end
 
 --- lt.train.log.memory_now(device) -> bytes in live tensors now, their peak

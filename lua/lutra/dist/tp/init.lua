@@ -12,8 +12,12 @@
 -- same order, as for any collective.
 local M = {}
 
-for _, part in ipairs { "regions", "records", "linear" } do
-  for k, v in pairs(require("lutra.dist.tp." .. part)) do M[k] = v end
+local regions = require "lutra.dist.tp.regions"
+local records = require "lutra.dist.tp.records"
+local linear = require "lutra.dist.tp.linear"
+
+for _, part in ipairs { regions, records, linear } do
+  for k, v in pairs(part) do M[k] = v end
 end
 
 return M

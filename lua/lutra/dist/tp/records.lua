@@ -60,6 +60,16 @@ function M.sharded(model)
   return out
 end
 
+--- records.num_parameters(model) -> the whole model's parameter elements
+-- (a shard counts for the group's size of it; tied weights once; a padded
+-- vocabulary's rows included), as model:num_parameters() of one process.
+function M.num_parameters(model)
+  local g, by = rawget(model, "tp_group"), M.sharded(model)
+  local n = 0
+  for _, p in ipairs(model:parameters()) do n = n + p:numel() * ((by[p] and g) and g:size() or 1) end
+  return n
+end
+
 --- records.group(model) -> the model's tensor-parallel group, or nil for a
 -- model that is not tensor-parallel (or a group of one rank).
 function M.group(model)

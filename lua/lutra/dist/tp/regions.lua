@@ -21,6 +21,29 @@ local comm = require "lutra.dist.comm"
 
 local M = {}
 
+--- regions.stats: what lt.dist.tp has communicated since
+-- regions.reset_stats(): {[op] = {calls =, bytes =}} for op "all_reduce",
+-- "all_gather", "reduce_scatter". bytes counts each message at its whole
+-- size, as Megatron-LM's papers count them (Korthikanti et al. 2022, 4.2.2:
+-- an all-reduce of a (b, s, h) activation is b s h elements; an all-gather
+-- the gathered tensor; a reduce-scatter the tensor reduced), in the
+-- tensors' dtype; what a ring moves per rank is 2 (n-1)/n of it for an
+-- all-reduce and (n-1)/n for the others.
+M.stats = {}
+
+--- regions.reset_stats(): counts from zero.
+function M.reset_stats()
+  for _, op in ipairs { "all_reduce", "all_gather", "reduce_scatter" } do M.stats[op] = { calls = 0, bytes = 0 } end
+end
+M.reset_stats()
+
+--- regions.count(op, bytes): one message of op ("all_reduce", ...) of that whole size, into regions.stats.
+function M.count(op, bytes)
+  local s = M.stats[op]
+  s.calls, s.bytes = s.calls + 1, s.bytes + bytes
+end
+local count = M.count
+
 --- regions.check_group(what, g): raises "<what>: expected a process
 -- group ..." at the caller's caller when g is not one.
 function M.check_group(what, g)
@@ -63,6 +86,7 @@ local copy_fn = autograd.Function {
     return x -- (handed out as an alias in the graph: no copy)
   end,
   backward = function(ctx, dy)
+    count("all_reduce", dy:nbytes())
     return comm.all_reduce(dy:contiguous(), { group = ctx.group })
   end,
 }
@@ -80,6 +104,7 @@ end
 -- row-parallel layer summed.
 local reduce_fn = autograd.Function {
   forward = function(_, x, g)
+    count("all_reduce", x:nbytes())
     return comm.all_reduce(x:contiguous(), { group = g })
   end,
   backward = function(_, dy) return dy end,
@@ -96,6 +121,7 @@ local gather_fn = autograd.Function {
   forward = function(ctx, x, g)
     ctx.group = g
     -- all_gather concatenates along dim 1, rank after rank: cut and put side by side
+    count("all_gather", x:nbytes() * g:size())
     local all = comm.all_gather(x:contiguous(), { group = g })
     local rows, parts = x:size(1), {}
     for r = 0, g:size() - 1 do parts[#parts + 1] = all:narrow(1, r * rows + 1, rows) end
@@ -143,9 +169,13 @@ end
 local gather_rows_fn = autograd.Function {
   forward = function(ctx, x, g)
     ctx.group = g
+    count("all_gather", x:nbytes() * g:size())
     return comm.all_gather(x, { group = g })
   end,
-  backward = function(ctx, dy) return comm.reduce_scatter(dy:contiguous(), { group = ctx.group }) end,
+  backward = function(ctx, dy)
+    count("reduce_scatter", dy:nbytes())
+    return comm.reduce_scatter(dy:contiguous(), { group = ctx.group })
+  end,
 }
 --- regions.gather_rows(x, group) -> (N * n, C): the ranks' row slices (N, C)
 -- whole, rank order; backward reduce-scatters the gradient (the partial
@@ -162,9 +192,13 @@ end
 local reduce_scatter_rows_fn = autograd.Function {
   forward = function(ctx, x, g)
     ctx.group = g
+    count("reduce_scatter", x:nbytes())
     return comm.reduce_scatter(x, { group = g })
   end,
-  backward = function(ctx, dy) return comm.all_gather(dy:contiguous(), { group = ctx.group }) end,
+  backward = function(ctx, dy)
+    count("all_gather", dy:nbytes() * ctx.group:size())
+    return comm.all_gather(dy:contiguous(), { group = ctx.group })
+  end,
 }
 --- regions.reduce_scatter_rows(x, group) -> (N / n, C): this rank's rows of
 -- the sum of x over the group (x (..., C), N rows when flattened, N
@@ -181,7 +215,10 @@ local scatter_rows_fn = autograd.Function {
     local k = x:size(1) / g:size()
     return x:narrow(1, g:rank() * k + 1, k):contiguous()
   end,
-  backward = function(ctx, dy) return comm.all_gather(dy:contiguous(), { group = ctx.group }) end,
+  backward = function(ctx, dy)
+    count("all_gather", dy:nbytes() * ctx.group:size())
+    return comm.all_gather(dy:contiguous(), { group = ctx.group })
+  end,
 }
 --- regions.scatter_rows(x, group) -> (N / n, C): this rank's rows of a
 -- tensor every rank holds whole (x (..., C), N rows flattened, dividing by
