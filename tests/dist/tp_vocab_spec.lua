@@ -191,6 +191,30 @@ H.test("bf16 logits reduce in f32: close to the f32 loss, the gradient in bf16",
   got:backward()
   assert(lb.grad.dtype == "bf16", "the gradient in the logits' dtype")
   H.close(got, want, 1e-5, "bf16 loss (f32 reductions)")
+  -- the fused head: its loss f32 as F.linear_cross_entropy's, y's and the head's gradients bf16
+  local y = lt.randn({ 6, 4 }, { generator = lt.Generator(28) }):to("bf16")
+  local wt = lt.randn({ V, 4 }, { generator = lt.Generator(29) }):to("bf16")
+  local lw = F.linear_cross_entropy(y, wt, t)
+  local yb, wb = y:detach():requires_grad_(), rows(wt, g):requires_grad_()
+  local lf = tp.linear_cross_entropy(tp.copy_to_region(yb, g), wb, t, g)
+  lf:backward()
+  assert(lf.dtype == lw.dtype and yb.grad.dtype == "bf16" and wb.grad.dtype == "bf16", "fused bf16 dtypes")
+  H.close(lf, lw, 1e-5, "fused bf16 loss")
+end)
+
+H.test("the gradient buffer is used once: a second backward (retain_graph) says so", function(_, w)
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  if g:size() == 1 then return end
+  local V = 2 * g:size()
+  local t = ids({ 0, V - 1, 1 }, { 3 })
+  local ls = randn(lt.Generator(30), { 3, 2 }):requires_grad_()
+  local loss = tp.vocab_parallel_cross_entropy(ls, t, g)
+  loss:backward({ retain_graph = true })
+  H.raises(function() loss:backward() end, "vocab_parallel_cross_entropy: its backward ran twice")
+  local y, ws = randn(lt.Generator(31), { 3, 4 }):requires_grad_(), randn(lt.Generator(32), { 2, 4 }):requires_grad_()
+  local lf = tp.linear_cross_entropy(y, ws, t, g)
+  lf:backward({ retain_graph = true })
+  H.raises(function() lf:backward() end, "linear_cross_entropy: its backward ran twice")
 end)
 
 -- ---- linear_cross_entropy -------------------------------------------------------------

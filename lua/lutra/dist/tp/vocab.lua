@@ -177,7 +177,11 @@ local function softmax_rows(x, t, g, classes, ignore)
   local W = x:size(2)
   local lo = span(g, W)
   local valid = math.max(0, math.min(W, classes - lo)) -- this rank's real columns
-  if valid < W then x:narrow(2, valid + 1, W - valid):fill_(-INF) end -- padding: no probability
+  if valid < W then -- padding: no probability
+    local pad = x:narrow(2, valid + 1, W - valid)
+    pad:fill_(-INF)
+    pad:free() -- (the view lets go of the buffer now: the backward frees it)
+  end
   local ignored = t:eq(ignore)
   local counted = t:ne(ignore)
   local lt_, ge_ = t:lt(lo), t:ge(lo + valid)
@@ -226,6 +230,19 @@ local function rows_and_targets(op, g, logits, targets, lname)
   return logits:reshape(-1, W), targets:reshape(-1)
 end
 
+-- the forward's (N, V/n) gradient buffer, handed over once: the backward
+-- uses it up (in place, then freed), so it never outlives the step waiting
+-- for Lua's garbage collector; a second backward through the same graph
+-- (retain_graph) is an error saying so
+local function used_up(ctx, op)
+  local G = ctx.grad
+  if not G then
+    error(op .. ": its backward ran twice (retain_graph): the forward's gradient buffer is used up by the first", 0)
+  end
+  ctx.grad = nil
+  return G
+end
+
 local vce_fn = autograd.Function {
   forward = function(ctx, logits, targets, g, ignore, red, classes)
     local x2, t = logits:reshape(-1, logits:size(-1)), targets:reshape(-1)
@@ -239,7 +256,8 @@ local vce_fn = autograd.Function {
     return total / ctx.denom
   end,
   backward = function(ctx, dloss)
-    local cd = ctx.grad.dtype
+    local G = used_up(ctx, "vocab_parallel_cross_entropy")
+    local cd = G.dtype
     local scale -- (N) d(loss)/d(row loss), 0 on the rows that do not count
     if ctx.red == "none" then
       scale = dloss:reshape(-1):to(cd) * ctx.counted
@@ -248,8 +266,11 @@ local vce_fn = autograd.Function {
     else
       scale = ctx.counted * (dloss:to(cd) / ctx.denom)
     end
-    local dx = ctx.grad * scale:unsqueeze(2)
-    return dx:to(ctx.dtype):view(ctx.shape), nil
+    G:mul_(scale:unsqueeze(2)) -- (in place: the buffer becomes the logits' gradient)
+    if G.dtype == ctx.dtype then return G:view(ctx.shape), nil end
+    local dx = G:to(ctx.dtype)
+    G:free()
+    return dx:view(ctx.shape), nil
   end,
 }
 
@@ -291,7 +312,11 @@ local lce_fn = autograd.Function {
   forward = function(ctx, y, w, targets, g, ignore, red, classes)
     local y2, t = y:reshape(-1, y:size(-1)):contiguous(), targets:reshape(-1)
     local x = tensor.matmul(y2, w:t()) -- (N, V/n): the one buffer
-    if is_half(x) then x = x:to("f32") end -- (bf16/f16: reduced in f32)
+    if is_half(x) then -- (bf16/f16: reduced in f32)
+      local h = x
+      x = h:to("f32")
+      h:free()
+    end
     local loss, grad, counted = softmax_rows(x, t, g, classes, ignore)
     local total = loss:sum()
     local scale = counted
@@ -303,17 +328,31 @@ local lce_fn = autograd.Function {
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] then
       -- the gradient for a loss gradient of 1, kept in the product's dtype
       grad:mul_(scale:unsqueeze(2))
-      ctx.grad = grad.dtype == y.dtype and grad or grad:to(y.dtype)
+      if grad.dtype == y.dtype then
+        ctx.grad = grad
+      else
+        ctx.grad = grad:to(y.dtype)
+        grad:free()
+      end
       ctx.y2, ctx.w, ctx.shape = y2, w, y:shape()
+    else
+      grad:free() -- (no gradient wanted: the buffer goes now)
     end
     return total:to(is_half(y) and "f32" or y.dtype)
   end,
   backward = function(ctx, dloss)
-    local G, d = ctx.grad, dloss:to(ctx.grad.dtype)
+    local G = used_up(ctx, "linear_cross_entropy")
+    local d = dloss:to(G.dtype)
     local dy, dw
     -- the (N, C) and (V/n, C) products scaled, not the (N, V/n) buffer
-    if ctx.needs_input_grad[1] then dy = (tensor.matmul(G, ctx.w) * d):view(ctx.shape) end
-    if ctx.needs_input_grad[2] then dw = tensor.matmul(G:t(), ctx.y2) * d end
+    if ctx.needs_input_grad[1] then dy = tensor.matmul(G, ctx.w):mul_(d):view(ctx.shape) end
+    if ctx.needs_input_grad[2] then
+      local Gt = G:t()
+      dw = tensor.matmul(Gt, ctx.y2):mul_(d)
+      Gt:free() -- (a view holds the storage too)
+    end
+    G:free()
+    ctx.y2, ctx.w = nil, nil
     return dy, dw, nil
   end,
 }
