@@ -184,9 +184,9 @@ local function softmax_rows(x, t, g, classes, ignore)
   end
   local ignored = t:eq(ignore)
   local counted = t:ne(ignore)
-  local lt_, ge_ = t:lt(lo), t:ge(lo + valid)
-  local here = counted:minimum(t:ge(lo):minimum(t:lt(lo + valid)))
-  local there = ignored:maximum(lt_:maximum(ge_))
+  -- (bool and / or as minimum / maximum)
+  local here = counted:minimum(t:ge(lo):minimum(t:lt(lo + valid))) -- counted, and this rank's column
+  local there = ignored:maximum(t:lt(lo):maximum(t:ge(lo + valid))) -- the others
   local idx = (t - lo):masked_fill(there, 0):unsqueeze(2) -- (N, 1) local column of the target
   -- the target's logit, from the rank that holds it
   local xt = x:gather(2, idx):view(-1):masked_fill(there, 0)
@@ -249,6 +249,10 @@ local vce_fn = autograd.Function {
     local x = is_half(x2) and x2:to("f32") or x2:clone()
     local loss, grad, counted = softmax_rows(x, t, g, classes, ignore)
     ctx.grad, ctx.counted, ctx.red, ctx.shape, ctx.dtype = grad, counted, red, logits:shape(), logits.dtype
+    if not ctx.needs_input_grad[1] then -- (no gradient wanted: the buffer goes now)
+      grad:free()
+      ctx.grad = nil
+    end
     if red == "none" then return loss:view(targets:shape()) end
     local total = loss:sum()
     if red == "sum" then return total end
@@ -338,7 +342,7 @@ local lce_fn = autograd.Function {
     else
       grad:free() -- (no gradient wanted: the buffer goes now)
     end
-    return total:to(is_half(y) and "f32" or y.dtype)
+    return total -- (f32 for bf16/f16, as F.linear_cross_entropy's)
   end,
   backward = function(ctx, dloss)
     local G = used_up(ctx, "linear_cross_entropy")
