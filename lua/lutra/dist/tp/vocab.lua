@@ -187,9 +187,13 @@ local function softmax_rows(x, t, g, classes, ignore)
   -- (bool and / or as minimum / maximum)
   local here = counted:minimum(t:ge(lo):minimum(t:lt(lo + valid))) -- counted, and this rank's column
   local there = ignored:maximum(t:lt(lo):maximum(t:ge(lo + valid))) -- the others
-  local idx = (t - lo):masked_fill(there, 0):unsqueeze(2) -- (N, 1) local column of the target
-  -- the target's logit, from the rank that holds it
-  local xt = x:gather(2, idx):view(-1):masked_fill(there, 0)
+  -- the target's element of the flattened x (column 0 where another rank
+  -- holds it): index_select / index_add_, whose range checks do not wait
+  -- for a GPU (gather / scatter_add_'s do)
+  local N = x:size(1)
+  local at = tensor.arange(N, { dtype = "i64", device = x.device }) * W + (t - lo):masked_fill(there, 0):to("i64")
+  local flat = x:view(-1)
+  local xt = flat:index_select(1, at):masked_fill(there, 0) -- the target's logit, from the rank that holds it
   local m = x:max(2)
   m = m:contiguous()
   comm.all_reduce(m, { op = "max", group = g })
@@ -202,8 +206,8 @@ local function softmax_rows(x, t, g, classes, ignore)
   xt, s = both:select(1, 1), both:select(1, 2)
   local loss = (s:log() + m - xt):masked_fill(ignored, 0)
   x:div_(s:unsqueeze(2))
-  local hf = here:to(x.dtype):unsqueeze(2)
-  x:scatter_add_(2, idx, -hf)
+  flat:index_add_(1, at, -here:to(x.dtype)) -- minus the one-hot target
+  flat:free() -- (the view lets go of the buffer: the backward frees it)
   return loss, x, counted:to(x.dtype)
 end
 
