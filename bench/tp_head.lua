@@ -47,6 +47,7 @@ for _ = 1, iters do loss = step() end
 lt.dist.barrier()
 local ms = (lt.clock() - start) * 1000 / iters
 if rank == 0 then
-  print(("%s tp=%d threads=%d N=%d C=%d V=%d (%d columns a rank): loss %.6f, %.1f ms a step (fwd+bwd), peak extra %.1f MiB (one (N, V/n) f32 buffer: %.1f MiB)")
+  print(("%s tp=%d threads=%d N=%d C=%d V=%d (%d columns a rank): loss %.6f, %.1f ms a step (fwd+bwd), "
+    .. "peak extra %.1f MiB (one (N, V/n) f32 buffer: %.1f MiB)")
     :format(impl, world, lt.get_num_threads(), N, C, V, W, loss:item(), ms, extra / 2^20, N * W * 4 / 2^20))
 end

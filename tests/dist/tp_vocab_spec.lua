@@ -236,7 +236,8 @@ local function check_lce(name, g, y, wt, t, opts, sp)
   H.close(ws.grad, rows(ww.grad, g), TOL, name .. ": the rank's rows of the head's gradient")
 end
 
-H.test("linear_cross_entropy equals F.linear_cross_entropy: mean, sum, ignored rows, classes, (B, T, C), SP", function(_, w)
+H.test("linear_cross_entropy equals F.linear_cross_entropy: mean, sum, ignored rows, classes, (B, T, C), SP",
+function(_, w)
   for _, case in ipairs(groups_to_test(w)) do
     local name, g = case[1], case[2]
     local n = g:size()

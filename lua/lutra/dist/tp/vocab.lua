@@ -101,8 +101,8 @@ function M.VocabParallelEmbedding:forward(ids)
   local ok, err = pcall(F.embedding, ids, tensor.empty({ V, 0 }, { dtype = self.weight.dtype, device = ids.device }))
   if not ok then
     local v, pos = tostring(err):match("index (%-?%d+) %(position (%d+)")
-    refuse(g, v and ("VocabParallelEmbedding: id %s at position %s (1-based) of the ids is outside the vocabulary [0, %d)"
-      .. " (ids are 0-based)"):format(v, pos, V) or "VocabParallelEmbedding: " .. tostring(err), 3)
+    refuse(g, v and ("VocabParallelEmbedding: id %s at position %s (1-based) of the ids is outside the"
+      .. " vocabulary [0, %d) (ids are 0-based)"):format(v, pos, V) or "VocabParallelEmbedding: " .. tostring(err), 3)
   end
   local lo = span(g, W)
   local flat = ids:reshape(-1)
@@ -139,7 +139,9 @@ local function loss_options(op, g, opts, V, reductions)
       or "'mean' or 'sum'", tostring(red)))
   end
   local ignore = opts.ignore_index or -100
-  if type(ignore) ~= "number" or ignore ~= math.floor(ignore) then refuse(g, op .. ": ignore_index must be a whole number") end
+  if type(ignore) ~= "number" or ignore ~= math.floor(ignore) then
+    refuse(g, op .. ": ignore_index must be a whole number")
+  end
   if opts.count ~= nil and type(opts.count) ~= "boolean" then refuse(g, op .. ": count must be true or false") end
   local classes = opts.classes or 0
   if type(classes) ~= "number" or classes ~= math.floor(classes) or classes < 0 or classes > V then
