@@ -276,6 +276,7 @@ ref:
 	/usr/bin/python3 tests/ref/gen_safetensors.py tests/ref
 	/usr/bin/python3 tests/ref/gen_optim.py tests/ref/optim.json
 	/usr/bin/python3 tests/ref/gen_hf.py write tests/ref/hf
+	/usr/bin/python3 tests/ref/gen_tp.py tests/ref/tp_ce.json
 
 bench: lutra data/gpt2.tiktoken
 	./lutra bench/ops.lua

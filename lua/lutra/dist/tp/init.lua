@@ -7,6 +7,8 @@
 --                scatter_rows) and shard(), the slicing of a whole tensor
 --   records.lua  which parameters are shards (mark, plan, sharded, group)
 --   linear.lua   ColumnParallelLinear, RowParallelLinear
+--   vocab.lua    VocabParallelEmbedding, vocab_parallel_cross_entropy,
+--                linear_cross_entropy (the vocabulary split across ranks)
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the
 -- same order, as for any collective.
@@ -15,8 +17,9 @@ local M = {}
 local regions = require "lutra.dist.tp.regions"
 local records = require "lutra.dist.tp.records"
 local linear = require "lutra.dist.tp.linear"
+local vocab = require "lutra.dist.tp.vocab"
 
-for _, part in ipairs { regions, records, linear } do
+for _, part in ipairs { regions, records, linear, vocab } do
   for k, v in pairs(part) do M[k] = v end
 end
 
