@@ -6,7 +6,8 @@
 -- same collectives on CPU tensors (MPI), and lt.dist.tp's layers (the
 -- column-GELU-row MLP, gather_output, sequence parallelism) on CUDA tensors
 -- against one process computing the whole layers on the CPU: outputs and
--- every gradient. Bitwise on 2 ranks, where one addition has no order; on
+-- every gradient; DataParallel and ZeRO-3 training gpt2-tiny on CUDA
+-- against one process on CUDA. Bitwise on 2 ranks, where one addition has no order; on
 -- more, NCCL's order of the sum (rank order on the emulator, a ring on a
 -- GPU) may differ from MPI's: within 1e-6 of the largest value (f32; bf16:
 -- one bf16 rounding, 2^-8). Every rank's result is checked to be bitwise
@@ -214,6 +215,62 @@ H.test("gather_output and an input the row layer slices itself, on CUDA", functi
   y:sum():backward()
   H.close(y:to("cpu"), want, TOL, "output")
   H.close(xt.grad:to("cpu"), xw.grad, TOL, "input gradient")
+end)
+
+-- ---- data parallelism on CUDA: buckets all-reduced during backward, ZeRO-3's shards --------
+
+local STEPS, B, T = 2, 2, 8
+
+-- this rank's slice of the global batches (slice nil: all of them), the same on every rank
+local function batches(w, slice)
+  local g = lt.Generator(77)
+  local out = {}
+  for i = 1, STEPS do
+    local ids = lt.randint(0, 512, { B * w, T + 1 }, { generator = g })
+    if slice then ids = ids:narrow(1, slice * B + 1, B) end
+    out[i] = { ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous() }
+  end
+  local i = 0
+  return { next = function()
+    i = i + 1
+    if out[i] then return out[i][1], out[i][2] end
+  end }
+end
+
+-- STEPS AdamW steps of gpt2-tiny on CUDA; stage nil: one process on the whole global batch
+local function train_cuda(stage, r, w)
+  local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) }):to(CUDA)
+  local settings = { lr = 3e-3, betas = { 0.9, 0.95 }, weight_decay = 0.1 }
+  local ddp, opt
+  if stage == nil then
+    opt = lt.optim.AdamW(model, settings)
+  else
+    ddp = lt.dist.DataParallel(model, { gradients = stage >= 2 and "none" or "all_reduce", bucket_mb = 0.05 })
+    if stage == 0 then opt = lt.optim.AdamW(model, settings) else
+      settings.stage = stage
+      opt = lt.dist.Zero(model, settings)
+    end
+  end
+  local losses = {}
+  lt.train { model = model, optimizer = opt, train = batches(w, stage and r), steps = STEPS, clip = 0.5, quiet = true,
+    out_dir = os.tmpname() .. "-cuda", ddp = ddp, on_step = function(rec) losses[rec.step] = rec.loss end }
+  if opt.unshard then opt:unshard() end
+  return model, losses
+end
+
+H.test("DataParallel and ZeRO-3 on CUDA match one process on the global batch (2 f32 AdamW steps)", function(r, w)
+  local ref, ref_losses = train_cuda(nil, r, w)
+  for _, stage in ipairs { 0, 3 } do
+    local model, losses = train_cuda(stage, r, w)
+    local what = stage == 0 and "DataParallel" or "ZeRO-3"
+    for s = 1, STEPS do
+      local rel = math.abs(losses[s] - ref_losses[s]) / math.abs(ref_losses[s])
+      assert(rel < 1e-5, ("%s step %d: loss %.8f vs one process %.8f"):format(what, s, losses[s], ref_losses[s]))
+    end
+    local a, b = model:parameters(), ref:parameters()
+    for i = 1, #a do H.close(a[i]:to("cpu"), b[i]:to("cpu"), 1e-4, what .. ": parameter " .. i) end
+    same_everywhere(a[1]:to("cpu"):view(-1), what .. ": the first parameter")
+  end
 end)
 
 H.run("tests/dist/cuda_spec.lua")
