@@ -48,7 +48,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,8 +60,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace nccl_emu {
@@ -190,11 +191,23 @@ template <> struct arith<__half> {
   static __half store(acc v) { return __float2half(v); }
 };
 
-template <class A> A combine(ncclRedOp_t op, A a, A b) {
+/* (integers wrap, as on a GPU: summed as unsigned) */
+template <class A> typename std::enable_if<std::is_integral<A>::value, A>::type combine(ncclRedOp_t op, A a, A b) {
+  typedef typename std::make_unsigned<A>::type U;
+  switch (op) {
+  case ncclProd: return (A)(U)((U)a * (U)b);
+  case ncclMax: return std::max(a, b);
+  case ncclMin: return std::min(a, b);
+  default: return (A)(U)((U)a + (U)b); /* sum, avg */
+  }
+}
+/* (floats: NaN-ignoring max and min, as fmaxf) */
+template <class A> typename std::enable_if<std::is_floating_point<A>::value, A>::type combine(ncclRedOp_t op, A a,
+                                                                                              A b) {
   switch (op) {
   case ncclProd: return a * b;
-  case ncclMax: return std::is_floating_point<A>::value ? (A)fmax((double)a, (double)b) : std::max(a, b);
-  case ncclMin: return std::is_floating_point<A>::value ? (A)fmin((double)a, (double)b) : std::min(a, b);
+  case ncclMax: return std::fmax(a, b);
+  case ncclMin: return std::fmin(a, b);
   default: return a + b; /* sum, avg */
   }
 }
