@@ -210,6 +210,10 @@ $(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(EMU_RUNTIME) tests/emu/cuda
 # and of its cuDNN: graphs computed as documented, mistakes refused
 $(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(EMU_RUNTIME) $(EMU_CUDNN)
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(EMU_CUDNN) $(PKG_LIBS) -lpthread
+# and of its NCCL of several ranks (forked processes)
+$(BUILD)/tests/emu/nccl_selftest: tests/emu/nccl_selftest.cc $(EMU_RUNTIME) $(BUILD)/tests/emu/nccl.o \
+                                  $(BUILD)/tests/emu/nccl_ranks.o
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(BUILD)/tests/emu/nccl.o $(BUILD)/tests/emu/nccl_ranks.o -lrt -lpthread
 endif
 
 $(BUILD)/%.o: %.c $(CONFIG_DEP)
@@ -301,7 +305,7 @@ asan:
 # CPU (tests/run.sh runs them when build-emu/lutra exists)
 emu:
 	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra build-emu/tests/emu/selftest \
-	  build-emu/tests/emu/cudnn_selftest
+	  build-emu/tests/emu/cudnn_selftest build-emu/tests/emu/nccl_selftest
 
 # the GPU checks on the CUDA emulator under AddressSanitizer and UBSan: a
 # kernel that reads or writes past its tensors (or a freed one) is caught

@@ -112,6 +112,10 @@ if ! gpu_checks "GPU checks" ./lutra; then
     out=$(build-emu/tests/emu/cudnn_selftest 2>&1)
     echo "$out" | grep -v 'passed, [0-9]* failed$' | sed 's/^/   /'
     count_line "CUDA emulator's cuDNN selftest" "$(echo "$out" | grep -E '^cudnn selftest: [0-9]+ passed, [0-9]+ failed$')"
+    # (its NCCL's refusals print their messages to stderr: expected, not shown)
+    out=$(build-emu/tests/emu/nccl_selftest 2>/dev/null)
+    echo "$out" | grep -E '^(not ok|FAIL)' | sed 's/^/   /'
+    count_line "CUDA emulator's NCCL selftest (3 ranks)" "$(echo "$out" | grep -E '^nccl selftest: [0-9]+ passed, [0-9]+ failed$')"
     traces=$(mktemp -d)
     LUTRA_EMU_TRACE=$traces/checks gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
