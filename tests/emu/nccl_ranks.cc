@@ -313,7 +313,8 @@ ncclResult_t nccl_emu::join(ncclComm *c, const ncclUniqueId &id) {
   if (fd < 0)
     return fail(ncclSystemError, "ncclCommInitRank: shm_open %s: %s", b.name, strerror(errno));
   struct stat st;
-  /* (only grown: a rank that says fewer ranks must not cut another's mapping) */
+  /* (grown, never cut, by the first ranks to come; ranks that disagree on
+     the count are refused below) */
   if (fstat(fd, &st) != 0 || ((size_t)st.st_size < c->map_bytes && ftruncate(fd, (off_t)c->map_bytes) != 0)) {
     int e = errno;
     close(fd);
