@@ -1,17 +1,22 @@
 -- tests/dist/cuda_spec.lua: lt.dist on CUDA tensors, one device per rank
--- (NCCL): the collectives of collectives_spec that NCCL has (all_reduce
--- sum/avg/max/min in f32, f64, bf16, i64, i32, u8; async; broadcast from
--- every root; all_gather and reduce_scatter of equal chunks; tensors larger
--- than the CUDA emulator's exchange slot, so they go in pieces) against the
--- same collectives on CPU tensors (MPI), and lt.dist.tp's layers (the
--- column-GELU-row MLP, gather_output, sequence parallelism) on CUDA tensors
--- against one process computing the whole layers on the CPU: outputs and
--- every gradient; DataParallel and ZeRO-3 training gpt2-tiny on CUDA
--- against one process on CUDA. Bitwise on 2 ranks, where one addition has no order; on
--- more, NCCL's order of the sum (rank order on the emulator, a ring on a
--- GPU) may differ from MPI's: within 1e-6 of the largest value (f32; bf16:
--- one bf16 rounding, 2^-8). Every rank's result is checked to be bitwise
--- the same as every other's.
+-- (NCCL), three ways:
+--   1. the collectives of collectives_spec that NCCL has (all_reduce
+--      sum/avg/max/min in f32, f64, bf16, f16, i64, i32, u8; async;
+--      broadcast from every root; all_gather and reduce_scatter of equal
+--      chunks; tensors larger than the CUDA emulator's exchange slot, so
+--      they go in pieces) against the same collectives on CPU tensors
+--      (MPI): bitwise on 2 ranks, where a sum has one addition; on more,
+--      NCCL's order of the sum (rank order on the emulator, a ring on a GPU)
+--      may differ from MPI's: within 1e-6 of the largest value (f32; bf16
+--      and f16, rounded at each addition by NCCL and once by MPI: 2^-8).
+--      Every rank's result is checked to be bitwise every other's;
+--   2. lt.dist.tp's layers (the column-GELU-row MLP, plain and sequence
+--      parallel, over the world and over tp=2 groups of a mesh;
+--      gather_output) in f64 on CUDA against one process computing the
+--      whole layers on the CPU: outputs and every gradient within 1e-12;
+--   3. DataParallel and ZeRO-3 training gpt2-tiny on CUDA (2 f32 AdamW
+--      steps) against one process on CUDA on the global batch: losses
+--      within 1e-5 relative, weights 1e-4.
 --
 -- Runs where lutra has a CUDA device per rank: on the CUDA emulator
 -- (build-emu/lutra, one emulated device per process; tests/run.sh runs it
@@ -63,14 +68,14 @@ local function against(got, want, what, summed, rel, own)
   if not own then same_everywhere(got, what) end
 end
 
-H.test("all_reduce sum, avg, max, min on CUDA equals MPI's on the CPU: f32, f64, bf16, i64, i32, u8", function(r, w)
-  for _, dt in ipairs { "f32", "f64", "bf16" } do
+H.test("all_reduce sum, avg, max, min on CUDA equals MPI's on the CPU: f32, f64, bf16, f16, i64, i32, u8", function(r, w)
+  for _, dt in ipairs { "f32", "f64", "bf16", "f16" } do
     for _, op in ipairs { "sum", "avg", "max", "min" } do
       local c, g = mine(r, 7, dt), mine(r, 7, dt):to(CUDA)
       lt.dist.all_reduce(c, { op = op })
       lt.dist.all_reduce(g, { op = op })
       local summed = op == "sum" or op == "avg"
-      against(g:to("cpu"), c, dt .. " " .. op, summed, dt == "bf16" and 2 ^ -8 or 1e-6)
+      against(g:to("cpu"), c, dt .. " " .. op, summed, (dt == "bf16" or dt == "f16") and 2 ^ -8 or 1e-6)
     end
   end
   for _, dt in ipairs { "i64", "i32" } do
