@@ -35,7 +35,7 @@ if ndev == 0 then
   skip = ("no CUDA device (%s)"):format(why or "unknown")
 elseif not emulated and ndev < world then
   -- (NCCL refuses two ranks of a communicator on one GPU; ranks on one node share its devices)
-  skip = ("%d CUDA devices for %d ranks: NCCL needs a device per rank"):format(ndev, world)
+  skip = ("%d CUDA device%s for %d ranks: NCCL needs a device per rank"):format(ndev, ndev == 1 and "" or "s", world)
 end
 if skip then
   if rank == 0 then print("# skipped: " .. skip) end
