@@ -85,7 +85,7 @@ ifeq ($(EMU)$(CUDA),11)
   # (its cuDNN: the API, finalizing graphs, running them)
   EMU_CUDNN := $(BUILD)/tests/emu/cudnn.o $(BUILD)/tests/emu/cudnn_graph.o $(BUILD)/tests/emu/cudnn_run.o
   EMU_OBJ := $(EMU_RUNTIME) $(BUILD)/tests/emu/cublaslt.o $(EMU_CUDNN) $(BUILD)/tests/emu/nccl.o \
-             $(BUILD)/tests/emu/libraries.o
+             $(BUILD)/tests/emu/nccl_ranks.o $(BUILD)/tests/emu/libraries.o
   EMU_REPLACES := host/cuda/libraries.c
   EMU_TEST_CFLAGS := -DLT_CUDA_EMU
   EMU_CXXFLAGS := -std=c++17 $(OPT) -g -fPIC -Ihost -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas \
@@ -199,7 +199,7 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_KERNEL_DEPS) tests/emu/cuda_
 	  -c $(BUILD)/kernels/cuda/$*.emu.cc -o $@
 
 $(BUILD)/tests/emu/%.o: tests/emu/%.cc tests/emu/cuda_emu.h tests/emu/emu_queue.h tests/emu/emu_runtime.h \
-                        tests/emu/cudnn_emu.h $(CONFIG_DEP)
+                        tests/emu/cudnn_emu.h tests/emu/nccl_emu.h $(CONFIG_DEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 
@@ -210,6 +210,10 @@ $(BUILD)/tests/emu/selftest: tests/emu/selftest.cu $(EMU_RUNTIME) tests/emu/cuda
 # and of its cuDNN: graphs computed as documented, mistakes refused
 $(BUILD)/tests/emu/cudnn_selftest: tests/emu/cudnn_selftest.cc $(EMU_RUNTIME) $(EMU_CUDNN)
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(EMU_CUDNN) $(PKG_LIBS) -lpthread
+# and of its NCCL of several ranks (forked processes)
+$(BUILD)/tests/emu/nccl_selftest: tests/emu/nccl_selftest.cc $(EMU_RUNTIME) $(BUILD)/tests/emu/nccl.o \
+                                  $(BUILD)/tests/emu/nccl_ranks.o
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(EMU_RUNTIME) $(BUILD)/tests/emu/nccl.o $(BUILD)/tests/emu/nccl_ranks.o -lrt -lpthread
 endif
 
 $(BUILD)/%.o: %.c $(CONFIG_DEP)
@@ -302,7 +306,7 @@ asan:
 # CPU (tests/run.sh runs them when build-emu/lutra exists)
 emu:
 	$(MAKE) -j$$(nproc) BUILD=build-emu EMU=1 LUTRA_OUT=build-emu/lutra build-emu/lutra build-emu/tests/emu/selftest \
-	  build-emu/tests/emu/cudnn_selftest
+	  build-emu/tests/emu/cudnn_selftest build-emu/tests/emu/nccl_selftest
 
 # the GPU checks on the CUDA emulator under AddressSanitizer and UBSan: a
 # kernel that reads or writes past its tensors (or a freed one) is caught

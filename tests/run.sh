@@ -112,6 +112,10 @@ if ! gpu_checks "GPU checks" ./lutra; then
     out=$(build-emu/tests/emu/cudnn_selftest 2>&1)
     echo "$out" | grep -v 'passed, [0-9]* failed$' | sed 's/^/   /'
     count_line "CUDA emulator's cuDNN selftest" "$(echo "$out" | grep -E '^cudnn selftest: [0-9]+ passed, [0-9]+ failed$')"
+    # (its NCCL's refusals print their messages to stderr: expected, not shown)
+    out=$(build-emu/tests/emu/nccl_selftest 2>/dev/null)
+    echo "$out" | grep -E '^(not ok|FAIL)' | sed 's/^/   /'
+    count_line "CUDA emulator's NCCL selftest (3 ranks)" "$(echo "$out" | grep -E '^nccl selftest: [0-9]+ passed, [0-9]+ failed$')"
     traces=$(mktemp -d)
     LUTRA_EMU_TRACE=$traces/checks gpu_checks "GPU checks (CUDA emulator)" build-emu/lutra
     # the linear checks again with cuBLASLt refusing the epilogues (lutra composes)
@@ -122,6 +126,26 @@ if ! gpu_checks "GPU checks" ./lutra; then
     done
     # cuDNN's checks again as cuDNN 9.5 (lutra's older-cuDNN paths: handles, mask value, accumulator, refusals)
     LUTRA_EMU_CUDNN_VERSION=90500 gpu_checks "cuDNN attention as cuDNN 9.5 (CUDA emulator)" build-emu/lutra cuDNN
+    # lt.dist on CUDA tensors over several ranks, a process and an emulated
+    # device each (tests/emu/nccl_ranks.cc): the collectives and lt.dist.tp's
+    # layers against the CPU on 2 and 4 ranks, then the emulated NCCL's
+    # answers to mismatched calls and a late rank
+    if ! command -v mpirun >/dev/null 2>&1 || ! build-emu/lutra --version 2>/dev/null | grep -q 'mpi: compiled in'; then
+      echo "== lt.dist on CUDA tensors (CUDA emulator): skipped: no mpirun, or build-emu/lutra without MPI"
+    else
+      mpirun="mpirun --oversubscribe"
+      [ "$(id -u)" -eq 0 ] && mpirun="$mpirun --allow-run-as-root"
+      for np in 2 4; do
+        timeout 120 $mpirun -np $np build-emu/lutra tests/dist/cuda_spec.lua >"$log" 2>&1
+        grep -A12 '^not ok' "$log" | sed 's/^/   /'
+        line=$(grep -E '^dist .* np=[0-9]+: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+        [ -z "$line" ] && { echo "   tests/dist/cuda_spec.lua on $np ranks did not finish:"; tail -20 "$log" | sed 's/^/   /'; }
+        count_line "lt.dist on CUDA tensors, $np ranks (CUDA emulator)" "$line"
+      done
+      timeout 60 $mpirun -x LUTRA_COMM_CHECK=0 -x LUTRA_EMU_NCCL_TIMEOUT=1 -np 2 build-emu/lutra \
+        tests/dist/jobs/cuda_nccl_faults.lua >"$log" 2>&1
+      count_run "the emulated NCCL's mismatched calls and late rank (2 ranks)" $? '^cuda nccl faults: ok$'
+    fi
     # the main job's CUDA path (lt.train, evaluation, sampling): 4 steps of a
     # tiny model on the Python tutorial's token shards
     tutorial=/usr/share/doc/python3.11/html/_sources/tutorial

@@ -23,6 +23,13 @@
    when it is queued (a fault then shows at its launch). */
 void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work);
 
+/* Runs stream's work queued so far (and what it waits for through events)
+   as the host waiting for it does, traced as why ("host waits ..."), for a
+   stand-in whose work must meet other processes when it is called: the
+   emulated NCCL's ranks exchange at the call (nccl_ranks.cc). A kernel's
+   fault stays for the next wait or cudaGetLastError to return. */
+void lt_emu_host_waits(cudaStream_t stream, const char *why);
+
 /* With LUTRA_EMU_TRACE=FILE in the environment, appends one line to FILE
    for each piece of work as it is queued (printf's format: what and how
    big, e.g. "kernel name grid block smem" or "memcpy D2H bytes"), after

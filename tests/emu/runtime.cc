@@ -354,6 +354,11 @@ void lt_emu_enqueue(cudaStream_t stream, std::function<void()> work) {
   push(stream_of(stream), std::move(work), NULL, 0);
 }
 
+void lt_emu_host_waits(cudaStream_t stream, const char *why) {
+  emu_stream *s = stream_of(stream);
+  host_waits(s, s->queued_through, why);
+}
+
 extern "C" {
 
 /* host/cuda/backend.c's allocator hands out block (a size class) for used

@@ -30,7 +30,8 @@ local function selected(name)
 end
 -- The CUDA emulator (make emu, tests/emu) runs these checks on the CPU, with
 -- its cuDNN stand-in (tests/emu/cudnn.cc: the graphs interpreted) where
--- lutra was built with cuDNN's headers; its NCCL has one rank.
+-- lutra was built with cuDNN's headers. These checks are one process (one
+-- rank); tests/dist/cuda_spec.lua runs NCCL over several.
 local EMULATED = on_cuda and lt.build_info():find("CUDA emulator", 1, true) ~= nil
 M.EMULATED = EMULATED
 local TIMES = os.getenv("LUTRA_CHECK_TIMES") -- print each check's seconds
