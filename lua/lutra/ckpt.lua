@@ -123,6 +123,10 @@ local function read_state(path)
       return bad("layout." .. k, "must be a whole number >= 1, got " .. tostring(st.layout[k]))
     end
   end
+  if st.layout and st.layout.tp and (st.layout.dp or 1) * st.layout.tp ~= (st.layout.world_size or 1) then
+    return bad("layout", ("has dp %s x tp %d, not its world_size %s"):format(tostring(st.layout.dp), st.layout.tp,
+      tostring(st.layout.world_size)))
+  end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
   if st.extra and st.extra.skipped ~= nil and not whole(st.extra.skipped) then

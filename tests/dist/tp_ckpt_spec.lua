@@ -29,7 +29,8 @@ local V, C, HQ, HM, B, T = 16, 8, 8, 16, 2, 8
 
 local Tiny = lt.nn.Module:extend("TinyTP")
 -- the whole layers from one seed on every rank, then (with a group) their shards
-function Tiny:init(seed, g)
+function Tiny:init(seed, g, hm)
+  local HM = hm or HM
   local gen = lt.Generator(seed)
   self.wte = lt.nn.Embedding(V, C, { generator = gen })
   self.ln = lt.nn.LayerNorm(C)
@@ -67,7 +68,10 @@ end
 
 local function layouts(w)
   if w == 2 then return { { tp = 2, zero = 0 } } end
-  if w == 4 then return { { dp = 2, tp = 2, zero = 0 }, { dp = 2, tp = 2, zero = 1 }, { tp = 4, zero = 0 } } end
+  if w == 4 then
+    return { { dp = 2, tp = 2, zero = 0 }, { dp = 2, tp = 2, zero = 1 }, { dp = 2, tp = 2, zero = 2 }, { dp = 2, tp = 2, zero = 3 },
+      { tp = 4, zero = 0 } }
+  end
   return {}
 end
 local function key(l) return ("dp%dtp%dz%d"):format(l.dp or 1, l.tp, l.zero) end
@@ -97,6 +101,7 @@ local function run(l, name, steps, resume)
     out_dir = root(), name = name, ddp = ddp, ckpt_every = 4, resume = resume or "none", flops_per_token = 1,
     schedule = lt.optim.schedules.cosine { lr = 1e-2, warmup = 2, steps = 8 },
     on_step = function(rec) losses[rec.step] = rec.loss end }
+  if opt.unshard then opt:unshard() end -- ZeRO 3: the (TP-sharded) parameters whole over the DP group, to compare
   return model, losses, summary, opt, data
 end
 
@@ -172,7 +177,7 @@ H.test("a checkpoint's weights load into a model of another TP size: the same wh
   if w == 2 then cases = { { { tp = 2, zero = 0 }, { tp = 2, zero = 0 } } } end
   if w == 4 then
     cases = { { { dp = 2, tp = 2, zero = 0 }, { tp = 4, zero = 0 } }, { { tp = 4, zero = 0 }, { dp = 2, tp = 2, zero = 0 } },
-      { { dp = 2, tp = 2, zero = 1 }, { tp = 4, zero = 0 } } }
+      { { dp = 2, tp = 2, zero = 1 }, { tp = 4, zero = 0 } }, { { dp = 2, tp = 2, zero = 3 }, { tp = 4, zero = 0 } } }
   end
   for _, c in ipairs(cases) do
     local saved, into = c[1], c[2]
@@ -183,6 +188,19 @@ H.test("a checkpoint's weights load into a model of another TP size: the same wh
     local want = losses_whole[key(saved)]
     assert(math.abs(loss_of(m) - want) <= 1e-5 * math.abs(want), ("%s: loss %g vs %g"):format(what, loss_of(m), want))
   end
+  -- a model of another size: the tensors named with their whole shapes (another TP size: one process's
+  -- model), or this rank's file and shard shapes (the same TP size: its own file), nothing copied
+  local l = layouts(w)[1]
+  local other = Tiny(99, nil, HM * 2)
+  local before = other.fc.weight:clone()
+  H.raises(function() lt.ckpt.load_weights(ckpt_of(l, 8), other) end, "ckpt.load_weights: " .. ckpt_of(l, 8)
+    .. ("/model-tp*.safetensors (%d files): wrong shape or dtype: down.weight (checkpoint [%d, %d], model whole [%d, %d]), fc.bias"):format(
+      l.tp, C, HM, C, 2 * HM))
+  local same = Tiny(99, mesh(l).tp, HM * 2)
+  H.raises(function() lt.ckpt.load_weights(ckpt_of(l, 8), same) end, "ckpt.load_weights: " .. ckpt_of(l, 8)
+    .. ("/model-tp%05d.safetensors: wrong shape or dtype: down.weight (checkpoint [%d, %d], model [%d, %d])"):format(
+      mesh(l).tp:rank(), C, HM / l.tp, C, 2 * HM / l.tp))
+  H.close(other.fc.weight, before, 0, "nothing copied")
 end)
 
 H.test("a resume on another layout is refused on every rank, naming both layouts", function(r, w)
