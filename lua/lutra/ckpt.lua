@@ -12,7 +12,10 @@
 --   state.json             step, optimizer steps, loader state, generator states,
 --                          config, model config, parallel layout, file list
 --                          (sizes) and each file's CRC-32C (checksums)
--- and <dir>/latest names the newest one. A checkpoint is written into a
+-- and <dir>/latest names the newest one. (Under tensor parallelism the
+-- weights are model-tp<r>.safetensors, each TP rank's own state dict, a
+-- non-ZeRO optimizer's optimizer-tp<r>.safetensors, and the layout
+-- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt.) A checkpoint is written into a
 -- hidden temporary directory, every file fsynced, then renamed into place
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
@@ -235,8 +238,9 @@ end
 --- lt.ckpt.verify(path[, names]) -> true, or false and the reason: path is
 -- complete (as latest() checks) and every file it lists (or those of the
 -- list names, e.g. {"model.safetensors"}: the weights, their model-tp<r>
--- files under tensor parallelism) has the CRC-32C state.json records. A checkpoint saved without checksums gives true and a note
--- saying so as the second value. Reads each file checked once.
+-- files under tensor parallelism) has the CRC-32C state.json records. A
+-- checkpoint saved without checksums gives true and a note saying so as
+-- the second value. Reads each file checked once.
 function M.verify(path, names)
   local st, why = read_state(path)
   if not st then return false, why end
@@ -753,7 +757,9 @@ function M.load(path, o)
     local ok, err
     if model_tensors then
       ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
-      err = ("%s/%s: %s"):format(path, tpck.direct_file(st, o.model), tostring(err):gsub("^.-load_state_dict: ", ""))
+      if not ok then
+        err = ("%s/%s: %s"):format(path, tpck.direct_file(st, o.model), tostring(err):gsub("^.-load_state_dict: ", ""))
+      end
     else
       ok, err = pcall(tpck.load_weights, path, st, o.model)
     end
