@@ -121,15 +121,8 @@ local function read_state(path)
   if st.layout and st.layout.zero ~= nil and not (whole(st.layout.zero) and st.layout.zero <= 3) then
     return bad("layout.zero", "must be a ZeRO stage 0-3, got " .. tostring(st.layout.zero))
   end
-  for _, k in ipairs { "dp", "tp" } do -- (tensor parallelism: lutra.dist.tp.ckpt)
-    if st.layout and st.layout[k] ~= nil and not whole(st.layout[k], 1) then
-      return bad("layout." .. k, "must be a whole number >= 1, got " .. tostring(st.layout[k]))
-    end
-  end
-  if st.layout and st.layout.tp and (st.layout.dp or 1) * st.layout.tp ~= (st.layout.world_size or 1) then
-    return bad("layout", ("has dp %s x tp %d, not its world_size %s"):format(tostring(st.layout.dp), st.layout.tp,
-      tostring(st.layout.world_size)))
-  end
+  local lfield, lwhy = tpck.check_layout(st.layout) -- (dp and tp)
+  if lfield then return bad(lfield, lwhy) end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
   if st.extra and st.extra.skipped ~= nil and not whole(st.extra.skipped) then
@@ -655,21 +648,14 @@ function M.load(path, o)
   if not st.checksums and lead then io.stderr:write("lutra: ckpt.load: " .. no_checksums_note(path) .. "\n") end
   local world = o.world_size or (dist and comm.world_size()) or 1
   local saved = st.layout or { world_size = 1 }
-  local saved_world = saved.world_size or 1
   local lay = tpck.layout(o.model)
   if not lay.ok then error("ckpt.load: " .. lay.why, 2) end
   local mine = { world_size = world, tp = lay.tp, dp = math.floor(world / lay.tp),
     zero = o.opt and o.opt.sharded and o.opt.stage or 0 }
   -- the training layout binds the optimizer state and the loaders' positions
   -- (one per rank); the weights load anywhere (assembled from any TP size)
-  if saved_world ~= world and (o.opt or o.loader) then
-    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (the checkpoint's layout is %s, this job's %s; resuming on another layout is not supported yet; the weights alone load anywhere: lt.ckpt.load(path, {model = m}), lt.ckpt.load_weights or lt.ckpt.load_model)")
-      :format(path, saved_world, world, tpck.describe(saved), tpck.describe(mine)), 2)
-  end
-  if (saved.tp or 1) ~= lay.tp and (o.opt or o.loader) then
-    error(("ckpt.load: %s/state.json: the checkpoint's layout is %s, this job's %s (another tensor-parallel size: resuming on another layout is not supported yet; the weights alone load anywhere: lt.ckpt.load(path, {model = m}), lt.ckpt.load_weights or lt.ckpt.load_model)")
-      :format(path, tpck.describe(saved), tpck.describe(mine)), 2)
-  end
+  local other = (o.opt or o.loader) and tpck.other_layout(saved, mine)
+  if other then error(("ckpt.load: %s/state.json: %s"):format(path, other), 2) end
   for name in pairs(o.rng or {}) do
     if not (st.rng and st.rng[name]) then
       error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)

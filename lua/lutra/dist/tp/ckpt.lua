@@ -60,6 +60,45 @@ function M.describe(l)
     world == 1 and "" or "s", l.zero or 0)
 end
 
+local function whole(v, lo) return type(v) == "number" and v == math.floor(v) and v >= lo and v < 2 ^ 53 end
+
+--- tp.ckpt.check_layout(layout) -> nil, or the field of state.json's layout
+-- and what is wrong with it: dp and tp (when present) whole numbers >= 1
+-- whose product is world_size.
+function M.check_layout(l)
+  if type(l) ~= "table" then return nil end
+  for _, k in ipairs { "dp", "tp" } do
+    if l[k] ~= nil and not whole(l[k], 1) then
+      return "layout." .. k, "must be a whole number >= 1, got " .. tostring(l[k])
+    end
+  end
+  if l.tp and (l.dp or 1) * l.tp ~= (l.world_size or 1) then
+    return "layout", ("has dp %s x tp %d, not its world_size %s"):format(tostring(l.dp), l.tp, tostring(l.world_size))
+  end
+  return nil
+end
+
+--- tp.ckpt.other_layout(saved, mine) -> nil when a checkpoint's layout
+-- (state.json's) is this job's for a resume (world size and TP size; the
+-- ZeRO stage lt.ckpt.load checks against the optimizer), else the refusal:
+-- "layout.world_size is 4, this job has 8 ranks (the checkpoint's layout is
+-- ..., this job's ...; ...)" or "the checkpoint's layout is dp 2 x tp 2 (4
+-- ranks), ZeRO 0, this job's dp 1 x tp 4 (4 ranks), ZeRO 0 (...)".
+function M.other_layout(saved, mine)
+  local hint = "resuming on another layout is not supported yet; the weights alone load anywhere: "
+    .. "lt.ckpt.load(path, {model = m}), lt.ckpt.load_weights or lt.ckpt.load_model"
+  local sw = saved.world_size or 1
+  if sw ~= mine.world_size then
+    return ("layout.world_size is %d, this job has %d ranks (the checkpoint's layout is %s, this job's %s; %s)"):format(
+      sw, mine.world_size, M.describe(saved), M.describe(mine), hint)
+  end
+  if (saved.tp or 1) ~= mine.tp then
+    return ("the checkpoint's layout is %s, this job's %s (another tensor-parallel size: %s)"):format(M.describe(saved),
+      M.describe(mine), hint)
+  end
+  return nil
+end
+
 --- tp.ckpt.files(layout, {opt =, sharded =, world =}) -> the names of the
 -- weights' and optimizer's files a job of this layout writes.
 function M.files(l, o)

@@ -43,10 +43,10 @@ function M.assemble(pieces, rec)
   return tensor.cat(list, dim):contiguous()
 end
 
---- state.gather(t, rec, group) -> the whole tensor of this rank's shard t
+--- state.gather_whole(t, rec, group) -> the whole tensor of this rank's shard t
 -- (rec = {dim =, parts =}), on t's device and dtype: one all_gather over the
 -- group (every rank calls it, the shards of equal shapes).
-function M.gather(t, rec, g)
+function M.gather_whole(t, rec, g)
   return autograd.no_grad(function()
     local n, numel, shape = g:size(), t:numel(), t:shape()
     local all = comm.all_gather(t:detach():contiguous():reshape(numel), { group = g })
@@ -75,7 +75,7 @@ function M.full_state_dict(model, opts)
   for _, name in ipairs(order) do
     local rec = plan[name]
     if rec then
-      local whole = M.gather(sd[name], rec, g)
+      local whole = M.gather_whole(sd[name], rec, g)
       if keep then out[name] = whole end
     else
       out[name] = sd[name]
