@@ -15,8 +15,11 @@
 -- same order, as for any collective.
 local M = {}
 
-for _, part in ipairs { "regions", "records", "linear", "state" } do
-  for k, v in pairs(require("lutra.dist.tp." .. part)) do M[k] = v end
+-- (each required at the top level: tests/lua/modules_spec.lua)
+local regions, records = require "lutra.dist.tp.regions", require "lutra.dist.tp.records"
+local linear, state = require "lutra.dist.tp.linear", require "lutra.dist.tp.state"
+for _, part in ipairs { regions, records, linear, state } do
+  for k, v in pairs(part) do M[k] = v end
 end
 
 return M
