@@ -683,7 +683,7 @@ function M.load(path, o)
       error(("ckpt.load: %s/state.json: loader must hold whole numbers epoch and index"):format(path), 2)
     end
   end
-  local model_tensors, opt_sd
+  local model_tensors, opt_sd, direct
   if o.model then
     local mine = model_config(o.model)
     if mine and st.model_config then
@@ -696,7 +696,7 @@ function M.load(path, o)
       end
     end
     -- this rank's file as it is (the model's TP size), else assembled at the load (load_weights)
-    local direct = tpck.direct_file(st, o.model)
+    direct = tpck.direct_file(path, st, o.model)
     local bad = not o.verified and verify_files(path, st, { direct or "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
     if direct then
@@ -744,7 +744,7 @@ function M.load(path, o)
     if model_tensors then
       ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
       if not ok then
-        err = ("%s/%s: %s"):format(path, tpck.direct_file(st, o.model), tostring(err):gsub("^.-load_state_dict: ", ""))
+        err = ("%s/%s: %s"):format(path, direct, tostring(err):gsub("^.-load_state_dict: ", ""))
       end
     else
       ok, err = pcall(tpck.load_weights, path, st, o.model)

@@ -29,7 +29,7 @@ local V, C, HQ, HM, B, T = 16, 8, 8, 16, 2, 8
 
 local Tiny = lt.nn.Module:extend("TinyTP")
 -- the whole layers from one seed on every rank, then (with a group) their shards
-function Tiny:init(seed, g, hm)
+function Tiny:init(seed, g, hm, parts)
   local HM = hm or HM
   local gen = lt.Generator(seed)
   self.wte = lt.nn.Embedding(V, C, { generator = gen })
@@ -38,7 +38,7 @@ function Tiny:init(seed, g, hm)
   local fc, down = lt.nn.Linear(C, HM, { generator = gen }), lt.nn.Linear(HM, C, { generator = gen })
   self.head = lt.nn.Linear(C, V, { generator = gen })
   if g then
-    qkv = tp.ColumnParallelLinear.from(qkv, g, { parts = 3 })
+    qkv = tp.ColumnParallelLinear.from(qkv, g, { parts = parts or 3 })
     proj = tp.RowParallelLinear.from(proj, g)
     fc, down = tp.ColumnParallelLinear.from(fc, g), tp.RowParallelLinear.from(down, g)
     rawset(self, "tp_group", g)
@@ -188,6 +188,11 @@ H.test("a checkpoint's weights load into a model of another TP size: the same wh
     local want = losses_whole[key(saved)]
     assert(math.abs(loss_of(m) - want) <= 1e-5 * math.abs(want), ("%s: loss %g vs %g"):format(what, loss_of(m), want))
   end
+  -- the same TP size with other records (qkv split whole, parts = 1): not its own file as it is, but sliced
+  local l0 = layouts(w)[1]
+  local flat = Tiny(99, mesh(l0).tp, nil, 1)
+  lt.ckpt.load_weights(ckpt_of(l0, 8), flat)
+  same_whole(tp.full_state_dict(flat), gathered[key(l0)], key(l0) .. " into qkv with parts = 1")
   -- a model of another size: the tensors named with their whole shapes (another TP size: one process's
   -- model), or this rank's file and shard shapes (the same TP size: its own file), nothing copied
   local l = layouts(w)[1]

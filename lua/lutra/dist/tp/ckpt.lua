@@ -137,16 +137,34 @@ function M.model_files(st)
   return out
 end
 
---- tp.ckpt.direct_file(st, model) -> the file this rank loads as its
+--- tp.ckpt.direct_file(path, st, model) -> the file this rank loads as its
 -- state dict as it is, when the checkpoint was saved at the model's TP size
--- (model.safetensors at tp = 1, model-tp<tp_rank> at tp = n); nil when the
--- weights must be assembled and sliced (another TP size: load_weights).
-function M.direct_file(st, model)
+-- with the model's records (model.safetensors at tp = 1, model-tp<tp_rank>
+-- at tp = n whose metadata's shards are the model's dims and parts); nil
+-- when the weights must be assembled and sliced (load_weights).
+function M.direct_file(path, st, model)
   local saved = st.layout and st.layout.tp or 1
   local g = records.group(model)
   local n = g and g:size() or 1
   if saved ~= n then return nil end
-  return n == 1 and "model.safetensors" or M.model_file(g:rank())
+  if n == 1 then return "model.safetensors" end
+  local file = M.model_file(g:rank())
+  local ok, shards = pcall(function()
+    local rd = safetensors.open(path .. "/" .. file)
+    local meta = rd:metadata()
+    rd:close()
+    return json.decode(meta.shards)
+  end)
+  if not ok or type(shards) ~= "table" then return nil end -- (load_weights names what is wrong)
+  local plan = records.plan(model)
+  local function same(x, y)
+    for name, a in pairs(x) do
+      local b = y[name]
+      if not (b and a.dim == b.dim and (a.parts or 1) == (b.parts or 1)) then return false end
+    end
+    return true
+  end
+  return (same(plan, shards) and same(shards, plan)) and file or nil
 end
 
 -- the tensor entries of a safetensors file's header: {name = {dtype =, shape =}}
