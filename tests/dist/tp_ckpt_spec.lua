@@ -277,26 +277,32 @@ local function gpt2_tp(g)
 end
 
 H.test("GPT-2's TP shards: lt.ckpt.load_model (recipes/sample.lua's reader) and lt.hf.export give the whole model", function(r, w)
-  local g = lt.dist.new_group(0, r)
+  local groups = { { "tp" .. w, lt.dist.new_group(0, r) } }
+  if w == 4 then groups[2] = { "dp2tp2", mesh { dp = 2, tp = 2, zero = 0 }.tp } end
   local want = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5) }):state_dict()
-  local m = gpt2_tp(g)
-  local k = 3 * 64 / w
-  assert(m.transformer.h[1].attn.c_attn.weight:size(1) == k, "c_attn is sharded")
-  local dir = root() .. "/gpt2tp"
-  local path = lt.ckpt.save(dir, { model = m, step = 3 }) -- (dist implied by model.tp_group)
-  local got = lt.ckpt.load_model(dir)
-  same_whole(got:state_dict(), want, "load_model")
-  same_whole(tp.full_state_dict(m), want, "full_state_dict")
-  -- into the TP model again, another seed first
-  local m2 = gpt2_tp(g)
-  tp.load_full_state_dict(m2, lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(6) }):state_dict())
-  lt.ckpt.load(path, { model = m2 })
-  same_whole(tp.full_state_dict(m2), want, "ckpt.load into the TP model")
-  -- the Hugging Face export: written by rank 0 alone, whole
-  local out = root() .. "/gpt2tp-hf"
-  lt.hf.export(m, out)
-  lt.dist.barrier()
-  same_whole(lt.hf.load(out):state_dict(), want, "hf.export")
+  for _, case in ipairs(groups) do
+    local name, g = case[1], case[2]
+    local m = gpt2_tp(g)
+    assert(m.transformer.h[1].attn.c_attn.weight:size(1) == 3 * 64 / g:size(), name .. ": c_attn is sharded")
+    local dir = root() .. "/gpt2tp-" .. name
+    local path = lt.ckpt.save(dir, { model = m, step = 3 }) -- (dist implied by model.tp_group)
+    local files = {}
+    for f in pairs(lt.ckpt.read_state(path).files) do files[#files + 1] = f end
+    assert(#files == g:size(), name .. ": files " .. table.concat(files, " "))
+    local got = lt.ckpt.load_model(dir)
+    same_whole(got:state_dict(), want, name .. ": load_model")
+    same_whole(tp.full_state_dict(m), want, name .. ": full_state_dict")
+    -- into the TP model again, another seed first
+    local m2 = gpt2_tp(g)
+    tp.load_full_state_dict(m2, lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(6) }):state_dict())
+    lt.ckpt.load(path, { model = m2 })
+    same_whole(tp.full_state_dict(m2), want, name .. ": ckpt.load into the TP model")
+    -- the Hugging Face export: whole, written by rank 0 alone (every TP group calls it here)
+    local out = root() .. "/gpt2tp-hf-" .. name
+    lt.hf.export(m, out)
+    lt.dist.barrier()
+    same_whole(lt.hf.load(out):state_dict(), want, name .. ": hf.export")
+  end
 end)
 
 H.test("load_full_state_dict names missing, unexpected and mis-shaped (whole) tensors, before copying any", function(r, w)
