@@ -12,7 +12,10 @@
 --   state.json             step, optimizer steps, loader state, generator states,
 --                          config, model config, parallel layout, file list
 --                          (sizes) and each file's CRC-32C (checksums)
--- and <dir>/latest names the newest one. A checkpoint is written into a
+-- and <dir>/latest names the newest one. (Under tensor parallelism the
+-- weights are model-tp<r>.safetensors, each TP rank's own state dict, a
+-- non-ZeRO optimizer's optimizer-tp<r>.safetensors, and the layout
+-- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt.) A checkpoint is written into a
 -- hidden temporary directory, every file fsynced, then renamed into place
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
@@ -30,6 +33,8 @@ local tensor = require "lutra.tensor"
 local models = require "lutra.models"
 local safetensors = require "lutra.safetensors"
 local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
+local tpck = require "lutra.dist.tp.ckpt"
 local capi = require "lutra.capi"
 local json = require "lutra.json"
 local C, ffi = capi.C, capi.ffi
@@ -116,6 +121,8 @@ local function read_state(path)
   if st.layout and st.layout.zero ~= nil and not (whole(st.layout.zero) and st.layout.zero <= 3) then
     return bad("layout.zero", "must be a ZeRO stage 0-3, got " .. tostring(st.layout.zero))
   end
+  local lfield, lwhy = tpck.check_layout(st.layout) -- (dp and tp)
+  if lfield then return bad(lfield, lwhy) end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
   if st.extra and st.extra.skipped ~= nil and not whole(st.extra.skipped) then
@@ -165,7 +172,16 @@ end
 -- state.json records, else why not; a checkpoint without checksums passes
 local function verify_files(path, st, names)
   if not st.checksums then return nil end
+  local all = {}
   for _, name in ipairs(names) do
+    -- "model.safetensors": the weights' files (one per TP rank under tensor parallelism)
+    if name == "model.safetensors" then
+      for _, f in ipairs(tpck.model_files(st)) do all[#all + 1] = f end
+    else
+      all[#all + 1] = name
+    end
+  end
+  for _, name in ipairs(all) do
     if not st.checksums[name] then return ("%s/state.json lists no %s"):format(path, name) end
     if C.lt_file_crc32c(path .. "/" .. name, crc_box, bytes_box) ~= 0 then return ffi.string(C.lt_last_error()) end
     local sum = ("crc32c:%08x"):format(crc_box[0])
@@ -214,9 +230,10 @@ end
 
 --- lt.ckpt.verify(path[, names]) -> true, or false and the reason: path is
 -- complete (as latest() checks) and every file it lists (or those of the
--- list names, e.g. {"model.safetensors"}) has the CRC-32C state.json
--- records. A checkpoint saved without checksums gives true and a note
--- saying so as the second value. Reads each file checked once.
+-- list names, e.g. {"model.safetensors"}: the weights, their model-tp<r>
+-- files under tensor parallelism) has the CRC-32C state.json records. A
+-- checkpoint saved without checksums gives true and a note saying so as
+-- the second value. Reads each file checked once.
 function M.verify(path, names)
   local st, why = read_state(path)
   if not st then return false, why end
@@ -403,9 +420,13 @@ local function shard_file(rank) return ("optimizer-rank%05d.safetensors"):format
 -- rank into its own file; every rank's loader state goes to state.json; then
 -- rank 0 completes the checkpoint as alone. Every rank learns whether any
 -- failed, so all raise together.
+-- Under tensor parallelism (the model's tp_group) each TP rank of DP rank 0
+-- writes its model-tp<r> file and a non-ZeRO optimizer's optimizer-tp<r>
+-- (lutra.dist.tp.ckpt).
 local function save_job(dir, o)
   local rank, world = comm.rank(), comm.world_size()
   local sharded = o.opt and o.opt.sharded
+  local lay = tpck.layout(o.model)
   local pid = tensor.tensor({ C.getpid() }, { dtype = "i64" })
   comm.broadcast(pid, { src = 0 })
   local name = M.step_name(o.step or 0)
@@ -418,8 +439,8 @@ local function save_job(dir, o)
       error(ok and "ckpt.save: another rank failed to write its part of the checkpoint" or err, 3)
     end
   end
-  local ok, err = true, nil
-  if rank == 0 then
+  local ok, err = lay.ok, lay.why and ("ckpt.save: " .. lay.why)
+  if rank == 0 and ok then
     ok, err = pcall(function()
       check(C.lt_mkdir_p(dir), 1)
       check(C.lt_remove_tree(tmp), 1)
@@ -429,14 +450,18 @@ local function save_job(dir, o)
   agree(ok, err)
   local opt_sd
   ok, err = pcall(function()
-    if rank == 0 then
-      safetensors.save(tmp .. "/model.safetensors", o.model:state_dict(),
-        { format = "lutra", config = json.encode(model_config(o.model) or {}) })
+    local cfg = json.encode(model_config(o.model) or {})
+    if lay.tp > 1 then
+      if lay.dp_rank == 0 then tpck.save_model(tmp .. "/" .. tpck.model_file(lay.tp_rank), o.model, lay, cfg) end
+    elseif rank == 0 then
+      safetensors.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = cfg })
     end
     if o.opt then
       opt_sd = o.opt:state_dict()
       local meta = { format = "lutra-optimizer", state = tensor_meta(opt_sd) }
       if sharded then safetensors.save(tmp .. "/" .. shard_file(rank), opt_sd.tensors, meta)
+      elseif lay.tp > 1 then
+        if lay.dp_rank == 0 then safetensors.save(tmp .. "/" .. tpck.optimizer_file(lay.tp_rank), opt_sd.tensors, meta) end
       elseif rank == 0 then safetensors.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, meta) end
     end
   end)
@@ -445,10 +470,11 @@ local function save_job(dir, o)
   local loaders
   if o.loader then
     local s = o.loader:state()
-    local all = comm.all_gather(tensor.tensor({ { s.epoch, s.index } }, { dtype = "i64" })):totable()
-    loaders = {}
+    local all = comm.all_gather(tensor.tensor({ { s.epoch, s.index, s.rank or rank, s.world or world } },
+      { dtype = "i64" })):totable()
+    loaders = {} -- (under TP the loader's rank and world are the DP group's)
     for r = 1, world do
-      loaders[r] = { epoch = all[r][1], index = all[r][2], seed = s.seed, rank = r - 1, world = world }
+      loaders[r] = { epoch = all[r][1], index = all[r][2], seed = s.seed, rank = all[r][3], world = all[r][4] }
     end
   end
   ok, err = true, nil
@@ -456,16 +482,9 @@ local function save_job(dir, o)
     local o2 = {}
     for k, v in pairs(o) do o2[k] = v end
     o2._tmp, o2._loaders, o2.loader = tmp, loaders, nil
-    o2.layout = { world_size = world, zero = sharded and o.opt.stage or 0 }
+    o2.layout = { world_size = world, zero = sharded and o.opt.stage or 0, dp = lay.dp, tp = lay.tp }
     o2._write_shared = function(_, add)
-      add("model.safetensors")
-      if o.opt then
-        if sharded then
-          for r = 0, world - 1 do add(shard_file(r)) end
-        else
-          add("optimizer.safetensors")
-        end
-      end
+      for _, f in ipairs(tpck.files(lay, { opt = o.opt, sharded = sharded, world = world })) do add(f) end
       return opt_sd
     end
     ok, err = pcall(save_local, dir, o2)
@@ -475,13 +494,16 @@ local function save_job(dir, o)
 end
 
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
--- ranks (lt.dist) with dist = true every rank calls it and each writes its part.
+-- ranks (lt.dist) with dist = true every rank calls it and each writes its part
+-- (a tensor-parallel model, one with model.tp_group, implies dist = true:
+-- every rank calls it; its layout must be lt.dist.mesh's).
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
 -- A Ctrl-C during the save waits for it (lt_interrupt_defer): the
 -- checkpoint is written whole, then the interrupt is taken by the next op
 -- (lt.train checks for it and stops there).
 function M.save(dir, o)
-  local save = (type(o) == "table" and o.dist and comm.world_size() > 1) and save_job or save_local
+  local dist = type(o) == "table" and (o.dist or records.group(o.model))
+  local save = (dist and comm.world_size() > 1) and save_job or save_local
   local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
   local outer = C.lt_interrupt_deferred() ~= nil -- (inside work that defers already: its end takes it)
   if not outer then C.lt_interrupt_defer(1, "the checkpoint save") end
@@ -541,7 +563,8 @@ function M.load_model(path, opts)
     if bad then error("ckpt.load_model: " .. bad, 2) end
     verified = true
   end
-  local rd_ok, reader = pcall(safetensors.open, path .. "/model.safetensors")
+  local wfile = tpck.model_files(st)[1] -- (model-tp00000 under tensor parallelism: every shard file holds the config)
+  local rd_ok, reader = pcall(safetensors.open, path .. "/" .. wfile)
   if rd_ok then
     local meta_ok, meta = pcall(reader.metadata, reader)
     reader:close()
@@ -549,8 +572,8 @@ function M.load_model(path, opts)
     if cfg_ok and type(fcfg) == "table" and next(fcfg) ~= nil then
       for _, k in ipairs(sorted_keys(fcfg, mc)) do
         if fcfg[k] ~= mc[k] then
-          error(("ckpt.load_model: %s/state.json: model_config.%s is %s, model.safetensors was saved with %s (an altered state.json)")
-            :format(path, k, show(mc[k]), show(fcfg[k])), 2)
+          error(("ckpt.load_model: %s/state.json: model_config.%s is %s, %s was saved with %s (an altered state.json)")
+            :format(path, k, show(mc[k]), wfile, show(fcfg[k])), 2)
         end
       end
     end
@@ -574,6 +597,21 @@ function M.load_model(path, opts)
   return model, st
 end
 
+--- lt.ckpt.load_weights(path, model[, {verified = false}]) -> state: a
+-- checkpoint's weights into a model of any tensor-parallel size (or none),
+-- whatever the TP size of the job that saved them: each whole tensor read
+-- (assembled from the model-tp<r> files, one tensor at a time) and this
+-- rank's slice of it taken by the model's records (lutra.dist.tp.ckpt).
+-- Every rank of the model's TP group may call it alone (no communication).
+-- Raises as load does: checksums, names, whole shapes (checked before any
+-- copy), naming the files.
+function M.load_weights(path, model, o)
+  if type(model) ~= "table" or not model.state_dict then error("ckpt.load_weights: expects a model", 2) end
+  local ok, st = pcall(M.load, path, { model = model, verified = o and o.verified, dist = true })
+  if not ok then error((tostring(st):gsub("^.-ckpt%.load: ", "ckpt.load_weights: ")), 2) end
+  return st
+end
+
 --- lt.ckpt.read_state(path) -> the parsed state.json of a complete
 -- checkpoint; raises naming the file and field when it is not complete.
 function M.read_state(path)
@@ -590,26 +628,33 @@ end
 -- Everything is read and checked before anything is changed, so a refused
 -- checkpoint leaves the objects as they were. Raises, naming the file and
 -- field, on a partial checkpoint, a model of another config, missing or
--- mis-shaped tensors, optimizer state of another kind, another world size
--- (with opt or loader), a file whose CRC-32C is not the one recorded (each
--- file read is checked, unless verified = true: the caller has just run
--- verify(path)). A checkpoint without checksums loads with a note on stderr.
+-- mis-shaped tensors, optimizer state of another kind, another layout
+-- (world size, dp x tp, ZeRO stage; with opt or loader), a file whose CRC-32C
+-- is not the one recorded (each file read is checked, unless verified = true:
+-- the caller has just run verify(path)). A checkpoint without checksums
+-- loads with a note on stderr. Under tensor parallelism (a model with
+-- model.tp_group: dist implied) each rank reads its own model-tp<r> and
+-- optimizer files; the weights alone also load into a model of another TP
+-- size, or none, assembled and sliced one tensor at a time (load_weights).
 function M.load(path, o)
   o = o or {}
   if type(path) ~= "string" then error("ckpt.load: path must be a string", 2) end
   if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
   local st, why = read_state(path)
   if not st then error("ckpt.load: " .. why, 2) end
-  local lead = not (o.dist and comm.world_size() > 1) or comm.rank() == 0
+  local dist = o.dist or records.group(o.model) ~= nil
+  local lead = not (dist and comm.world_size() > 1) or comm.rank() == 0
   if not st.checksums and lead then io.stderr:write("lutra: ckpt.load: " .. no_checksums_note(path) .. "\n") end
-  local world = o.world_size or (o.dist and comm.world_size()) or 1
-  local saved_world = st.layout and st.layout.world_size or 1
+  local world = o.world_size or (dist and comm.world_size()) or 1
+  local saved = st.layout or { world_size = 1 }
+  local lay = tpck.layout(o.model)
+  if not lay.ok then error("ckpt.load: " .. lay.why, 2) end
+  local mine = { world_size = world, tp = lay.tp, dp = math.floor(world / lay.tp),
+    zero = o.opt and o.opt.sharded and o.opt.stage or 0 }
   -- the training layout binds the optimizer state and the loaders' positions
-  -- (one per rank); the weights are whole (rank 0 writes them, ZeRO 3 gathered)
-  if saved_world ~= world and (o.opt or o.loader) then
-    error(("ckpt.load: %s/state.json: layout.world_size is %d, this job has %d ranks (resuming on another world size is not supported yet; the weights alone load anywhere: lt.ckpt.load(path, {model = m}) or lt.ckpt.load_model)")
-      :format(path, saved_world, world), 2)
-  end
+  -- (one per rank); the weights load anywhere (assembled from any TP size)
+  local other = (o.opt or o.loader) and tpck.other_layout(saved, mine)
+  if other then error(("ckpt.load: %s/state.json: %s"):format(path, other), 2) end
   for name in pairs(o.rng or {}) do
     if not (st.rng and st.rng[name]) then
       error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)
@@ -637,7 +682,7 @@ function M.load(path, o)
       error(("ckpt.load: %s/state.json: loader must hold whole numbers epoch and index"):format(path), 2)
     end
   end
-  local model_tensors, opt_sd
+  local model_tensors, opt_sd, direct
   if o.model then
     local mine = model_config(o.model)
     if mine and st.model_config then
@@ -649,16 +694,21 @@ function M.load(path, o)
         end
       end
     end
-    local bad = not o.verified and verify_files(path, st, { "model.safetensors" })
+    -- this rank's file as it is (the model's TP size), else assembled at the load (load_weights)
+    direct = tpck.direct_file(path, st, o.model)
+    local bad = not o.verified and verify_files(path, st, { direct or "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
-    local ok, t = pcall(safetensors.load, path .. "/model.safetensors")
-    if not ok then error(("ckpt.load: %s"):format(tostring(t):gsub("^.-safetensors ", "safetensors ")), 2) end
-    model_tensors = t
+    if direct then
+      local ok, t = pcall(safetensors.load, path .. "/" .. direct)
+      if not ok then error(("ckpt.load: %s"):format(tostring(t):gsub("^.-safetensors ", "safetensors ")), 2) end
+      model_tensors = t
+    end
   end
   if o.opt then
     local zero = st.layout and st.layout.zero or 0
     -- a job writes one file per rank; a single process (ZeRO on one rank too) one file
     local opt_file = (zero > 0 and st.files[shard_file(rank)]) and shard_file(rank) or "optimizer.safetensors"
+    if zero == 0 and lay.tp > 1 then opt_file = tpck.optimizer_file(lay.tp_rank) end
     if (zero > 0) ~= (o.opt.sharded and true or false) then
       error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is %s"):format(path, zero,
         o.opt.sharded and ("ZeRO stage " .. o.opt.stage) or "not sharded"), 2)
@@ -689,10 +739,18 @@ function M.load(path, o)
   local unsharded = o.model and o.opt and o.opt.unshard and not o.opt.full
   if unsharded then o.opt:unshard() end
   if o.model then
-    local ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
+    local ok, err
+    if model_tensors then
+      ok, err = pcall(o.model.load_state_dict, o.model, model_tensors)
+      if not ok then
+        err = ("%s/%s: %s"):format(path, direct, tostring(err):gsub("^.-load_state_dict: ", ""))
+      end
+    else
+      ok, err = pcall(tpck.load_weights, path, st, o.model)
+    end
     if not ok then
       if unsharded then o.opt:reshard() end
-      error(("ckpt.load: %s/model.safetensors: %s"):format(path, tostring(err):gsub("^.-load_state_dict: ", "")), 2)
+      error("ckpt.load: " .. err, 2)
     end
   end
   if opt_sd then o.opt:load_state_dict(opt_sd) end

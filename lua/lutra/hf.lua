@@ -28,6 +28,9 @@ local models = require "lutra.models"
 local safetensors = require "lutra.safetensors"
 local json = require "lutra.json"
 local capi = require "lutra.capi"
+local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
+local tp_state = require "lutra.dist.tp.state"
 local C = capi.C
 
 local M = {}
@@ -56,14 +59,27 @@ end
 -- and dir/model.safetensors in the Hugging Face layout of the model's kind
 -- (GPT-2 or Llama); dtype f32, bf16 or f16 converts the weights. A padded
 -- vocabulary (pad_vocab, or tensor parallelism's) is cut back to vocab_size rows. Returns dir.
+-- A tensor-parallel model (model.tp_group) exports whole: every rank of its
+-- TP group calls it (each sharded tensor is gathered in turn,
+-- tp.full_state_dict) and the job's rank 0 (TP rank 0 of DP rank 0 in
+-- lt.dist.mesh's order) alone writes; the other DP replicas need not call it.
 function M.export(model, dir, opts)
   opts = opts or {}
   local kind = type(model) == "table" and kind_of(model)
   if not kind then error("hf.export: expects a lutra GPT-2 or Llama model (one with a config)", 2) end
   if type(dir) ~= "string" or dir == "" then error("hf.export: dir must be a non-empty string", 2) end
-  if C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 2) end
+  if opts.dtype ~= nil and not DTYPE_NAMES[opts.dtype] then -- (before any gather: on every rank)
+    error(("hf.export: dtype must be f32, bf16 or f16, got %s"):format(tostring(opts.dtype)), 2)
+  end
+  local tp_group = records.group(model)
+  local writes = not tp_group or comm.rank() == 0
+  if writes and C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 2) end
   local cfg = model.config
   local sd = model:state_dict()
+  if tp_group then -- the whole tensors (kept where they are written)
+    sd = tp_state.full_state_dict(model, { keep = writes })
+    if not writes then return dir end
+  end
   local dtype = opts.dtype or sd[next(sd)].dtype
   if not DTYPE_NAMES[dtype] then error(("hf.export: dtype must be f32, bf16 or f16, got %s"):format(tostring(dtype)), 2) end
   local out = {}

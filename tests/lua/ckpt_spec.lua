@@ -394,6 +394,8 @@ describe("lt.ckpt", function()
       { function(st) st.step = 6.5 end, "'step' must be a whole number >= 0" },
       { function(st) st.optimizer_steps = "x" end, "'optimizer_steps' must be" },
       { function(st) st.layout = 5 end, "'layout' must be" },
+      { function(st) st.layout.tp = 0 end, "'layout.tp' must be a whole number >= 1, got 0" },
+      { function(st) st.layout.dp, st.layout.tp = 1, 2 end, "'layout' has dp 1 x tp 2, not its world_size 1" },
       { function(st) st.rng = { default = { seed = -1, offset = 0 } } end, "'rng.default' must be" },
       { function(st) st.files["../x"] = 1 end, "names a file outside the checkpoint" },
       { function(st) st.checksums["model.safetensors"] = "md5:0" end, "'checksums.model.safetensors' must be \"crc32c:" },

@@ -12,6 +12,7 @@
 --   end
 local ckpt = require "lutra.ckpt"
 local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
 local config = require "lutra.config"
 local C = require("lutra.capi").C
 
@@ -29,14 +30,16 @@ local M = {}
 -- settings error; under ddp every rank checks the files itself and all
 -- must find the same one. A directory loads that checkpoint. The loader's,
 -- generators' (rng: name -> lt.Generator), model's and optimizer's states
--- are restored. On the lead rank a checkpoint set for another number of
+-- are restored (a tensor-parallel model: each rank's own files, the same
+-- layout required; lt.ckpt.load). On the lead rank a checkpoint set for another number of
 -- steps is warned about on stderr. With ckpt_every > 0, a dir holding
 -- checkpoints past the start is another run's history: a settings error.
 -- Errors other than settings errors are raised at level (2: resume's caller).
 function M.resume(o)
   local level = o.level or 2
   local dir, ddp = o.dir, o.ddp or nil
-  local lead = not ddp or comm.rank() == 0
+  -- (a tensor-parallel model is a job's too: lt.ckpt saves and loads it on every rank)
+  local lead = not (ddp or records.group(o.model)) or comm.rank() == 0
   local r = { start_step = o.start_step or 0, skipped = 0 }
   r.optimizer_steps = o.optimizer_steps or r.start_step
   local mode = o.mode or "none"
@@ -88,7 +91,7 @@ end
 -- optimizer_steps =, config =, keep_last = 0 (all), ddp =, extra =} -> path, stop:
 -- saves a checkpoint of step into dir (lt.ckpt.save: model, optimizer,
 -- loader and generator states, config and extra; every rank's part under
--- ddp), keeping the newest keep_last. A Ctrl-C during the save waited for it
+-- ddp or a tensor-parallel model), keeping the newest keep_last. A Ctrl-C during the save waited for it
 -- (lt.ckpt.save defers it); stop is true when one did: it is taken (cleared)
 -- here, and the caller stops after this step with the checkpoint whole.
 -- Raises lt.ckpt.save's errors.

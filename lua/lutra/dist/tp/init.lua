@@ -9,17 +9,19 @@
 --   linear.lua   ColumnParallelLinear, RowParallelLinear
 --   vocab.lua    VocabParallelEmbedding, vocab_parallel_cross_entropy,
 --                linear_cross_entropy (the vocabulary split across ranks)
+--   state.lua    whole state dicts: full_state_dict (gathered),
+--                load_full_state_dict (each rank its slice)
+-- (ckpt.lua, the checkpoint files of a TP model, is lt.ckpt's, not re-exported.)
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the
 -- same order, as for any collective.
 local M = {}
 
-local regions = require "lutra.dist.tp.regions"
-local records = require "lutra.dist.tp.records"
-local linear = require "lutra.dist.tp.linear"
+-- (each required at the top level: tests/lua/modules_spec.lua)
+local regions, records = require "lutra.dist.tp.regions", require "lutra.dist.tp.records"
+local linear, state = require "lutra.dist.tp.linear", require "lutra.dist.tp.state"
 local vocab = require "lutra.dist.tp.vocab"
-
-for _, part in ipairs { regions, records, linear, vocab } do
+for _, part in ipairs { regions, records, linear, vocab, state } do
   for k, v in pairs(part) do M[k] = v end
 end
 

@@ -54,7 +54,7 @@ end
 local check_group = M.check_group
 
 --- regions.shard(t, dim, g, what, noun[, parts = 1]) -> this rank's 1/n of
--- t along dim (n the group's size), contiguous. With parts > 1 the dim is
+-- t along dim (n the group's size), a contiguous copy (its own storage). With parts > 1 the dim is
 -- parts stacked segments (GPT-2's c_attn rows: q, k, v) and the rank takes
 -- its 1/n of each, in order (so rank r's q, k and v heads match). Errors
 -- when the dim's size (of a segment) does not divide, as "<what>: " ..
@@ -69,7 +69,9 @@ function M.shard(t, dim, g, what, noun, parts)
   end
   local seg = c / parts
   local k = seg / n
-  if parts == 1 then return t:narrow(dim, g:rank() * k + 1, k):contiguous() end
+  -- (a copy: a narrow along dim 1 is contiguous already, and contiguous() would
+  -- keep the whole tensor's storage alive under the shard, which ZeRO 3 refuses)
+  if parts == 1 then return t:narrow(dim, g:rank() * k + 1, k):clone() end
   local pieces = {}
   for s = 0, parts - 1 do pieces[#pieces + 1] = t:narrow(dim, s * seg + g:rank() * k + 1, k) end
   return tensor.cat(pieces, dim):contiguous()
