@@ -10,6 +10,7 @@ local runtime = require "lutra.runtime"
 local cuda = require "lutra.cuda"
 local json = require "lutra.json"
 local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -57,11 +58,18 @@ end
 
 --- lt.train.log.flops_per_token(model, T) -> llm.c's FLOPs per token for a
 -- GPT with a config (n_layer, n_embd) at sequence length T: 6N + 6 L C T;
--- nil for a model without that config.
+-- nil for a model without that config. N is the whole model's count: for
+-- a tensor-parallel model each shard (lt.dist.tp.records) counts the TP
+-- group's size times (the job's FLOPs, as tokens/s and the peak are).
 function M.flops_per_token(model, T)
   local cfg = model.config
   if not cfg or not cfg.n_layer or not cfg.n_embd then return nil end
-  return 6 * model:num_parameters() + 6 * cfg.n_layer * cfg.n_embd * T
+  local n = model:num_parameters()
+  local tp = records.group(model)
+  if tp then
+    for p in pairs(records.sharded(model)) do n = n + (tp:size() - 1) * p:numel() end
+  end
+  return 6 * n + 6 * cfg.n_layer * cfg.n_embd * T
 end
 
 --- lt.train.log.memory_now(device) -> bytes in live tensors now, their peak
@@ -105,7 +113,8 @@ Log.__index = Log
 --- lt.train.log.open{dir =, quiet = false, ddp = (an lt.dist.DataParallel),
 -- log_all_ranks = false[, level = 2]} -> log: opens <dir>/metrics.jsonl for
 -- appending (creating dir) on the lead rank (rank 0 under ddp, else this
--- process); under ddp every rank learns whether rank 0 could and raises
+-- process); under ddp every rank of the job (a DataParallel over a DP
+-- group: the other groups' too) learns whether rank 0 could and raises
 -- with it. log.metrics_path is the file, log.lead whether this rank writes
 -- it. Raises "train: cannot open <file>: <reason>" or mkdir_p's error at
 -- level (2: open's caller).
@@ -127,7 +136,7 @@ function M.open(o)
     end)
   end
   if ddp then -- rank 0 alone opens the metrics: the others learn whether it could, and stop with it
-    local bad = ddp:reduce_number(opened and 0 or 1)
+    local bad = ddp:reduce_job_numbers({ opened and 0 or 1 })[1]
     if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", level) end
   end
   if not opened then error(why, level) end

@@ -7,12 +7,15 @@
 --                scatter_rows) and shard(), the slicing of a whole tensor
 --   records.lua  which parameters are shards (mark, plan, sharded, group)
 --   linear.lua   ColumnParallelLinear, RowParallelLinear
+--   norm.lua     the global quantities: the gradient norm each parameter
+--                counted once (split_squares, global_norm, grad_norm,
+--                clip_grad_norm), check_replicated, check_dp_group
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the
 -- same order, as for any collective.
 local M = {}
 
-for _, part in ipairs { "regions", "records", "linear" } do
+for _, part in ipairs { "regions", "records", "linear", "norm" } do
   for k, v in pairs(require("lutra.dist.tp." .. part)) do M[k] = v end
 end
 

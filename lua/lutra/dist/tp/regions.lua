@@ -46,7 +46,8 @@ function M.shard(t, dim, g, what, noun, parts)
   end
   local seg = c / parts
   local k = seg / n
-  if parts == 1 then return t:narrow(dim, g:rank() * k + 1, k):contiguous() end
+  -- (a copy: a view would keep the whole tensor alive, and ZeRO 3 drops only whole storages)
+  if parts == 1 then return t:narrow(dim, g:rank() * k + 1, k):clone() end
   local pieces = {}
   for s = 0, parts - 1 do pieces[#pieces + 1] = t:narrow(dim, s * seg + g:rank() * k + 1, k) end
   return tensor.cat(pieces, dim):contiguous()
