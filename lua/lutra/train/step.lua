@@ -39,6 +39,7 @@
 -- elements it ran. It runs the backward passes; it may set entries of xs,
 -- ys to nil as it goes (to free them). The default is M.micro_batches.
 local F = require "lutra.nn.functional"
+local autograd = require "lutra.autograd"
 local optim = require "lutra.optim"
 local runtime = require "lutra.runtime"
 local C = require("lutra.capi").C
@@ -130,8 +131,17 @@ function M.new(o)
       s.grad_scale = optim.clip_scale(norm, m)
       return norm
     end
-  elseif tp then
-    s.clip_by = function(m) return tpnorm.clip_grad_norm(params, sharded, tp, m) end
+  elseif tp then -- (lt.optim.clip_grad_norm with the norm that counts each parameter once)
+    s.clip_by = function(m)
+      local norm = grad_norm()
+      local scale = optim.clip_scale(norm, m)
+      if scale ~= 1 then
+        autograd.no_grad(function()
+          for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end
+        end)
+      end
+      return norm
+    end
   else
     s.clip_by = function(m) return optim.clip_grad_norm(params, m) end
   end

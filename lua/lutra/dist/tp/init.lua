@@ -8,15 +8,20 @@
 --   records.lua  which parameters are shards (mark, plan, sharded, group)
 --   linear.lua   ColumnParallelLinear, RowParallelLinear
 --   norm.lua     the global quantities: the gradient norm each parameter
---                counted once (split_squares, global_norm, grad_norm,
---                clip_grad_norm), check_replicated, check_dp_group
+--                counted once (split_squares, global_norm, grad_norm),
+--                check_replicated, check_dp_group
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the
 -- same order, as for any collective.
 local M = {}
 
-for _, part in ipairs { "regions", "records", "linear", "norm" } do
-  for k, v in pairs(require("lutra.dist.tp." .. part)) do M[k] = v end
+-- (each required at the top level: tests/lua/modules_spec.lua's rule)
+local regions = require "lutra.dist.tp.regions"
+local records = require "lutra.dist.tp.records"
+local linear = require "lutra.dist.tp.linear"
+local norm = require "lutra.dist.tp.norm"
+for _, part in ipairs { regions, records, linear, norm } do
+  for k, v in pairs(part) do M[k] = v end
 end
 
 return M

@@ -9,14 +9,39 @@
 --   check_dp_group: a DataParallel's or ZeRO's group is the data-parallel
 --     group of a TP model (not the TP group, not the world).
 -- All of them are collectives: every rank of the job calls them in the
--- same order. Sums of squares are f64 (lt.optim.grad_norm's), read on the host.
+-- same order. Sums of squares are f64 (lt_grad_sum_squares, as
+-- lt.optim.grad_norm's), one call per device, read on the host. (Below
+-- lt.optim and DataParallel in the library's layers: it needs only the
+-- optimizer base's argument arrays.)
 local tensor = require "lutra.tensor"
-local autograd = require "lutra.autograd"
 local comm = require "lutra.dist.comm"
-local optim = require "lutra.optim"
+local capi = require "lutra.capi"
+local base = require "lutra.optim.optimizer"
 local records = require "lutra.dist.tp.records"
+local autograd = require "lutra.autograd"
+local ffi, C = capi.ffi, capi.C
 
 local M = {}
+
+-- the f64 sum of the squared entries of params' gradients (none: 0), one call per device
+local function sum_squares(params)
+  local by_dev, order = {}, {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      local d = g.device
+      if not by_dev[d] then by_dev[d] = {}; order[#order + 1] = d end
+      by_dev[d][#by_dev[d] + 1] = g
+    end
+  end
+  local total, out = 0, ffi.new("double[1]")
+  for _, d in ipairs(order) do
+    local gs = by_dev[d]
+    if C.lt_grad_sum_squares(#gs, base.carray(gs, #gs), out) ~= 0 then base.fail(3) end
+    total = total + out[0]
+  end
+  return total
+end
 
 --- norm.split_squares(params, sharded) -> s, r: this rank's sums of the
 -- squared gradient entries (f64) of the params that are shards (keys of
@@ -28,9 +53,7 @@ function M.split_squares(params, sharded)
   for _, p in ipairs(params) do
     if sharded[p] then a[#a + 1] = p else b[#b + 1] = p end
   end
-  local s = #a > 0 and optim.grad_norm(a) or 0
-  local r = #b > 0 and optim.grad_norm(b) or 0
-  return s * s, r * r
+  return sum_squares(a), sum_squares(b)
 end
 
 --- norm.global_norm(s, r, tp_group[, dp_group]) -> the L2 norm of the
@@ -58,22 +81,6 @@ end
 function M.grad_norm(params, sharded, tp)
   local s, r = M.split_squares(params, sharded)
   return M.global_norm(s, r, tp)
-end
-
---- norm.clip_grad_norm(params, sharded, tp_group, max_norm) -> norm,
--- clipped: lt.optim.clip_grad_norm under tensor parallelism: the norm of
--- grad_norm, and every gradient scaled by lt.optim.clip_scale(norm,
--- max_norm) when that is not 1 (a NaN or infinite norm scales nothing).
-function M.clip_grad_norm(params, sharded, tp, max_norm)
-  local norm = M.grad_norm(params, sharded, tp)
-  local scale = optim.clip_scale(norm, max_norm)
-  if scale == 1 then return norm, false end
-  autograd.no_grad(function()
-    for _, p in ipairs(params) do
-      if p.grad ~= nil then p.grad:mul_(scale) end
-    end
-  end)
-  return norm, true
 end
 
 -- the same numbers on every rank of g? all_reduce of {x..., -x...} with max
@@ -107,8 +114,8 @@ function M.check_dp_group(tp, group, who, level)
   comm.all_reduce(t, { op = "max" })
   if t:item() > 0 then
     error(("%s: the model is tensor-parallel over %d ranks, and the %s (%d ranks) holds ranks of one tensor-parallel "
-      .. "group: data parallelism of a TP model runs over the data-parallel group, group = lt.dist.mesh{dp =, tp = %d}.dp "
-      .. "(a group of one rank when dp = 1)"):format(who, tp:size(), group == nil and "group (the world)" or "group",
+      .. "group: data parallelism of a TP model runs over the data-parallel group, "
+      .. "group = lt.dist.mesh{dp =, tp = %d}.dp (a group of one rank when dp = 1)"):format(who, tp:size(), group == nil and "group (the world)" or "group",
       g:size(), tp:size()), (level or 2) + 1)
   end
 end
