@@ -6,14 +6,16 @@
 -- -> GELU -> RowParallelLinear (biases; the row bias replicated) with a
 -- residual, a final LayerNorm and a replicated head, all f64. For plain
 -- AdamW (the grad_scale path), an AdamW behind a wrapper (the gradients
--- scaled) and ZeRO stages 1, 2 and 3 over the DP group,
--- with clipping firing at every step and not at all: every step's loss and
--- gradient norm (1e-10 relative: the norm counts each parameter once),
--- every final weight (shards gathered; 1e-10), and the replicated
--- parameters bitwise equal on the TP ranks (tp.check_replicated). Bad
--- groups (the TP group, the world) are refused on every rank, and
--- check_replicated names a replicated parameter that differs and a shard
--- whose shape does. Prints the bytes per rank (lt.dist.memory_bytes).
+-- scaled) and ZeRO stages 1, 2 and 3 over the DP group, with clipping
+-- firing at every step and not at all: every step's loss and gradient norm
+-- (1e-10 relative: the norm counts each parameter once), every final
+-- weight (shards gathered; 1e-10), and the replicated parameters bitwise
+-- equal on the TP ranks (tp.check_replicated). Bad groups (the TP group,
+-- the world) are refused on every rank; check_replicated names a
+-- replicated parameter that differs and a shard whose shape does;
+-- lt.train's validation loss is one process's; a preemption signal on one
+-- TP rank reaches every rank of the job at the same step. Prints the bytes
+-- per rank (lt.dist.memory_bytes).
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -74,10 +76,25 @@ local function settings(extra)
   return s
 end
 
+-- a scratch directory for a run's metrics, removed after fn(dir)
+local function scratch(fn)
+  local base = os.tmpname()
+  local ok, a, b, c = pcall(fn, base .. "-tp-train")
+  os.execute("rm -rf '" .. base .. "-tp-train'")
+  os.remove(base)
+  if not ok then error(a, 0) end
+  return a, b, c
+end
+
+local train_in
 local function train(model, opt, data, clip, ddp)
+  return scratch(function(dir) return train_in(dir, model, opt, data, clip, ddp) end)
+end
+
+function train_in(dir, model, opt, data, clip, ddp)
   local losses, norms, mem = {}, {}, nil
   lt.train { model = model, optimizer = opt, train = data, steps = STEPS, clip = clip, quiet = true,
-    out_dir = os.tmpname() .. "-tp-train", ddp = ddp or false, eval_at_start = false,
+    out_dir = dir, ddp = ddp or false, eval_at_start = false,
     on_step = function(rec)
       losses[rec.step], norms[rec.step] = rec.loss, rec.grad_norm
       if rec.step == STEPS then mem = lt.dist.memory_bytes(model, opt, ddp) end
@@ -208,6 +225,52 @@ H.test("check_replicated names a replicated parameter that differs, and a shard 
   if mesh.coords.tp == 1 then model.blocks[2].fc.bias = nn.Parameter(lt.zeros({ b:numel() + 1 }, F64)) end
   H.raises(function() tp.check_replicated(model) end, "the shard blocks.1.fc.bias differs in shape",
     ("from %d to %d"):format(b:numel(), b:numel() + 1))
+end)
+
+H.test("lt.train's evaluation under TP: every rank runs the forward, the val loss one process's", function(_, w)
+  local mesh, dp, d = mesh_of(w)
+  local function run(model, opt, data, ddp)
+    return scratch(function(dir)
+      return lt.train { model = model, optimizer = opt, train = data, steps = 2, quiet = true, ddp = ddp or false,
+        out_dir = dir, val = loader(1, 1, B), eval_every = 2, eval_batches = 3 }
+    end)
+  end
+  local whole = Tiny()
+  local want = run(whole, lt.optim.AdamW(whole, settings()), loader(dp, 1, B * dp))
+  local model = Tiny(mesh.tp)
+  local got = run(model, lt.optim.AdamW(model, settings()), loader(dp, d * B + 1, B),
+    lt.dist.DataParallel(model, { group = mesh.dp }))
+  assert(got.val_step == 2 and want.val_step == 2, "evaluated at step 2")
+  local rel = math.abs(got.val_loss - want.val_loss) / want.val_loss
+  assert(rel < 1e-10, ("val loss %.15g, one process %.15g"):format(got.val_loss, want.val_loss))
+end)
+
+H.test("a preemption signal on one TP rank only stops every rank of the job after the same step", function(r, w)
+  local C = require("lutra.capi").C
+  local mesh, dp, d = mesh_of(w)
+  local model = Tiny(mesh.tp)
+  local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model, settings()),
+    ddp = lt.dist.DataParallel(model, { group = mesh.dp }) }
+  local data = loader(dp, d * B + 1, B)
+  local function next_batch() return data:next() end
+  C.lt_preempt_clear()
+  C.lt_preempt_watch(1)
+  local ok, err = pcall(function()
+    assert(S:run(1, next_batch).signal == 0, "step 1: no signal")
+    -- the last rank: TP rank 1, in another DP group than rank 0's when dp = 2
+    if r == w - 1 then
+      local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+      os.execute("kill -USR1 " .. pid)
+      local t0 = os.clock()
+      while C.lt_preempt_signal() == 0 and os.clock() - t0 < 5 do end
+      assert(C.lt_preempt_signal() == 10, "the signal did not arrive")
+    end
+    local sig = S:run(2, next_batch).signal
+    assert(sig == 10, ("step 2: rank %d sees signal %s, not SIGUSR1's 10"):format(r, tostring(sig)))
+  end)
+  C.lt_preempt_watch(0)
+  C.lt_preempt_clear()
+  assert(ok, err)
 end)
 
 H.run("tests/dist/tp_train_spec.lua")
