@@ -16,9 +16,17 @@
 -- backward goes on. The sum is what is reduced: each rank divides its loss
 -- by the global token count itself. MPI progresses the transfers when it is
 -- called, so each hook also polls the buckets in flight.
+--
+-- A tensor-parallel model (lt.dist.tp) takes group = its data-parallel
+-- group, lt.dist.mesh{dp =, tp =}.dp (a group of one rank when dp = 1):
+-- the TP ranks of a DP rank hold the same batch and different slices, so
+-- gradients, token counts and loss sums are reduced over DP only; the TP
+-- group or the world is refused on every rank.
 local tensor = require "lutra.tensor"
 local autograd = require "lutra.autograd"
 local comm = require "lutra.dist.comm"
+local records = require "lutra.dist.tp.records"
+local tpnorm = require "lutra.dist.tp.norm"
 
 local M = {}
 local DDP = {}
@@ -26,20 +34,24 @@ DDP.__index = DDP
 
 --- lt.dist.DataParallel(model or params, {bucket_mb = 25, group = world, broadcast = true,
 -- gradients = "all_reduce" or "none"}) -> ddp ("none": the optimizer reduces
--- them, as lt.dist.Zero's stage 2 does with reduce_scatter)
+-- them, as lt.dist.Zero's stage 2 does with reduce_scatter). For a
+-- tensor-parallel model, group must be its DP group (else an error on
+-- every rank, lt.dist.tp.check_dp_group).
 function M.DataParallel(what, opts)
   opts = opts or {}
   local params = type(what) == "table" and what.parameters and what:parameters() or what
   if type(params) ~= "table" or #params == 0 then
     error("DataParallel: expects a model or a list of parameters", 2)
   end
+  local tp = type(what) == "table" and what.parameters and records.group(what) or nil
+  if tp then tpnorm.check_dp_group(tp, opts.group, "DataParallel", 2) end
   local bucket_mb = opts.bucket_mb or 25
   if type(bucket_mb) ~= "number" or not (bucket_mb > 0) then error("DataParallel: bucket_mb must be > 0", 2) end
   local mode = opts.gradients or "all_reduce"
   if mode ~= "all_reduce" and mode ~= "none" then
     error("DataParallel: gradients must be \"all_reduce\" or \"none\" (a ZeRO-2 optimizer reduces them)", 2)
   end
-  local self = setmetatable({ params = params, group = opts.group, sync = true, buckets = {}, marked = {},
+  local self = setmetatable({ params = params, group = opts.group, tp = tp, sync = true, buckets = {}, marked = {},
     stats = { launched = 0, bytes = 0 }, reduce = mode == "all_reduce" }, DDP)
   comm.init()
   -- the same starting weights everywhere: rank 0's
@@ -168,6 +180,16 @@ function DDP:reduce_number(x) return self:reduce_numbers({ x })[1] end
 function DDP:reduce_numbers(xs)
   local t = tensor.tensor(xs, { dtype = "f64" })
   comm.all_reduce(t, { group = self.group })
+  return t:totable()
+end
+
+--- ddp:reduce_job_numbers({x1, ...}[, op = "sum"]) -> {sums}: the same over
+-- every rank of the job, not only the DP group (what all ranks must agree
+-- on: a preemption signal, whether rank 0 could open the metrics). Over a
+-- DataParallel of the world it is reduce_numbers' all_reduce.
+function DDP:reduce_job_numbers(xs, op)
+  local t = tensor.tensor(xs, { dtype = "f64" })
+  comm.all_reduce(t, { op = op or "sum" })
   return t:totable()
 end
 

@@ -2,23 +2,28 @@
 -- by stages 1-2 (lutra.dist.zero) and stage 3 (lutra.dist.zero3).
 local M = {}
 
---- flat_groups(params, wd[, size]) -> flats: the parameters laid end to end
--- per weight-decay group (decay on dims >= 2, as lt.optim) and dtype, each
--- {params, offsets, numel, dtype, device, weight_decay}. Without size,
+--- flat_groups(params, wd[, size[, sharded]]) -> flats: the parameters laid
+-- end to end per weight-decay group (decay on dims >= 2, as lt.optim) and
+-- dtype, each {params, offsets, numel, dtype, device, weight_decay}. With
+-- sharded (a tensor-parallel model's lt.dist.tp.records.sharded table) the
+-- shards and the replicated parameters never share a flat: the shards'
+-- flats have tp_sharded = true (the gradient norm sums their squares over
+-- the TP group, the others' once). Without size,
 -- frozen parameters (requires_grad false) stay out: nothing updates them.
 -- With size (ZeRO 3, which shards them all): frozen ones get flats of
 -- their own (frozen = true), and every flat is padded to a multiple of
 -- size (chunk = padded / size: equal chunks, as NCCL needs).
-function M.flat_groups(params, wd, size)
+function M.flat_groups(params, wd, size, sharded)
   local out, by = {}, {}
   for _, p in ipairs(params) do
     local frozen = not p.requires_grad
     if frozen and not size then goto continue end
     local decay = p:dim() >= 2
-    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "")
+    local shard = sharded ~= nil and sharded[p] ~= nil
+    local key = (decay and "d" or "n") .. p.dtype .. (frozen and "f" or "") .. (shard and "s" or "")
     if not by[key] then
       by[key] = { params = {}, offsets = {}, numel = 0, dtype = p.dtype, device = p.device,
-        weight_decay = decay and wd or 0, frozen = frozen }
+        weight_decay = decay and wd or 0, frozen = frozen, tp_sharded = shard }
       out[#out + 1] = by[key]
     end
     local g = by[key]

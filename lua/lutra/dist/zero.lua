@@ -15,12 +15,22 @@
 -- reduce-scatters the flat gradient and so holds only its chunk's sum.
 -- Either way the rank updates its chunk and all_gather puts the updated
 -- parameters back everywhere. Clipping uses the norm over all chunks.
+--
+-- A tensor-parallel model (lt.dist.tp: records.group(model)) is sharded
+-- over its data-parallel group (group = lt.dist.mesh{dp =, tp =}.dp; the
+-- TP group or the world is refused): each TP rank's ZeRO shards its own
+-- slices. Shards and replicated parameters lie in separate flats, and the
+-- gradient norm is the DP all_reduce of {shards' squares, replicated
+-- squares}, then the shards' over the TP group (lt.dist.tp.norm): each
+-- parameter counted once.
 local tensor = require "lutra.tensor"
 local autograd = require "lutra.autograd"
 local comm = require "lutra.dist.comm"
 local optim = require "lutra.optim"
 local flat = require "lutra.dist.flat"
 local zero3 = require "lutra.dist.zero3"
+local records = require "lutra.dist.tp.records"
+local tpnorm = require "lutra.dist.tp.norm"
 
 local M = {}
 local Zero = {}
@@ -33,7 +43,8 @@ M.flat_groups = flat_groups
 -- units = (stage 3: the modules gathered one at a time), <the optimizer's
 -- settings>}) -> an optimizer for lt.train (with lt.dist.DataParallel,
 -- gradients = "all_reduce" for stage 1, "none" for 2 and 3). Stage 3 is
--- lutra.dist.zero3. Raises on another stage or optimizer.
+-- lutra.dist.zero3. Raises on another stage or optimizer, and (on every
+-- rank) for a tensor-parallel model whose group is not its DP group.
 function M.Zero(model, opts)
   opts = opts or {}
   local stage = opts.stage or 1
@@ -48,13 +59,16 @@ function M.Zero(model, opts)
   for k, v in pairs(opts) do
     if k ~= "stage" and k ~= "optimizer" and k ~= "group" and k ~= "units" then settings[k] = v end
   end
+  local tp = records.group(model)
+  if tp then tpnorm.check_dp_group(tp, opts.group, "Zero", 2) end
   if stage == 3 then return zero3.new(Zero, model, opts, settings, kind) end
   local group = opts.group
   local size = group and group:size() or comm.world_size()
   local rank = group and group:rank() or comm.rank()
   local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank,
-    sharded = true }, Zero)
-  self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0))
+    sharded = true, tp = tp }, Zero)
+  self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0), nil,
+    tp and records.sharded(model) or nil)
   local inner_groups = {}
   autograd.no_grad(function()
     for gi, f in ipairs(self.flats) do
@@ -112,15 +126,25 @@ function Zero:reduce_gradients()
 end
 
 --- opt:clip_grad_norm(max_norm) -> the global gradient norm (over every
--- rank's chunk), scaling the chunks when it is above max_norm.
+-- rank's chunk; under tensor parallelism every TP rank's slices too, each
+-- parameter once: lt.dist.tp.norm.global_norm), scaling the chunks when
+-- it is above max_norm (torch's factor, lt.optim.clip_scale).
 function Zero:clip_grad_norm(max_norm)
   if not self.reduced then self:reduce_gradients() end
   local shards = {}
   for _, f in ipairs(self.flats) do shards[#shards + 1] = f.shard end
-  local mine = optim.grad_norm(shards) -- this rank's part, summed in f64
-  local t = tensor.tensor({ mine * mine }, { dtype = "f64" })
-  comm.all_reduce(t, { group = self.comm })
-  local norm = math.sqrt(t:item())
+  local norm
+  if self.tp then
+    local is_shard = {}
+    for _, f in ipairs(self.flats) do is_shard[f.shard] = f.tp_sharded or nil end
+    local s, r = tpnorm.split_squares(shards, is_shard)
+    norm = tpnorm.global_norm(s, r, self.tp, self.comm)
+  else
+    local mine = optim.grad_norm(shards) -- this rank's part, summed in f64
+    local t = tensor.tensor({ mine * mine }, { dtype = "f64" })
+    comm.all_reduce(t, { group = self.comm })
+    norm = math.sqrt(t:item())
+  end
   if max_norm and max_norm < math.huge and norm > max_norm and norm == norm then
     local scale = max_norm / (norm + 1e-6)
     autograd.no_grad(function()

@@ -30,6 +30,10 @@
 -- reduce_scatters, and the bytes of whole parameters held now and at most
 -- (param_bytes, peak_param_bytes).
 --
+-- A tensor-parallel model is sharded over its DP group (lutra.dist.zero
+-- checks the group): each unit's TP slices are what its flats hold, shards
+-- and replicated parameters in flats apart (for the gradient norm).
+--
 -- opt:unshard() gathers every parameter and keeps them (evaluation,
 -- sampling, checkpoints, export); opt:reshard() drops them again. Every
 -- rank must take part in each forward, backward, unshard and reshard.
@@ -39,6 +43,7 @@ local comm = require "lutra.dist.comm"
 local nn = require "lutra.nn"
 local optim = require "lutra.optim"
 local flat = require "lutra.dist.flat"
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -72,7 +77,7 @@ function M.new(base, model, opts, settings, kind)
   class.__index = class
   for k, v in pairs(M.methods) do class[k] = v end
   local self = setmetatable({ stage = 3, comm = group, params = model:parameters(), size = size, rank = rank,
-    sharded = true, model = model, full = false, order = {}, recording = true, pending = {},
+    sharded = true, tp = records.group(model), model = model, full = false, order = {}, recording = true, pending = {},
     stats = { gathers = 0, prefetches = 0, reduce_scatters = 0, param_bytes = 0, peak_param_bytes = 0 } }, class)
 
   -- units and the parameters each owns
@@ -103,11 +108,13 @@ function M.new(base, model, opts, settings, kind)
   for _, p in ipairs(self.params) do table.insert(lists[owner[p] or 0], p) end
   self.units = {}
   local wd = settings.weight_decay or (kind == "AdamW" and 0.01 or 0)
+  -- a tensor-parallel model: its shards and replicated parameters in flats apart (the norm counts them apart)
+  local tp_sharded = self.tp and records.sharded(model) or nil
   for i = 0, #modules do
     if #lists[i] > 0 or i == 0 then
       local u = { module = i == 0 and model or modules[i], params = lists[i], root = i == 0,
         name = i == 0 and "model" or modules[i]:path(), gathered = true, ready = 0, nready = 0 }
-      u.flats = flat.flat_groups(u.params, wd, size)
+      u.flats = flat.flat_groups(u.params, wd, size, tp_sharded)
       u.bytes = 0
       for _, p in ipairs(u.params) do u.bytes = u.bytes + p:nbytes() end
       self.stats.param_bytes = self.stats.param_bytes + u.bytes

@@ -5,7 +5,7 @@
 local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 
---- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu"}])
+--- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu", own_loss = false}])
 -- -> the mean token loss (cross-entropy of model(x) against y, summed over
 -- the targets other than ignore_index and divided by their count) over the
 -- next `batches` batches of loader:next() (fewer where it runs out; NaN when
@@ -14,11 +14,17 @@ local F = require "lutra.nn.functional"
 -- are moved to device. The loader is read from where it is: restart it
 -- (loader:load_state) for evaluations that compare. Raises "train: the
 -- validation batches' sequence length N is longer than the model's context
--- (block_size B)" and what the model raises.
+-- (block_size B)" and what the model raises. own_loss: a model whose class
+-- says model:loss is its cross-entropy (model.loss_is_cross_entropy ==
+-- model.loss, lt.models') computes it with model:loss (lt.train asks for
+-- it under tensor parallelism: a vocabulary-parallel head's loss never
+-- gathers the logits). Under tensor parallelism every rank of the TP
+-- group calls it on the same batches (the forward's collectives).
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
   local sum, count = 0, 0
+  local own = opts.own_loss and model.loss ~= nil and model.loss_is_cross_entropy == model.loss
   local was_training = model.training
   local block = model.config and model.config.block_size
   model:eval()
@@ -31,8 +37,9 @@ local function evaluate(model, loader, opts)
           :format(x:size(x:dim()), block), 0)
       end
       if device ~= "cpu" then x, y = x:to(device), y:to(device) end
-      local logits = model(x)
-      local l, c = F.cross_entropy(logits, y, { reduction = "sum", ignore_index = ignore_index })
+      local lo = { reduction = "sum", ignore_index = ignore_index }
+      local l, c
+      if own then l, c = model:loss(x, y, lo) else l, c = F.cross_entropy(model(x), y, lo) end
       sum = sum + l:item()
       count = count + c
     end

@@ -61,6 +61,18 @@
 -- the global batch; rank 0 alone logs and samples (log_all_ranks = true: every
 -- rank prints its lines too, prefixed "[rank N]"; metrics stay rank 0's).
 --
+-- Tensor parallel (a model with lt.dist.tp records, records.group(model)):
+-- ddp is required, a DataParallel over the mesh's DP group (group =
+-- mesh.dp; a group of one rank when dp = 1); the TP ranks of a DP rank
+-- read the same batches. Token counts and loss sums are reduced over DP,
+-- the gradient norm counts each parameter once (lt.train.step), and a
+-- preemption signal stops every rank of the job after the same step.
+-- Every rank evaluates (the forward's collectives need the whole TP
+-- group; val must give the TP ranks the same batches; with the model's
+-- own loss, model:loss, as a vocabulary-parallel head needs) and every rank
+-- samples (rank 0 records): lt.generate must then run the model's TP
+-- forward with identical draws on the TP ranks (see lutra.generate).
+--
 -- Every step appends a JSON line to runs/<name>/metrics.jsonl; the first
 -- step, every log_every-th and the last print one line: step, the step's
 -- loss, the mean loss over the steps since the previous line ("mean(25)"),
@@ -89,6 +101,7 @@ local evaluate = require "lutra.train.evaluate"
 local checkpoint = require "lutra.train.checkpoint"
 local log = require "lutra.train.log"
 local C = require("lutra.capi").C
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -220,6 +233,11 @@ function M.run(settings)
   -- what checkpoints need, checked before any step: a loader with a state,
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
+  local tp = records.group(model)
+  if tp and not ddp then
+    error(("train: the model is tensor-parallel over %d ranks: pass ddp = lt.dist.DataParallel(model, {group = "
+      .. "mesh.dp}) (its data-parallel group; a group of one rank when dp = 1)"):format(tp:size()), 2)
+  end
   -- under data parallelism rank 0 alone prints, warns and writes the metrics
   local lead = not ddp or comm.rank() == 0
   if ddp and opt.sharded then
@@ -268,7 +286,8 @@ function M.run(settings)
   -- what sampling will do, checked now: the prompt's ids and the settings,
   -- by lt.generate itself (max_tokens = 0 without the cache: no forward, no draw)
   local sample_ids
-  if o.sample_every > 0 and lead then
+  local sampler = lead or tp ~= nil -- (under TP every rank: the forward's collectives)
+  if o.sample_every > 0 and sampler then
     local s = o.sample
     sample_ids = s.tokenizer:encode(s.prompt or "\n")
     if #sample_ids == 0 then sample_ids = { s.tokenizer.eot } end -- (an empty prompt: from the document start)
@@ -350,7 +369,8 @@ function M.run(settings)
   -- the validation loss (ZeRO 3: every rank gathers the whole parameters first)
   local function validate(step)
     if val_start then o.val:load_state(val_start) end
-    local vl = evaluate(model, o.val, { batches = o.eval_batches, ignore_index = o.ignore_index, device = device })
+    local vl = evaluate(model, o.val, { batches = o.eval_batches, ignore_index = o.ignore_index, device = device,
+      own_loss = tp ~= nil })
     summary.val_loss, summary.val_step = vl, step
     record({ step = step, val_loss = vl })
     say(("step %5d/%d | val loss %.4f%s"):format(step, o.steps, vl, step == 0 and " (before training)" or ""))
@@ -407,13 +427,15 @@ function M.run(settings)
     local unsharded = (evaluating or sampling) and opt.unshard and not opt.full
     if unsharded then opt:unshard() end
     if evaluating then validate(step) end
-    if lead and sampling then
+    if sampler and sampling then
       local s = o.sample
       local ids = M.generate(model, sample_ids, { tokens = s.tokens or 64, temperature = s.temperature or 1,
         top_k = s.top_k, top_p = s.top_p, generator = s.generator, device = device })
-      local text = s.tokenizer:decode(ids, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
-      record({ step = step, sample = text })
-      say(("---- sample at step %d ----\n%s\n----"):format(step, text))
+      if lead then
+        local text = s.tokenizer:decode(ids, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
+        record({ step = step, sample = text })
+        say(("---- sample at step %d ----\n%s\n----"):format(step, text))
+      end
     end
     if unsharded then opt:reshard() end
     t_done = runtime.clock()

@@ -110,7 +110,8 @@ Log.__index = Log
 --- lt.train.log.open{dir =, quiet = false, ddp = (an lt.dist.DataParallel),
 -- log_all_ranks = false[, level = 2]} -> log: opens <dir>/metrics.jsonl for
 -- appending (creating dir) on the lead rank (rank 0 under ddp, else this
--- process); under ddp every rank learns whether rank 0 could and raises
+-- process); under ddp every rank of the job (a DataParallel over a DP
+-- group: the other groups' too) learns whether rank 0 could and raises
 -- with it. log.metrics_path is the file, log.lead whether this rank writes
 -- it. Raises "train: cannot open <file>: <reason>" or mkdir_p's error at
 -- level (2: open's caller).
@@ -132,7 +133,7 @@ function M.open(o)
     end)
   end
   if ddp then -- rank 0 alone opens the metrics: the others learn whether it could, and stop with it
-    local bad = ddp:reduce_number(opened and 0 or 1)
+    local bad = ddp:reduce_job_numbers({ opened and 0 or 1 })[1]
     if bad > 0 and opened then error("train: rank 0 could not open the metrics file; stopping with it", level) end
   end
   if not opened then error(why, level) end

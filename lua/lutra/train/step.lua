@@ -23,6 +23,14 @@
 -- raises (naming the step), or with skip_nonfinite is skipped: the
 -- gradients are dropped and the schedule does not advance.
 --
+-- A tensor-parallel model (lt.dist.tp.records.group(model)) runs with a
+-- DataParallel over its DP group (group = mesh.dp): counts and loss sums
+-- are reduced over DP (its TP ranks hold the same batch and compute the
+-- same loss), the gradient norm counts each parameter once (a shard's
+-- squares summed over the TP group, a replicated one's once:
+-- lt.dist.tp.norm; ZeRO's clip_grad_norm does the same over its chunks),
+-- and the preemption signal is agreed by every rank of the job.
+--
 -- The micro-batch function is the seam a pipeline schedule replaces:
 -- micro_batches(S, xs, ys, total) -> loss_sum, tokens, where xs, ys are
 -- the step's accum micro-batches (on S.device), total the step's counted
@@ -31,9 +39,12 @@
 -- elements it ran. It runs the backward passes; it may set entries of xs,
 -- ys to nil as it goes (to free them). The default is M.micro_batches.
 local F = require "lutra.nn.functional"
+local autograd = require "lutra.autograd"
 local optim = require "lutra.optim"
 local runtime = require "lutra.runtime"
 local C = require("lutra.capi").C
+local records = require "lutra.dist.tp.records"
+local tpnorm = require "lutra.dist.tp.norm"
 
 local M = {}
 
@@ -104,12 +115,31 @@ function M.new(o)
   -- update (grad_scale: no pass that scales the gradients, no launch per parameter)
   s.grad_scale = 1
   local params = s.params
+  -- tensor parallelism: each parameter counted once in the norm (the shards
+  -- are those of the model's current tensors: made here, after model:to())
+  local tp = records.group(model)
+  local sharded = tp and records.sharded(model)
+  local function grad_norm()
+    if tp then return tpnorm.grad_norm(params, sharded, tp) end
+    return optim.grad_norm(params)
+  end
   if opt.clip_grad_norm then
     s.clip_by = function(m) return opt:clip_grad_norm(m) end
   elseif optim.takes_grad_scale(opt) then
     s.clip_by = function(m)
-      local norm = optim.grad_norm(params)
+      local norm = grad_norm()
       s.grad_scale = optim.clip_scale(norm, m)
+      return norm
+    end
+  elseif tp then -- (lt.optim.clip_grad_norm with the norm that counts each parameter once)
+    s.clip_by = function(m)
+      local norm = grad_norm()
+      local scale = optim.clip_scale(norm, m)
+      if scale ~= 1 then
+        autograd.no_grad(function()
+          for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end
+        end)
+      end
       return norm
     end
   else
@@ -140,8 +170,8 @@ end
 
 --- S:run(step, next_batch[, {keep_deferred = false}]) -> r: one optimizer
 -- step (step: its number, for messages). r = {loss = (mean token loss of the
--- step, the job's), grad_norm = (before clipping; 0 when the loss is not
--- finite), lr = (the rate used; nil for a skipped step), tokens = (input
+-- step, the job's), grad_norm = (before clipping, the whole model's; 0
+-- when the loss is not finite), lr = (the rate used; nil for a skipped step), tokens = (input
 -- elements, the job's), finite = (false: skipped), started =, finished =
 -- (runtime.clock() at the start and after the update), seconds = (the
 -- difference), signal = (under data parallelism: the job's preemption
@@ -163,11 +193,20 @@ function Step:run(step, next_batch, opts)
   if ddp then
     ddp:finish()
     -- one all_reduce for the sums and for whether any rank was signalled
-    -- (all ranks then stop after the same step)
+    -- (all ranks then stop after the same step); over a DP group (a
+    -- tensor-parallel model's) the sums are the group's and the signal
+    -- needs every rank of the job: a second all_reduce
     local sig = C.lt_preempt_signal()
-    local sums = ddp:reduce_numbers { loss_sum, tokens, sig == 15 and 1 or 0, sig ~= 0 and sig ~= 15 and 1 or 0 }
-    loss_sum, tokens = sums[1], sums[2]
-    signal = sums[3] > 0 and 15 or (sums[4] > 0 and 10 or 0)
+    local f15, f10 = sig == 15 and 1 or 0, sig ~= 0 and sig ~= 15 and 1 or 0
+    if ddp.group == nil then
+      local sums = ddp:reduce_numbers { loss_sum, tokens, f15, f10 }
+      loss_sum, tokens, f15, f10 = sums[1], sums[2], sums[3], sums[4]
+    else
+      local sums = ddp:reduce_numbers { loss_sum, tokens }
+      local flags = ddp:reduce_job_numbers { f15, f10 }
+      loss_sum, tokens, f15, f10 = sums[1], sums[2], flags[1], flags[2]
+    end
+    signal = f15 > 0 and 15 or (f10 > 0 and 10 or 0)
   end
   local loss = total > 0 and loss_sum / total or 0
   local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge

@@ -11,6 +11,9 @@
 --                linear_cross_entropy (the vocabulary split across ranks)
 --   state.lua    whole state dicts: full_state_dict (gathered),
 --                load_full_state_dict (each rank its slice)
+--   norm.lua     the global quantities: the gradient norm each parameter
+--                counted once (split_squares, global_norm, grad_norm),
+--                check_replicated, check_dp_group
 -- (ckpt.lua, the checkpoint files of a TP model, is lt.ckpt's, not re-exported.)
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the
@@ -20,8 +23,8 @@ local M = {}
 -- (each required at the top level: tests/lua/modules_spec.lua)
 local regions, records = require "lutra.dist.tp.regions", require "lutra.dist.tp.records"
 local linear, state = require "lutra.dist.tp.linear", require "lutra.dist.tp.state"
-local vocab = require "lutra.dist.tp.vocab"
-for _, part in ipairs { regions, records, linear, vocab, state } do
+local vocab, norm = require "lutra.dist.tp.vocab", require "lutra.dist.tp.norm"
+for _, part in ipairs { regions, records, linear, vocab, state, norm } do
   for k, v in pairs(part) do M[k] = v end
 end
 

@@ -1,0 +1,210 @@
+--- lutra.dist.tp.norm: the global quantities of a tensor-parallel model
+-- that depend on which parameters are shards (lutra.dist.tp.records):
+--   the gradient norm for clipping, each parameter counted once: a
+--     shard's squares summed over the TP group, a replicated parameter's
+--     (identical on every TP rank) counted once, not tp times; with ZeRO's
+--     chunks over the DP group as well (global_norm);
+--   check_replicated: replicated parameters bitwise identical on the TP
+--     ranks, sharded ones of one shape;
+--   check_dp_group: a DataParallel's or ZeRO's group is the data-parallel
+--     group of a TP model (not the TP group, not the world).
+-- All of them are collectives: every rank of the job calls them in the
+-- same order. Sums of squares are f64 (lt_grad_sum_squares, as
+-- lt.optim.grad_norm's), one call per device, read on the host. (Below
+-- lt.optim and DataParallel in the library's layers: it needs only the
+-- optimizer base's argument arrays.)
+local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
+local capi = require "lutra.capi"
+local base = require "lutra.optim.optimizer"
+local records = require "lutra.dist.tp.records"
+local autograd = require "lutra.autograd"
+local ffi, C = capi.ffi, capi.C
+
+local M = {}
+
+-- the f64 sum of the squared entries of params' gradients (none: 0), one call per device
+local function sum_squares(params)
+  local by_dev, order = {}, {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      local d = g.device
+      if not by_dev[d] then by_dev[d] = {}; order[#order + 1] = d end
+      by_dev[d][#by_dev[d] + 1] = g
+    end
+  end
+  local total, out = 0, ffi.new("double[1]")
+  for _, d in ipairs(order) do
+    local gs = by_dev[d]
+    if C.lt_grad_sum_squares(#gs, base.carray(gs, #gs), out) ~= 0 then base.fail(3) end
+    total = total + out[0]
+  end
+  return total
+end
+
+--- norm.split_squares(params, sharded) -> s, r: this rank's sums of the
+-- squared gradient entries (f64) of the params that are shards (keys of
+-- sharded, records.sharded's table; or those with a true field
+-- tp_sharded in the table sharded = {[param] = true}) and of the rest.
+-- A parameter without a gradient counts as zero.
+function M.split_squares(params, sharded)
+  local a, b = {}, {}
+  for _, p in ipairs(params) do
+    if sharded[p] then a[#a + 1] = p else b[#b + 1] = p end
+  end
+  return sum_squares(a), sum_squares(b)
+end
+
+--- norm.global_norm(s, r, tp_group[, dp_group]) -> the L2 norm of the
+-- whole model's gradient, from this rank's sums of squares of shards (s)
+-- and of replicated parameters (r). Without dp_group the gradients are
+-- whole over DP (DataParallel all-reduced them): s is summed over the TP
+-- group (one all_reduce of one f64), r counted once. With dp_group (ZeRO:
+-- each DP rank holds a chunk): {s, r} summed over the DP group first (one
+-- all_reduce), then s over the TP group. Every rank gets the same norm.
+function M.global_norm(s, r, tp, dp)
+  if dp then
+    local t = tensor.tensor({ s, r }, { dtype = "f64" })
+    comm.all_reduce(t, { group = dp })
+    local v = t:totable()
+    s, r = v[1], v[2]
+  end
+  local t = tensor.tensor({ s }, { dtype = "f64" })
+  comm.all_reduce(t, { group = tp })
+  return math.sqrt(t:item() + r)
+end
+
+--- norm.grad_norm(params, sharded, tp_group) -> the global gradient norm
+-- of params (lt.optim.grad_norm's, each parameter once) for gradients
+-- whole over DP: split_squares, then global_norm without a DP group.
+function M.grad_norm(params, sharded, tp)
+  local s, r = M.split_squares(params, sharded)
+  return M.global_norm(s, r, tp)
+end
+
+-- the same numbers on every rank of g? all_reduce of {x..., -x...} with max
+local function spread(xs, g)
+  local n = #xs
+  local v = {}
+  for i = 1, n do v[i], v[n + i] = xs[i], -xs[i] end
+  local t = tensor.tensor(v, { dtype = "f64" })
+  comm.all_reduce(t, { op = "max", group = g })
+  local out = t:totable()
+  local hi, lo = {}, {}
+  for i = 1, n do hi[i], lo[i] = out[i], -out[n + i] end
+  return hi, lo
+end
+
+--- norm.check_dp_group(tp_group, group, who[, level = 2]): raises (on every
+-- rank, naming who: "DataParallel", "Zero") unless group is a
+-- data-parallel group of the tensor-parallel model whose group is
+-- tp_group: every rank of group holds the same TP rank, and every rank of
+-- tp_group the same rank in its group (lt.dist.mesh{dp =, tp =}.dp; when
+-- dp = 1 a group of one rank). group nil stands for the world, which a
+-- TP model's data parallelism never is. Three small all_reduces, the last
+-- over the world so that every rank learns of a group wrong anywhere.
+function M.check_dp_group(tp, group, who, level)
+  local g = group
+  if g == nil then g = comm.new_group(0) end -- (the world, as a group every rank makes)
+  local hi1, lo1 = spread({ tp:rank() }, g)
+  local hi2, lo2 = spread({ g:rank() }, tp)
+  local bad = (hi1[1] ~= lo1[1] or hi2[1] ~= lo2[1]) and 1 or 0
+  local t = tensor.tensor({ bad }, { dtype = "f64" })
+  comm.all_reduce(t, { op = "max" })
+  if t:item() > 0 then
+    error(("%s: the model is tensor-parallel over %d ranks, and the %s (%d ranks) holds ranks of one tensor-parallel "
+      .. "group: data parallelism of a TP model runs over the data-parallel group, "
+      .. "group = lt.dist.mesh{dp =, tp = %d}.dp (a group of one rank when dp = 1)"):format(who, tp:size(), group == nil and "group (the world)" or "group",
+      g:size(), tp:size()), (level or 2) + 1)
+  end
+end
+
+--- tp.check_replicated(model) -> true, or raises naming the first
+-- replicated parameter (records: not a shard) whose values are not
+-- bitwise the same on every rank of the model's TP group (all_reduce max
+-- and min of each dtype's flat copy compared with this rank's, NaNs by
+-- their count), or the first sharded one whose shape differs between the
+-- ranks. True at once for a model that is not tensor-parallel. Every TP
+-- rank calls it; every rank raises the same message. Parameters must hold
+-- their data (ZeRO 3: opt:unshard() first). One all_reduce for the shapes
+-- and three per dtype of replicated parameters.
+function M.check_replicated(model)
+  local tp = records.group(model)
+  if not tp then return true end
+  local sharded = records.sharded(model)
+  local named = model:named_parameters()
+  for _, np in ipairs(named) do
+    if not np[2].has_data then
+      error(("check_replicated: %s holds no data (ZeRO 3: call opt:unshard() first)"):format(np[1]), 2)
+    end
+  end
+  -- the shards' shapes, in order
+  local dims, which = {}, {}
+  for _, np in ipairs(named) do
+    if sharded[np[2]] then
+      for _, s in ipairs(np[2]:shape()) do dims[#dims + 1], which[#which + 1] = s, np[1] end
+    end
+  end
+  if #dims > 0 then
+    local hi, lo = spread(dims, tp)
+    for i = 1, #dims do
+      if hi[i] ~= lo[i] then
+        local shape = {}
+        for j = 1, #dims do if which[j] == which[i] then shape[#shape + 1] = dims[j] end end
+        error(("check_replicated: the shard %s differs in shape between the tensor-parallel ranks (here %s, a dim "
+          .. "from %d to %d across them)"):format(which[i], table.concat(shape, "x"), lo[i], hi[i]), 2)
+      end
+    end
+  end
+  -- replicated values, one flat vector per dtype
+  local by, order = {}, {}
+  for _, np in ipairs(named) do
+    local p = np[2]
+    if not sharded[p] then
+      local d = p.dtype
+      if not by[d] then by[d] = {}; order[#order + 1] = d end
+      by[d][#by[d] + 1] = np
+    end
+  end
+  for _, d in ipairs(order) do
+    local list, n = by[d], 0
+    for _, np in ipairs(list) do n = n + np[2]:numel() end
+    local mine = tensor.zeros({ n }, { dtype = d, device = list[1][2].device })
+    autograd.no_grad(function()
+      local off = 0
+      for _, np in ipairs(list) do
+        mine:narrow(1, off + 1, np[2]:numel()):copy_(np[2]:detach():reshape(-1))
+        off = off + np[2]:numel()
+      end
+    end)
+    local hi, lo = mine:clone(), mine:clone()
+    comm.all_reduce(hi, { op = "max", group = tp })
+    comm.all_reduce(lo, { op = "min", group = tp })
+    local nan = mine:ne(mine):to("i32")
+    comm.all_reduce(nan, { op = "sum", group = tp })
+    -- an element differs: not NaN anywhere and max ~= min, or NaN on some ranks only (1 where it does)
+    local differ = hi:ne(lo):to("f64") * nan:eq(0):to("f64") + nan:gt(0):to("f64") * nan:lt(tp:size()):to("f64")
+    if differ:sum():item() > 0 then
+      local off = 0
+      for _, np in ipairs(list) do
+        local k = np[2]:numel()
+        local part = differ:narrow(1, off + 1, k)
+        if part:sum():item() > 0 then
+          local mask = part:to("cpu"):totable()
+          for i = 1, k do
+            if mask[i] ~= 0 then
+              local a, b = hi:narrow(1, off + i, 1):to("f64"):item(), lo:narrow(1, off + i, 1):to("f64"):item()
+              error(("check_replicated: the replicated parameter %s differs between the tensor-parallel ranks "
+                .. "(element %d of %d: from %.17g to %.17g across them)"):format(np[1], i, k, b, a), 2)
+            end
+          end
+        end
+        off = off + k
+      end
+    end
+  end
+  return true
+end
+
+return M
