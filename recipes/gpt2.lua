@@ -154,7 +154,8 @@ local function shards(part, o)
   fail(("--data=%s: %s"):format(cfg.data, why))
 end
 local train = shards("train", { seed = cfg.seed, rank = dp_rank, world = dp_world })
-local val = shards("val", { shuffle = false })
+-- (a tensor-parallel group reads the same batches: the loaders split by data-parallel rank)
+local val = shards("val", { shuffle = false, rank = dp_rank, world = dp_world })
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
 if eval_batches == 0 then -- (the validation set holds less than one batch)

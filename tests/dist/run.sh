@@ -51,6 +51,33 @@ if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads t
 else notok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint" "$out"; fi
 rm -rf "$dir"
 
+# the main recipe tensor parallel (tiny shapes, random shards): GPT-2 with
+# sequence parallelism trained, checkpointed and resumed on 2 ranks, a
+# resume on another layout refused, its weights sampled by one process; a
+# Llama with grouped-query heads over tp=2
+dir=$(mktemp -d /tmp/lutra-dist-tp.XXXXXX)
+./lutra -e "local lt = require 'lutra'; local g = lt.Generator(3)
+  lt.data.write_shard('$dir/train_000000.bin', lt.randint(0, 50257, { 6000 }, { generator = g }), 50257)
+  lt.data.write_shard('$dir/val_000000.bin', lt.randint(0, 50257, { 600 }, { generator = g }), 50257)" >/dev/null 2>&1
+tiny="recipes/gpt2.lua --data=$dir --n_layer=1 --n_head=2 --n_embd=16 --seq=8 --batch=2 --eval_every=2 --eval_batches=1 --sample_every=2 --sample_tokens=2 --log_every=1 --name=tp-job-$$"
+out=$(timeout 120 $MPIRUN -np 2 ./lutra $tiny --tp=2 --sp --steps=2 --ckpt_every=2 2>&1 \
+      && timeout 120 $MPIRUN -np 2 ./lutra $tiny --tp=2 --sp --steps=4 --ckpt_every=2 --resume=auto 2>&1)
+if echo "$out" | grep -q 'tensor parallel over 2 ranks (sequence parallel)' && echo "$out" | grep -q 'resuming from' \
+   && echo "$out" | grep -q 'step     4/4 | loss'; then ok "recipes/gpt2.lua --tp=2 --sp trains, checkpoints and resumes on 2 ranks"
+else notok "recipes/gpt2.lua --tp=2 --sp trains, checkpoints and resumes on 2 ranks" "$out"; fi
+out=$(timeout 120 $MPIRUN -np 2 ./lutra $tiny --steps=6 --resume=auto 2>&1)
+if echo "$out" | grep -q "layout is dp 1 x tp 2"; then ok "a tp=2 checkpoint's resume as dp=2 is refused naming both layouts"
+else notok "a tp=2 checkpoint's resume as dp=2 is refused naming both layouts" "$out"; fi
+out=$(timeout 60 ./lutra recipes/sample.lua --ckpt="runs/tp-job-$$/ckpt" --prompt=The --max_tokens=4 --temperature=0 2>&1)
+if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads the weights of a tp=2 checkpoint"
+else notok "recipes/sample.lua reads the weights of a tp=2 checkpoint" "$out"; fi
+rm -rf "runs/tp-job-$$"
+out=$(timeout 120 $MPIRUN -np 2 ./lutra $tiny --tp=2 --model=llama --n_head=4 --n_kv_head=2 --steps=2 2>&1)
+if echo "$out" | grep -q 'Llama with 1 layers' && echo "$out" | grep -q 'step     2/2 | loss'; then
+  ok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks"
+else notok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks" "$out"; fi
+rm -rf "runs/tp-job-$$" "$dir"
+
 # job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
 # RANKS) that must end with a non-zero status within MAX_SECONDS, its output
 # matching PATTERN

@@ -154,7 +154,7 @@ H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one proce
       settings.stage, settings.group = stage, mesh.dp
       opt = lt.dist.Zero(par, settings)
     end
-    local lp, np_ = train(par, 0.5, B, pick, ddp, opt)
+    local lp, np_ = train(par, 0.5, 2 * B, pick, ddp, opt)
     bad[#bad + 1] = same_run(what, lw, nw, lp, np_, 0.5)
     if stage == 3 then opt:unshard() end
     local ok, err = pcall(tp.check_replicated, par)
@@ -164,7 +164,7 @@ H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one proce
   assert(#bad == 0, table.concat(bad, "; "))
 end)
 
-H.test("shapes that do not split and groups that are not groups: clear errors on every rank", function(_, w)
+H.test("shapes that do not split, groups that are not groups, TP ranks on different batches: clear errors on every rank", function(_, w)
   local g = lt.dist.new_group(0, lt.dist.rank())
   H.raises(function() lt.models.gpt2("gpt2-tiny", { n_head = 2 * w + 1, n_embd = 8 * (2 * w + 1), tp = g }) end,
     "n_head " .. (2 * w + 1), "does not divide by tp " .. w)
@@ -173,6 +173,11 @@ H.test("shapes that do not split and groups that are not groups: clear errors on
   H.raises(function() lt.models.llama("llama-tiny", { n_heads = 12, n_kv_heads = 3, dim = 96, tp = g }) end,
     "n_kv_heads 3", "neither be split", "nor replicated")
   H.raises(function() lt.models.gpt2("gpt2-tiny", { tp = "two" }) end, "tp must be a process group")
+  -- TP ranks given different batches (a loader split by the job's ranks): refused on every rank at the first step
+  local m = build("gpt2", 3, { tp = g })
+  local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) }
+  H.raises(function() S:run(1, function() return batch(50 + lt.dist.rank(), B) end) end,
+    "the tensor-parallel ranks read different batches", "lt.data.shards{rank = mesh.coords.dp")
   -- a batch whose tokens do not divide by tp runs without sequence parallelism, with the same result
   local par = build("gpt2", 3, { dtype = "f64", tp = g, sequence_parallel = true })
   local whole = build("gpt2", 3, { dtype = "f64" })

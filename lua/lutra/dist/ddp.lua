@@ -73,7 +73,10 @@ function M.DataParallel(what, opts)
   local cur
   local trainable = {}
   for _, p in ipairs(params) do if p.requires_grad then trainable[#trainable + 1] = p end end
-  for i = #trainable, 1, -1 do
+  -- (a group of one rank, as the data-parallel group of a tensor-parallel job with dp = 1: the
+  -- gradients are the sums already; no buckets, no buffers, no all-reduce)
+  local alone = (opts.group and opts.group:size() or comm.world_size()) == 1
+  for i = alone and 0 or #trainable, 1, -1 do
     local p = trainable[i]
     local bytes = p:nbytes()
     if not cur or cur.dtype ~= p.dtype or cur.device ~= p.device or (cur.bytes > 0 and cur.bytes + bytes > limit) then
@@ -91,7 +94,7 @@ function M.DataParallel(what, opts)
     if self.reduce then b.flat = tensor.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
-  for _, p in ipairs(trainable) do
+  for _, p in ipairs(alone and {} or trainable) do
     p:register_hook(function() self:_ready(p) end)
   end
   return self

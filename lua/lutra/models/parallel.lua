@@ -272,6 +272,7 @@ function M.gpt2(model, g, sp)
   rawset(model, "hidden", gpt2_hidden)
   install_head(model, gpt2_hidden)
   set_context(model, ctx)
+  collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
   return model
 end
 
@@ -365,6 +366,7 @@ function M.llama(model, g, sp)
   rawset(model, "hidden", llama_hidden)
   install_head(model, llama_hidden)
   set_context(model, ctx)
+  collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
   return model
 end
 
