@@ -50,7 +50,7 @@ local function run(n)
     on_step = function(rec)
       if rec.step == 1 then
         t0 = lt.clock() -- the first step warms up
-        lt.memory_stats { reset_peak = true }
+        lt.reset_peak_memory_stats()
         tp.reset_stats()
       end
       if rec.step == 2 then
@@ -58,7 +58,7 @@ local function run(n)
         comm_bytes = s.all_reduce.bytes + s.all_gather.bytes + s.reduce_scatter.bytes
       end
       if rec.step == cfg.steps + 1 then
-        mem, peak = lt.dist.memory_bytes(model, opt, ddp), lt.memory_stats().peak_bytes
+        mem, peak = lt.dist.memory_bytes(model, opt, ddp), lt.memory_stats().peak
       end
     end }
   local dt = lt.clock() - t0

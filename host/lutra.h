@@ -551,6 +551,8 @@ void lt_loader_close(lt_loader *l);
 
 /* Bytes in live CPU tensors, bytes held (live plus cached), peak of live. */
 void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak);
+/* The peak of live CPU bytes starts again from what is live now. */
+void lt_cpu_reset_peak(void);
 /* ---- autograd (host/autograd/engine.c) --------------------------------------------- */
 
 /* Grad mode: while on (the default), ops on tensors that require grad are

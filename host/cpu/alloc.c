@@ -104,6 +104,12 @@ void lt_cpu_empty_cache(void) {
   pthread_mutex_unlock(&lock);
 }
 
+void lt_cpu_reset_peak(void) {
+  pthread_mutex_lock(&lock);
+  peak_bytes = live_bytes;
+  pthread_mutex_unlock(&lock);
+}
+
 void lt_cpu_memory_stats(int64_t *allocated, int64_t *reserved, int64_t *peak) {
   pthread_mutex_lock(&lock);
   if (allocated)

@@ -34,6 +34,10 @@ function lt.memory_stats()
   return { allocated = tonumber(a[0]), reserved = tonumber(r[0]), peak = tonumber(p[0]) }
 end
 
+--- lt.reset_peak_memory_stats(): the CPU peak (lt.memory_stats().peak)
+-- starts again from the bytes live now (as torch.cuda.reset_peak_memory_stats).
+function lt.reset_peak_memory_stats() C.lt_cpu_reset_peak() end
+
 --- lt.empty_cache(): returns cached CPU blocks to the system.
 function lt.empty_cache() C.lt_cpu_empty_cache() end
 
