@@ -278,4 +278,41 @@ H.test("DataParallel and ZeRO-3 on CUDA match one process on the global batch (2
   end
 end)
 
+H.test("GPT-2 and Llama split over every rank on CUDA (lt.models.*{tp =}): the whole model's loss, logits and gradients on the CPU (f64, with and without SP)", function(_, w)
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  local gen = lt.Generator(21)
+  local ids = lt.randint(0, 97, { 2, 9 }, { generator = gen }):to("i64")
+  local x, y = ids:narrow(2, 1, 8):contiguous(), ids:narrow(2, 2, 8):contiguous()
+  for _, family in ipairs { "gpt2", "llama" } do
+    for _, sp in ipairs { false, true } do
+      local what = ("%s tp=%d%s on CUDA"):format(family, w, sp and " SP" or "")
+      local make = family == "gpt2" and lt.models.gpt2 or lt.models.llama
+      local name = family == "gpt2" and "gpt2-tiny" or "llama-tiny"
+      local whole = make(name, { vocab_size = 97, dtype = "f64", generator = lt.Generator(4) })
+      local par = make(name, { vocab_size = 97, dtype = "f64", generator = lt.Generator(4), tp = g,
+        sequence_parallel = sp })
+      par:to(CUDA)
+      local lw = whole:loss(x, y)
+      lw:backward()
+      local lp = par:loss(x:to(CUDA), y:to(CUDA))
+      lp:backward()
+      assert(math.abs(lp:item() - lw:item()) <= 1e-12 * math.abs(lw:item()), what .. ": loss")
+      H.close(par(x:to(CUDA)):to("cpu"), whole(x), 1e-10, what .. ": logits")
+      local plan, wp = tp.plan(par), {}
+      for _, np in ipairs(whole:named_parameters()) do wp[np[1]] = np[2] end
+      for _, np in ipairs(par:named_parameters()) do
+        local p, rec, full = np[2], plan[np[1]], wp[np[1]].grad
+        assert(p.device == CUDA, what .. ": " .. np[1] .. " on " .. p.device)
+        if rec and rec.dim == 1 and full:size(1) ~= p:size(1) * w then -- (the padded vocabulary's zero rows)
+          local z = lt.zeros({ p:size(1) * w, full:size(2) }, { dtype = "f64" })
+          z:narrow(1, 1, full:size(1)):copy_(full)
+          full = z
+        end
+        if rec then full = tp.shard(full, rec.dim, g, "test", "%d", rec.parts) end
+        H.close(p.grad:to("cpu"), full, 1e-10, what .. ": gradient of " .. np[1])
+      end
+    end
+  end
+end)
+
 H.run("tests/dist/cuda_spec.lua")
