@@ -7,8 +7,10 @@
 -- 2022, section 4.2.2: per block 4 all-reduces of b s h elements in a
 -- forward and backward, or with sequence parallelism 4 all-gathers and 4
 -- reduce-scatters of the same size; plus the embedding's all-reduce (or
--- reduce-scatter), the head input's all-reduce (or all-gather and
--- reduce-scatter) and the vocab-parallel loss's three of b s numbers).
+-- reduce-scatter and, backward, all-gather), the head input's gradient
+-- all-reduce (or all-gather and reduce-scatter), the vocab-parallel loss's
+-- three of b s numbers, and under SP the gradients of the norms, row
+-- biases and positions that run on the ranks' rows, summed once).
 -- GPT-2 (the main job's shape by default), AdamW with clipping through
 -- lt.train, random tokens, data parallel over the ranks tp leaves.
 --
@@ -26,10 +28,17 @@ local function mib(b) return ("%9.2f"):format(b / 2 ^ 20) end
 local function megatron_bytes(sp, n)
   if n == 1 then return 0 end
   local bsh = cfg.batch * cfg.seq * cfg.n_embd * 4
+  local C = cfg.n_embd
   local per_block = 4 * bsh * (sp and 2 or 1) -- 4 all-reduces, or 4 all-gathers + 4 reduce-scatters
-  local edges = sp and 3 * bsh or 2 * bsh     -- embedding (+ the head's input gathered and its gradient scattered)
+  -- the embedding's all-reduce and the head input's gradient all-reduce; under SP the embedding's
+  -- reduce-scatter and its gradient's all-gather, the head input's all-gather and its gradient's reduce-scatter
+  local edges = sp and 4 * bsh or 2 * bsh
   local loss = 3 * cfg.batch * cfg.seq * 4    -- max, sum of exponentials, target logit
-  return cfg.n_layer * per_block + edges + loss
+  -- under SP the replicated parameters used on the ranks' token rows have their gradients summed
+  -- (Megatron's all-reduce of the sequence-parallel parameters' gradients): per block two
+  -- LayerNorms' gains and biases and two row-parallel biases, the final norm, the positions' table
+  local sp_params = sp and (cfg.n_layer * 6 * C + 2 * C + cfg.seq * C) * 4 or 0
+  return cfg.n_layer * per_block + edges + loss + sp_params
 end
 
 local function run(n)
