@@ -177,6 +177,25 @@ local function install_head(model, hidden)
   rawset(model, "loss_is_cross_entropy", loss)
 end
 
+-- the split's last part, the same for both models: the embedding (holder[key]) vocab-parallel,
+-- the head its rows (tied) or column-parallel, the model's records, forward and loss
+local function finish(model, holder, key, g, sp, hidden, ctx)
+  holder[key] = tp.VocabParallelEmbedding.from(holder[key], g)
+  if model.config.tie_embeddings then
+    model.lm_head.weight = holder[key].weight -- tied: the same rows of the vocabulary
+    tp.mark(model.lm_head, "weight", 1)
+  else
+    model.lm_head = tp.ColumnParallelLinear.from(model.lm_head, g)
+  end
+  rawset(model, "tp_group", g)
+  rawset(model, "tp_sequence_parallel", sp == true)
+  rawset(model, "hidden", hidden)
+  install_head(model, hidden)
+  set_context(model, ctx)
+  collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
+  return model
+end
+
 -- ---- GPT-2 ----------------------------------------------------------------
 
 local function gpt2_attention(self, x, kv)
@@ -260,20 +279,7 @@ function M.gpt2(model, g, sp)
     parallel_norm(block.ln_2, "layer")
   end
   parallel_norm(tr.ln_f, "layer")
-  tr.wte = tp.VocabParallelEmbedding.from(tr.wte, g)
-  if cfg.tie_embeddings then
-    model.lm_head.weight = tr.wte.weight -- tied: the same rows of the vocabulary
-    tp.mark(model.lm_head, "weight", 1)
-  else
-    model.lm_head = tp.ColumnParallelLinear.from(model.lm_head, g)
-  end
-  rawset(model, "tp_group", g)
-  rawset(model, "tp_sequence_parallel", sp == true)
-  rawset(model, "hidden", gpt2_hidden)
-  install_head(model, gpt2_hidden)
-  set_context(model, ctx)
-  collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
-  return model
+  return finish(model, tr, "wte", g, sp, gpt2_hidden, ctx)
 end
 
 -- ---- Llama ----------------------------------------------------------------
@@ -354,20 +360,7 @@ function M.llama(model, g, sp)
     parallel_norm(layer.post_attention_layernorm, "rms")
   end
   parallel_norm(model.model.norm, "rms")
-  model.model.embed_tokens = tp.VocabParallelEmbedding.from(model.model.embed_tokens, g)
-  if cfg.tie_embeddings then
-    model.lm_head.weight = model.model.embed_tokens.weight
-    tp.mark(model.lm_head, "weight", 1)
-  else
-    model.lm_head = tp.ColumnParallelLinear.from(model.lm_head, g)
-  end
-  rawset(model, "tp_group", g)
-  rawset(model, "tp_sequence_parallel", sp == true)
-  rawset(model, "hidden", llama_hidden)
-  install_head(model, llama_hidden)
-  set_context(model, ctx)
-  collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
-  return model
+  return finish(model, model.model, "embed_tokens", g, sp, llama_hidden, ctx)
 end
 
 return M

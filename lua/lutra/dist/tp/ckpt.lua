@@ -280,16 +280,10 @@ function M.load_weights(path, st, model)
     end
   end
   for name in pairs(src.shape) do if own[name] == nil then unexpected[#unexpected + 1] = name end end
-  if #missing + #unexpected + #shaped > 0 then
+  local bad = state.mismatch(missing, unexpected, shaped)
+  if bad then
     src:close()
-    table.sort(missing)
-    table.sort(unexpected)
-    table.sort(shaped)
-    local parts = {}
-    if #missing > 0 then parts[#parts + 1] = "missing: " .. table.concat(missing, ", ") end
-    if #unexpected > 0 then parts[#parts + 1] = "unexpected: " .. table.concat(unexpected, ", ") end
-    if #shaped > 0 then parts[#parts + 1] = "wrong shape or dtype: " .. table.concat(shaped, ", ") end
-    error(where .. ": " .. table.concat(parts, "; "), 0)
+    error(where .. ": " .. bad, 0)
   end
   local ok, err = pcall(function()
     for _, name in ipairs(model:state_dict_names()) do state.copy_whole(own[name], src:get(name), plan[name], g) end

@@ -84,6 +84,22 @@ function M.full_state_dict(model, opts)
   return out, order
 end
 
+--- state.mismatch(missing, unexpected, shaped) -> nil when the three
+-- lists of names are empty, else load_state_dict's message for them
+-- ("missing: a, b; unexpected: c; wrong shape or dtype: d (...)", each list
+-- sorted in place).
+function M.mismatch(missing, unexpected, shaped)
+  if #missing + #unexpected + #shaped == 0 then return nil end
+  table.sort(missing)
+  table.sort(unexpected)
+  table.sort(shaped)
+  local parts = {}
+  if #missing > 0 then parts[#parts + 1] = "missing: " .. table.concat(missing, ", ") end
+  if #unexpected > 0 then parts[#parts + 1] = "unexpected: " .. table.concat(unexpected, ", ") end
+  if #shaped > 0 then parts[#parts + 1] = "wrong shape or dtype: " .. table.concat(shaped, ", ") end
+  return table.concat(parts, "; ")
+end
+
 --- tp.load_full_state_dict(model, sd[, {what = "load_full_state_dict"}]):
 -- copies a whole state dict (whole tensors, as full_state_dict or one
 -- process gives) into a TP model, each rank taking its slice of a sharded
@@ -115,16 +131,8 @@ function M.load_full_state_dict(model, sd, opts)
     end
   end
   for name in pairs(sd) do if own[name] == nil then unexpected[#unexpected + 1] = name end end
-  if #missing + #unexpected + #shaped > 0 then
-    table.sort(missing)
-    table.sort(unexpected)
-    table.sort(shaped)
-    local parts = {}
-    if #missing > 0 then parts[#parts + 1] = "missing: " .. table.concat(missing, ", ") end
-    if #unexpected > 0 then parts[#parts + 1] = "unexpected: " .. table.concat(unexpected, ", ") end
-    if #shaped > 0 then parts[#parts + 1] = "wrong shape or dtype: " .. table.concat(shaped, ", ") end
-    error(what .. ": " .. table.concat(parts, "; "), 2)
-  end
+  local bad = M.mismatch(missing, unexpected, shaped)
+  if bad then error(what .. ": " .. bad, 2) end
   autograd.no_grad(function()
     for name, t in pairs(own) do M.copy_whole(t, sd[name], plan[name], g) end
   end)
