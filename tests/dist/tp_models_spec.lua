@@ -164,6 +164,25 @@ H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one proce
   assert(#bad == 0, table.concat(bad, "; "))
 end)
 
+H.test("GPT-2 with dropout: the masks one process draws, with and without SP (f64, the same seed)", function(_, w)
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  for _, sp in ipairs { false, true } do
+    local what = ("gpt2 tp=%d%s dropout 0.2"):format(w, sp and " SP" or "")
+    local whole = build("gpt2", 3, { dtype = "f64", dropout = 0.2 })
+    local par = build("gpt2", 3, { dtype = "f64", dropout = 0.2, tp = g, sequence_parallel = sp })
+    local x, y = batch(12, B)
+    lt.manual_seed(77)
+    local lw = whole:loss(x, y)
+    lw:backward()
+    lt.manual_seed(77)
+    local lp = par:loss(x, y)
+    lp:backward()
+    assert(math.abs(lw:item() - lp:item()) <= 1e-12 * math.abs(lw:item()),
+      ("%s: loss %.15g, one process %.15g"):format(what, lp:item(), lw:item()))
+    H.close(par.transformer.h[1].ln_1.weight.grad, whole.transformer.h[1].ln_1.weight.grad, 1e-10, what .. ": ln_1 gradient")
+  end
+end)
+
 H.test("shapes that do not split, groups that are not groups, TP ranks on different batches: clear errors on every rank", function(_, w)
   local g = lt.dist.new_group(0, lt.dist.rank())
   H.raises(function() lt.models.gpt2("gpt2-tiny", { n_head = 2 * w + 1, n_embd = 8 * (2 * w + 1), tp = g }) end,

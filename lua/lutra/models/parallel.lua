@@ -32,6 +32,7 @@
 -- divide) run without it, with the same result.
 local tensor = require "lutra.tensor"
 local F = require "lutra.nn.functional"
+local random = require "lutra.random"
 local tp = require "lutra.dist.tp"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
@@ -101,6 +102,18 @@ end
 local function column_input(ctx, x)
   if ctx.sp then return tp.gather_rows(x, ctx.group) end
   return tp.copy_to_region(x, ctx.group)
+end
+
+-- dropout of an activation: whole on every rank (the same generator state
+-- draws the same mask), or under sequence parallelism this rank's rows of
+-- the mask one process would draw for the whole (N, C) activation (so the
+-- ranks' rows are not dropped alike, and the run is one process's)
+local function dropout(ctx, x, p, training)
+  if p <= 0 or training == false then return x end
+  if not ctx.sp then return F.dropout(x, p, { training = training }) end
+  local rows = x:size(1)
+  local draws = random.rand({ rows * ctx.n, x:size(2) }, { device = x.device }):narrow(1, ctx.rank * rows + 1, rows)
+  return x * draws:ge(p):to(x.dtype) * (1 / (1 - p)) -- (F.dropout's arithmetic)
 end
 
 -- a norm's forward whose gains, under sequence parallelism, pass through f
@@ -208,8 +221,7 @@ local function gpt2_attention(self, x, kv)
   if kv then k, v = kv:append(self, k, v) end
   local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
   y = self.c_proj(y:transpose(2, 3):reshape(B, T, nh * hs))
-  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
-  return y
+  return dropout(ctx, y, self.dropout, self.training)
 end
 
 local function gpt2_mlp(self, x)
@@ -225,8 +237,7 @@ local function gpt2_mlp(self, x)
     y = tp.reduce_from_region(y, ctx.group)
   end
   if b then y = y + b end
-  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
-  return y
+  return dropout(ctx, y, self.dropout, self.training)
 end
 
 -- this rank's rows' positions (the flattened (B, T) tokens r N/n .. (r+1) N/n), as ids
@@ -250,7 +261,7 @@ local function gpt2_hidden(self, idx, kv)
   else
     x = x + tr.wpe(tensor.arange(start, start + T, { device = idx.device }))
   end
-  if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
+  x = dropout(ctx, x, cfg.dropout or 0, self.training)
   local pending
   x, pending = residual.run(tr.h:list(), x, kv)
   if kv then kv:advance(T) end
