@@ -5,7 +5,8 @@
 -- (a rank's shard against the slice of the whole gradient) in f64 to
 -- 1e-10; 10 f32 AdamW steps, with clipping that fires and without, to
 -- 1e-5 relative in the loss; and at np = 4 dp = 2 x tp = 2 with each ZeRO
--- stage over the data-parallel group. The reference runs on every rank
+-- stage over the data-parallel group; GPT-2 with dropout under TP and SP:
+-- one process's masks and losses, the replicated weights equal. The reference runs on every rank
 -- (one process's arithmetic, no collective). Bad shapes and groups are
 -- refused on every rank, naming them.
 local lt = require "lutra"
@@ -135,6 +136,24 @@ H.test("10 f32 steps: the losses and gradient norms of one process, with clippin
   end
   assert(#bad == 0, table.concat(bad, "; "))
 end)
+
+H.test("GPT-2 with dropout: one process's masks, losses and norms, with and without SP; replicated weights stay equal",
+  function(_, w)
+    local g = lt.dist.new_group(0, lt.dist.rank())
+    local bad = {}
+    lt.manual_seed(21)
+    local lw, nw = train(build("gpt2", 5, { dropout = 0.2 }), 0, B)
+    for _, sp in ipairs { false, true } do
+      local what = ("gpt2 dropout 0.2 tp=%d%s"):format(w, sp and " SP" or "")
+      lt.manual_seed(21) -- (every rank's default generator as the one process's)
+      local par = build("gpt2", 5, { dropout = 0.2, tp = g, sequence_parallel = sp })
+      local lp, np_ = train(par, 0, B)
+      bad[#bad + 1] = same_run(what, lw, nw, lp, np_, 0)
+      local ok, err = pcall(tp.check_replicated, par)
+      if not ok then bad[#bad + 1] = what .. ": " .. tostring(err) end
+    end
+    assert(#bad == 0, table.concat(bad, "; "))
+  end)
 
 H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one process's losses (4 ranks)", function(r, w)
   if w ~= 4 then return end

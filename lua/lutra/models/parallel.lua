@@ -98,6 +98,15 @@ end
 
 -- the input of a column-parallel product: gathered rows (sequence
 -- parallel) or the whole activation through f
+-- dropout on the residual stream: the whole activation (the same mask on
+-- every rank, the generators being in step), or under sequence parallelism
+-- this rank's rows of one process's mask (tp.dropout_rows)
+local function dropout(ctx, x, p, training)
+  if p <= 0 then return x end
+  if ctx.sp then return tp.dropout_rows(x, p, ctx.group, { training = training }) end
+  return F.dropout(x, p, { training = training })
+end
+
 local function column_input(ctx, x)
   if ctx.sp then return tp.gather_rows(x, ctx.group) end
   return tp.copy_to_region(x, ctx.group)
@@ -189,8 +198,7 @@ local function gpt2_attention(self, x, kv)
   if kv then k, v = kv:append(self, k, v) end
   local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
   y = self.c_proj(y:transpose(2, 3):reshape(B, T, nh * hs))
-  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
-  return y
+  return dropout(ctx, y, self.dropout, self.training)
 end
 
 local function gpt2_mlp(self, x)
@@ -206,8 +214,7 @@ local function gpt2_mlp(self, x)
     y = tp.reduce_from_region(y, ctx.group)
   end
   if b then y = y + b end
-  if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
-  return y
+  return dropout(ctx, y, self.dropout, self.training)
 end
 
 -- this rank's rows' positions (the flattened (B, T) tokens r N/n .. (r+1) N/n), as ids
@@ -231,7 +238,7 @@ local function gpt2_hidden(self, idx, kv)
   else
     x = x + tr.wpe(tensor.arange(start, start + T, { device = idx.device }))
   end
-  if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
+  x = dropout(ctx, x, cfg.dropout or 0, self.training)
   local pending
   x, pending = residual.run(tr.h:list(), x, kv)
   if kv then kv:advance(T) end
