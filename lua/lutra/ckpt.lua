@@ -688,14 +688,20 @@ function M.load(path, o)
     if mine and st.model_config then
       for k, v in pairs(mine) do
         local s = st.model_config[k]
-        if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" then
+        -- (the vocabulary padded to another multiple, of pad_vocab or tp, is the same model's:
+        -- its weights re-padded at the load, tp.ckpt.vocab_rows; the optimizer's state is not)
+        if s ~= nil and s ~= v and k == "padded_vocab_size" and o.opt then
+          error(("ckpt.load: %s/state.json: model_config.padded_vocab_size is %s, the model's is %s (the vocabulary padded to another multiple of pad_vocab x tp: the weights load with lt.ckpt.load_weights, a resume needs the same padding)")
+            :format(path, show(s), show(v)), 2)
+        end
+        if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" and k ~= "padded_vocab_size" then
           error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
             :format(path, k, show(s), show(v)), 2)
         end
       end
     end
     -- this rank's file as it is (the model's TP size), else assembled at the load (load_weights)
-    direct = tpck.direct_file(path, st, o.model)
+    direct = not tpck.vocab_rows(st, o.model) and tpck.direct_file(path, st, o.model) or nil
     local bad = not o.verified and verify_files(path, st, { direct or "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
     if direct then
