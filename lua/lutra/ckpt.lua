@@ -431,12 +431,12 @@ local function save_job(dir, o)
   comm.broadcast(pid, { src = 0 })
   local name = M.step_name(o.step or 0)
   local tmp = ("%s/.tmp-%s-%d"):format(dir, name, pid:item())
-  local function agree(ok, err)
-    local flag = tensor.tensor({ ok and 0 or 1 }, { dtype = "i32" })
-    comm.all_reduce(flag, { op = "max" })
-    if flag:item() ~= 0 then
+  local function agree(ok, err) -- (a rank that did its part raises the failing rank's message, naming it)
+    local bad, why = comm.first_error(ok, err)
+    if bad then
       if rank == 0 then C.lt_remove_tree(tmp) end
-      error(ok and "ckpt.save: another rank failed to write its part of the checkpoint" or err, 3)
+      error(ok and ("ckpt.save: rank %d failed to write its part of the checkpoint: %s"):format(bad,
+        (why:gsub("^ckpt%.save: ", ""))) or err, 3)
     end
   end
   local ok, err = lay.ok, lay.why and ("ckpt.save: " .. lay.why)

@@ -191,4 +191,13 @@ H.test("the same collective called from another line on one rank raises on every
   assert(t:totable()[1] == w)
 end)
 
+H.test("first_error: nil when every rank is fine, else the lowest failing rank and its message on every rank", function(r, w)
+  assert(lt.dist.first_error(true) == nil, "all fine")
+  local bad, why = lt.dist.first_error(r ~= w - 1 and r ~= 0 or w == 1, ("rank %d: broke \226\156\151"):format(r))
+  if w == 1 then return assert(bad == nil) end
+  assert(bad == 0 and why == "rank 0: broke \226\156\151", ("got %s %q"):format(tostring(bad), tostring(why)))
+  bad, why = lt.dist.first_error(r ~= w - 1, "")
+  assert(bad == w - 1 and why == "", "an empty message")
+end)
+
 H.run("collectives_spec")

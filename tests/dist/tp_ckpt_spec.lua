@@ -21,7 +21,8 @@
 --   - GPT-2 and Llama of a padded vocabulary (97 ids: 98 rows at tp=2): a
 --     tp=2 checkpoint's weights load at tp=4, in one process (97 rows) and
 --     with another pad_vocab (the rows re-padded), the same loss; a resume
---     into another padding is refused naming it.
+--     into another padding is refused naming it; a TP group that is not
+--     the mesh's (np=4) makes every rank's save raise the failing rank's reason.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -344,6 +345,15 @@ H.test("a padded vocabulary: a tp=2 checkpoint's weights load at tp=" .. "world 
     H.raises(function() lt.ckpt.load(path, { model = m, opt = opt }) end,
       "model_config.padded_vocab_size is 98, the model's is 112", "a resume needs the same padding")
   end
+end)
+
+H.test("a TP group not laid out as lt.dist.mesh's: the save refused on every rank, naming the rank and the layout", function(r, w)
+  if w ~= 4 then return end
+  local m4 = mesh { dp = 2, tp = 2, zero = 0 }
+  local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5), vocab_size = 96, tp = m4.dp }) -- (ranks 0, 2 and 1, 3)
+  H.raises(function() lt.ckpt.save(root() .. "/not-a-mesh", { model = m, step = 1 }) end,
+    "of a tensor-parallel group of 2 ranks in a job of 4", "checkpoints take the layout of lt.dist.mesh")
+  assert(not lt.ckpt.is_complete(root() .. "/not-a-mesh/step_00000001"), "no checkpoint left")
 end)
 
 H.test("load_full_state_dict names missing, unexpected and mis-shaped (whole) tensors, before copying any", function(r, w)
