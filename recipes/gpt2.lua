@@ -185,7 +185,7 @@ local ok, model = pcall(function()
     generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
 end)
 if not ok then
-  local why = tostring(model):gsub("^.-: (%a+: )", "%1")
+  local why = tostring(model):gsub("^.-: (%w+: )", "%1") -- (from "recipes/gpt2.lua:175: gpt2: n_head ...")
   fail(cfg.tp > 1 and ("--tp=%d: %s"):format(cfg.tp, why) or why)
 end
 -- under mpirun each rank takes its own GPU (cuda:<local rank>)

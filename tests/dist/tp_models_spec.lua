@@ -192,6 +192,10 @@ H.test("shapes that do not split, groups that are not groups, TP ranks on differ
   H.raises(function() lt.models.llama("llama-tiny", { n_heads = 12, n_kv_heads = 3, dim = 96, tp = g }) end,
     "n_kv_heads 3", "neither be split", "nor replicated")
   H.raises(function() lt.models.gpt2("gpt2-tiny", { tp = "two" }) end, "tp must be a process group")
+  H.raises(function() lt.models.gpt2("gpt2-tiny", { sequence_parallel = true }) end,
+    "gpt2: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp")
+  H.raises(function() lt.models.llama("llama-tiny", { tp = g, sequence_parallel = "yes" }) end,
+    "llama: sequence_parallel must be true or false, got yes")
   -- TP ranks given different batches (a loader split by the job's ranks): refused on every rank at the first step
   local m = build("gpt2", 3, { tp = g })
   local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) }

@@ -48,6 +48,20 @@ function M.check_group(family, g)
   return g:size()
 end
 
+--- parallel.check_sp(family, o): raises "<family>: sequence_parallel ..."
+-- at the constructor's caller when o.sequence_parallel is not a boolean
+-- (or nil), or is true without a tp group (it would silently do nothing).
+function M.check_sp(family, o)
+  local sp = o.sequence_parallel
+  if sp ~= nil and type(sp) ~= "boolean" then
+    error(("%s: sequence_parallel must be true or false, got %s"):format(family, tostring(sp)), 4)
+  end
+  if sp and o.tp == nil then
+    error(("%s: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp (lt.dist.mesh{tp = n}.tp)")
+      :format(family), 4)
+  end
+end
+
 --- parallel.divides(family, n, checks): raises "<family>: <name> <value>
 -- does not divide by tp <n> (<why>)" for the first {name, value, why}
 -- whose value is not a multiple of n, at the constructor's caller.
