@@ -130,7 +130,10 @@ H.test("mismatched sizes and dtypes raise on every rank, naming the rank", funct
 end)
 
 H.test("bad arguments are errors on every rank", function(r, w)
-  H.raises(function() lt.dist.mesh { tp = w + 1 } end, "mesh:", "but the job has " .. w .. " ranks")
+  H.raises(function() lt.dist.mesh { tp = w + 1 } end, ("mesh: tp %d x pp 1 = %d ranks does not divide the job's %d ranks")
+    :format(w + 1, w + 1, w))
+  H.raises(function() lt.dist.mesh { dp = w, tp = 2 } end, ("mesh: dp %d x tp 2 x pp 1 = %d, but the job has %d ranks")
+    :format(w, 2 * w, w))
   H.raises(function() lt.dist.broadcast(lt.ones(2), { src = w }) end, "root " .. w .. " is not a rank")
   H.raises(function() lt.dist.all_reduce(lt.ones(2), { op = "prod" }) end, "op must be sum, avg, max or min")
   H.raises(function() lt.dist.all_reduce(lt.ones(4):narrow(1, 1, 2):expand(3, 2)) end, "contiguous")

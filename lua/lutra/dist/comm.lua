@@ -332,6 +332,10 @@ function M.mesh(o)
     end
   end
   local dp = o.dp or world / (tp * pp)
+  if not o.dp and dp ~= math.floor(dp) then -- (dp left to the others: say what does not divide, not a fraction)
+    error(("mesh: tp %d x pp %d = %d ranks does not divide the job's %d ranks (dp is what they leave)"):format(tp, pp,
+      tp * pp, world), 2)
+  end
   if dp ~= math.floor(dp) or dp * tp * pp ~= world then
     error(("mesh: dp %s x tp %d x pp %d = %s, but the job has %d ranks"):format(tostring(o.dp or dp), tp, pp,
       tostring((o.dp or dp) * tp * pp), world), 2)
