@@ -196,6 +196,13 @@ H.test("shapes that do not split, groups that are not groups, TP ranks on differ
     "gpt2: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp")
   H.raises(function() lt.models.llama("llama-tiny", { tp = g, sequence_parallel = "yes" }) end,
     "llama: sequence_parallel must be true or false, got yes")
+  -- dp x tp without a DataParallel: each replica would train alone; refused on every rank
+  if w == 4 then
+    local mesh = lt.dist.mesh { tp = 2 }
+    local m = build("gpt2", 3, { tp = mesh.tp })
+    H.raises(function() lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) } end,
+      "train.step: the model is tensor-parallel over 2 of the job's 4 ranks", "ddp = lt.dist.DataParallel")
+  end
   -- TP ranks given different batches (a loader split by the job's ranks): refused on every rank at the first step
   local m = build("gpt2", 3, { tp = g })
   local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) }

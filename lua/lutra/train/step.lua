@@ -90,7 +90,8 @@ end
 -- function of the optimizer step -> lr), skip_nonfinite = false, micro_batches =
 -- (M.micro_batches), optimizer_steps = 0 (the schedule's clock: optimizer steps taken)}
 -- -> a Step. Raises on a missing model or optimizer, a bad accum, clip or
--- optimizer_steps. Fields a caller may read or set between steps:
+-- optimizer_steps, a tensor-parallel model whose group is not the whole job
+-- without ddp. Fields a caller may read or set between steps:
 -- optimizer_steps, skipped (steps skipped as not finite).
 function M.new(o)
   if type(o) ~= "table" then error("train.step: expects a table of settings", 2) end
@@ -120,6 +121,10 @@ function M.new(o)
   -- tensor parallelism: each parameter counted once in the norm (the shards
   -- are those of the model's current tensors: made here, after model:to())
   local tp = records.group(model)
+  if tp and not s.ddp and tp:size() < comm.world_size() then -- (else each data-parallel replica trains alone)
+    error(("train.step: the model is tensor-parallel over %d of the job's %d ranks: its data-parallel replicas need "
+      .. "ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(tp:size(), comm.world_size()), 2)
+  end
   local sharded = tp and records.sharded(model)
   local function grad_norm()
     if tp then return tpnorm.grad_norm(params, sharded, tp) end
