@@ -686,8 +686,13 @@ function M.load(path, o)
   if o.model then
     local mine = model_config(o.model)
     if mine and st.model_config then
-      for k, v in pairs(mine) do
-        local s = st.model_config[k]
+      local function family(c) return c.n_layer and "GPT-2" or c.n_layers and "Llama" or nil end
+      local fs, fm = family(st.model_config), family(mine)
+      if fs and fm and fs ~= fm then
+        error(("ckpt.load: %s/state.json: a %s checkpoint, the model is a %s"):format(path, fs, fm), 2)
+      end
+      for _, k in ipairs(sorted_keys(mine)) do -- (in order: the same field named every time)
+        local v, s = mine[k], st.model_config[k]
         -- (the vocabulary padded to another multiple, of pad_vocab or tp, is the same model's:
         -- its weights re-padded at the load, tp.ckpt.vocab_rows; the optimizer's state is not)
         if s ~= nil and s ~= v and k == "padded_vocab_size" and o.opt then
