@@ -196,6 +196,14 @@ H.test("shapes that do not split, groups that are not groups, TP ranks on differ
     "gpt2: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp")
   H.raises(function() lt.models.llama("llama-tiny", { tp = g, sequence_parallel = "yes" }) end,
     "llama: sequence_parallel must be true or false, got yes")
+  -- an id in the padding of the vocabulary (97 ids, 98 or 100 rows): refused as one process refuses it
+  for _, family in ipairs { "gpt2", "llama" } do
+    local par = build(family, 3, { tp = g })
+    local ids = lt.tensor({ { 1, 2, V } }, { dtype = "i64" })
+    H.raises(function() par(ids) end, "id 97 at position 3 (1-based) of the ids is outside the vocabulary [0, 97)")
+  end
+  H.raises(function() tp.VocabParallelEmbedding.from(lt.nn.Embedding(8, 2), g, { vocab = 9 }) end,
+    "vocab must be a whole number in 1..8 (the rows), got 9")
   -- dp x tp without a DataParallel: each replica would train alone; refused on every rank
   if w == 4 then
     local mesh = lt.dist.mesh { tp = 2 }

@@ -281,7 +281,7 @@ function M.gpt2(model, g, sp)
     parallel_norm(block.ln_2, "layer")
   end
   parallel_norm(tr.ln_f, "layer")
-  tr.wte = tp.VocabParallelEmbedding.from(tr.wte, g)
+  tr.wte = tp.VocabParallelEmbedding.from(tr.wte, g, { vocab = cfg.vocab_size })
   if cfg.tie_embeddings then
     model.lm_head.weight = tr.wte.weight -- tied: the same rows of the vocabulary
     tp.mark(model.lm_head, "weight", 1)
@@ -375,7 +375,7 @@ function M.llama(model, g, sp)
     parallel_norm(layer.post_attention_layernorm, "rms")
   end
   parallel_norm(model.model.norm, "rms")
-  model.model.embed_tokens = tp.VocabParallelEmbedding.from(model.model.embed_tokens, g)
+  model.model.embed_tokens = tp.VocabParallelEmbedding.from(model.model.embed_tokens, g, { vocab = cfg.vocab_size })
   if cfg.tie_embeddings then
     model.lm_head.weight = model.model.embed_tokens.weight
     tp.mark(model.lm_head, "weight", 1)
