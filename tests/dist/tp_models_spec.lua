@@ -60,6 +60,8 @@ H.test("one step's logits, loss and every gradient equal the whole model's (f64;
         local lp = par:loss(x, y)
         lp:backward()
         assert(math.abs(lw:item() - lp:item()) <= 1e-12 * math.abs(lw:item()), what .. ": loss")
+        H.close(par:loss(x, y, { reduction = "none" }), whole:loss(x, y, { reduction = "none" }), 1e-10,
+          what .. ": per-token losses (reduction none: the padded vocabulary's columns masked)")
         assert(rawget(par, "tp_ctx").sp == sp, what .. ": sequence parallelism engaged as asked")
         H.close(par(x), whole(x), 1e-10, what .. ": logits")
         local plan, wp, checked = tp.plan(par), {}, 0

@@ -171,10 +171,10 @@ local function vocab_loss(model, y, targets, opts)
   local ctx, cfg = model.tp_ctx, model.config
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
+  o.classes = o.classes or cfg.vocab_size -- (the padding's columns out of the softmax, on either path)
   if (o.reduction or "mean") == "none" then
     return F.cross_entropy(whole_logits(model, y, true), targets, o)
   end
-  o.classes = o.classes or cfg.vocab_size
   local yin = head_input(ctx, y)
   if ctx.sp then targets = targets:reshape(-1) end
   return tp.linear_cross_entropy(yin, model.lm_head.weight, targets, ctx.group, o)
