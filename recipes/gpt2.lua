@@ -136,6 +136,10 @@ if world % cfg.tp ~= 0 then
   fail(("--tp=%d does not divide the job's %d ranks (mpirun -np): use a tp that divides it"):format(cfg.tp, world))
 end
 if cfg.sp and cfg.tp == 1 then fail("--sp (sequence parallelism) splits the tokens across --tp ranks: it needs --tp > 1") end
+if cfg.sp and (cfg.batch * cfg.seq) % cfg.tp ~= 0 then -- (the model would run every step without it)
+  fail(("--sp splits each batch's --batch x --seq = %d tokens across --tp=%d ranks: they do not divide (change --batch or --seq)")
+    :format(cfg.batch * cfg.seq, cfg.tp))
+end
 local mesh = world > 1 and lt.dist.mesh { tp = cfg.tp } or nil
 local dp_rank, dp_world = mesh and mesh.coords.dp or 0, mesh and mesh.sizes.dp or 1
 
@@ -185,7 +189,7 @@ local ok, model = pcall(function()
     generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
 end)
 if not ok then
-  local why = tostring(model):gsub("^.-: (%a+: )", "%1")
+  local why = tostring(model):gsub("^.-: (%w+: )", "%1") -- (from "recipes/gpt2.lua:175: gpt2: n_head ...")
   fail(cfg.tp > 1 and ("--tp=%d: %s"):format(cfg.tp, why) or why)
 end
 -- under mpirun each rank takes its own GPU (cuda:<local rank>)

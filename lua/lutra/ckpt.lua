@@ -431,12 +431,12 @@ local function save_job(dir, o)
   comm.broadcast(pid, { src = 0 })
   local name = M.step_name(o.step or 0)
   local tmp = ("%s/.tmp-%s-%d"):format(dir, name, pid:item())
-  local function agree(ok, err)
-    local flag = tensor.tensor({ ok and 0 or 1 }, { dtype = "i32" })
-    comm.all_reduce(flag, { op = "max" })
-    if flag:item() ~= 0 then
+  local function agree(ok, err) -- (a rank that did its part raises the failing rank's message, naming it)
+    local bad, why = comm.first_error(ok, err)
+    if bad then
       if rank == 0 then C.lt_remove_tree(tmp) end
-      error(ok and "ckpt.save: another rank failed to write its part of the checkpoint" or err, 3)
+      error(ok and ("ckpt.save: rank %d failed to write its part of the checkpoint: %s"):format(bad,
+        (why:gsub("^ckpt%.save: ", ""))) or err, 3)
     end
   end
   local ok, err = lay.ok, lay.why and ("ckpt.save: " .. lay.why)
@@ -686,16 +686,27 @@ function M.load(path, o)
   if o.model then
     local mine = model_config(o.model)
     if mine and st.model_config then
-      for k, v in pairs(mine) do
-        local s = st.model_config[k]
-        if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" then
+      local function family(c) return c.n_layer and "GPT-2" or c.n_layers and "Llama" or nil end
+      local fs, fm = family(st.model_config), family(mine)
+      if fs and fm and fs ~= fm then
+        error(("ckpt.load: %s/state.json: a %s checkpoint, the model is a %s"):format(path, fs, fm), 2)
+      end
+      for _, k in ipairs(sorted_keys(mine)) do -- (in order: the same field named every time)
+        local v, s = mine[k], st.model_config[k]
+        -- (the vocabulary padded to another multiple, of pad_vocab or tp, is the same model's:
+        -- its weights re-padded at the load, tp.ckpt.vocab_rows; the optimizer's state is not)
+        if s ~= nil and s ~= v and k == "padded_vocab_size" and o.opt then
+          error(("ckpt.load: %s/state.json: model_config.padded_vocab_size is %s, the model's is %s (the vocabulary padded to another multiple of pad_vocab x tp: the weights load with lt.ckpt.load_weights, a resume needs the same padding)")
+            :format(path, show(s), show(v)), 2)
+        end
+        if s ~= nil and s ~= v and k ~= "dropout" and k ~= "pad_vocab" and k ~= "padded_vocab_size" then
           error(("ckpt.load: %s/state.json: model_config.%s is %s, the model's is %s (a checkpoint of another model)")
             :format(path, k, show(s), show(v)), 2)
         end
       end
     end
     -- this rank's file as it is (the model's TP size), else assembled at the load (load_weights)
-    direct = tpck.direct_file(path, st, o.model)
+    direct = not tpck.vocab_rows(st, o.model) and tpck.direct_file(path, st, o.model) or nil
     local bad = not o.verified and verify_files(path, st, { direct or "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
     if direct then

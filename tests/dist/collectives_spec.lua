@@ -130,7 +130,10 @@ H.test("mismatched sizes and dtypes raise on every rank, naming the rank", funct
 end)
 
 H.test("bad arguments are errors on every rank", function(r, w)
-  H.raises(function() lt.dist.mesh { tp = w + 1 } end, "mesh:", "but the job has " .. w .. " ranks")
+  H.raises(function() lt.dist.mesh { tp = w + 1 } end, ("mesh: tp %d x pp 1 = %d ranks does not divide the job's %d ranks")
+    :format(w + 1, w + 1, w))
+  H.raises(function() lt.dist.mesh { dp = w, tp = 2 } end, ("mesh: dp %d x tp 2 x pp 1 = %d, but the job has %d ranks")
+    :format(w, 2 * w, w))
   H.raises(function() lt.dist.broadcast(lt.ones(2), { src = w }) end, "root " .. w .. " is not a rank")
   H.raises(function() lt.dist.all_reduce(lt.ones(2), { op = "prod" }) end, "op must be sum, avg, max or min")
   H.raises(function() lt.dist.all_reduce(lt.ones(4):narrow(1, 1, 2):expand(3, 2)) end, "contiguous")
@@ -189,6 +192,15 @@ H.test("the same collective called from another line on one rank raises on every
   local t = lt.ones(3)
   lt.dist.all_reduce(t)
   assert(t:totable()[1] == w)
+end)
+
+H.test("first_error: nil when every rank is fine, else the lowest failing rank and its message on every rank", function(r, w)
+  assert(lt.dist.first_error(true) == nil, "all fine")
+  local bad, why = lt.dist.first_error(r ~= w - 1 and r ~= 0 or w == 1, ("rank %d: broke \226\156\151"):format(r))
+  if w == 1 then return assert(bad == nil) end
+  assert(bad == 0 and why == "rank 0: broke \226\156\151", ("got %s %q"):format(tostring(bad), tostring(why)))
+  bad, why = lt.dist.first_error(r ~= w - 1, "")
+  assert(bad == w - 1 and why == "", "an empty message")
 end)
 
 H.run("collectives_spec")

@@ -72,6 +72,15 @@ out=$(timeout 60 ./lutra recipes/sample.lua --ckpt="runs/tp-job-$$/ckpt" --promp
 if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads the weights of a tp=2 checkpoint"
 else notok "recipes/sample.lua reads the weights of a tp=2 checkpoint" "$out"; fi
 rm -rf "runs/tp-job-$$"
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $tiny --tp=2 --n_head=1 --steps=1 2>&1)
+# (the message without the recipe's file:line; the other ranks' lines may be cut by the job's end)
+if echo "$out" | grep -q '^\[rank [01]\] lutra: --tp=2: gpt2: n_head 1 does not divide by tp 2'; then
+  ok "recipes/gpt2.lua --tp=2 --n_head=1 is refused, naming n_head"
+else notok "recipes/gpt2.lua --tp=2 --n_head=1 is refused, naming n_head" "$out"; fi
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $tiny --tp=2 --sp --batch=1 --seq=7 --steps=1 2>&1)
+if echo "$out" | grep -q '^\[rank [01]\] lutra: --sp splits each batch.s --batch x --seq = 7 tokens across --tp=2 ranks'; then
+  ok "recipes/gpt2.lua --tp=2 --sp with --batch x --seq = 7 tokens is refused (no step would run sequence-parallel)"
+else notok "recipes/gpt2.lua --tp=2 --sp with --batch x --seq = 7 tokens is refused (no step would run sequence-parallel)" "$out"; fi
 out=$(timeout 120 $MPIRUN -np 2 ./lutra $tiny --tp=2 --model=llama --n_head=4 --n_kv_head=2 --steps=2 2>&1)
 if echo "$out" | grep -q 'Llama with 1 layers' && echo "$out" | grep -q 'step     2/2 | loss'; then
   ok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks"

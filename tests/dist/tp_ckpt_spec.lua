@@ -17,7 +17,12 @@
 --   - GPT-2 with its blocks' linears replaced by their TP shards: its
 --     checkpoint rebuilt whole by lt.ckpt.load_model (what recipes/sample.lua
 --     does) and its Hugging Face export (written by rank 0 alone) equal the
---     one-process model; load_full_state_dict's errors name the tensor.
+--     one-process model; load_full_state_dict's errors name the tensor;
+--   - GPT-2 and Llama of a padded vocabulary (97 ids: 98 rows at tp=2): a
+--     tp=2 checkpoint's weights load at tp=4, in one process (97 rows) and
+--     with another pad_vocab (the rows re-padded), the same loss; a resume
+--     into another padding is refused naming it; a TP group that is not
+--     the mesh's (np=4) makes every rank's save raise the failing rank's reason.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -303,6 +308,52 @@ H.test("GPT-2's TP shards: lt.ckpt.load_model (recipes/sample.lua's reader) and 
     lt.dist.barrier()
     same_whole(lt.hf.load(out):state_dict(), want, name .. ": hf.export")
   end
+end)
+
+H.test("a padded vocabulary: a tp=2 checkpoint's weights load at tp=" .. "world and in one process (other paddings)", function(r, w)
+  local VP = 97 -- (tp=2 pads it to 98 rows, tp=4 to 100, one process keeps 97)
+  local x = lt.randint(0, VP, { 2, 8 }, { generator = lt.Generator(1) }):to("i64")
+  local m2 = mesh { dp = w / 2, tp = 2, zero = 0 }
+  for _, family in ipairs { "gpt2", "llama" } do
+    local function build(seed, g, over)
+      local o = { generator = lt.Generator(seed), vocab_size = VP, tp = g }
+      for k, v in pairs(over or {}) do o[k] = v end
+      if family == "gpt2" then return lt.models.gpt2("gpt2-tiny", o) end
+      return lt.models.llama("llama-tiny", o)
+    end
+    local saved = build(5, m2.tp)
+    local want = saved:loss(x, x):item()
+    local path = lt.ckpt.save(root() .. "/padded-" .. family, { model = saved, step = 1 })
+    local into = { { "tp=" .. w, lt.dist.new_group(0, r) }, { "one process", nil },
+      { "tp=2, pad_vocab 8", m2.tp, { pad_vocab = 8 } } }
+    for _, c in ipairs(into) do
+      local what = ("%s: tp=2 (98 rows) into %s"):format(family, c[1])
+      local m = build(9, c[2], c[3])
+      lt.ckpt.load_weights(path, m)
+      local got = m:loss(x, x):item()
+      assert(math.abs(got - want) <= 1e-5 * math.abs(want), ("%s: loss %.9g, saved %.9g"):format(what, got, want))
+      local full = c[2] and tp.full_state_dict(m) or m:state_dict()
+      local emb = full[family == "gpt2" and "transformer.wte.weight" or "model.embed_tokens.weight"]
+      assert(emb:size(1) == m.config.padded_vocab_size, what .. ": the model's rows")
+      if emb:size(1) > VP then
+        H.close(emb:narrow(1, VP + 1, emb:size(1) - VP), lt.zeros(emb:size(1) - VP, emb:size(2)), 0, what .. ": padding rows")
+      end
+    end
+    -- a resume (the optimizer's state too) into another padding is refused, naming it
+    local m = build(9, m2.tp, { pad_vocab = 8 })
+    local opt = lt.optim.AdamW(m, { lr = 1e-3 })
+    H.raises(function() lt.ckpt.load(path, { model = m, opt = opt }) end,
+      "model_config.padded_vocab_size is 98, the model's is 112", "a resume needs the same padding")
+  end
+end)
+
+H.test("a TP group not laid out as lt.dist.mesh's: the save refused on every rank, naming the rank and the layout", function(r, w)
+  if w ~= 4 then return end
+  local m4 = mesh { dp = 2, tp = 2, zero = 0 }
+  local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5), vocab_size = 96, tp = m4.dp }) -- (ranks 0, 2 and 1, 3)
+  H.raises(function() lt.ckpt.save(root() .. "/not-a-mesh", { model = m, step = 1 }) end,
+    "of a tensor-parallel group of 2 ranks in a job of 4", "checkpoints take the layout of lt.dist.mesh")
+  assert(not lt.ckpt.is_complete(root() .. "/not-a-mesh/step_00000001"), "no checkpoint left")
 end)
 
 H.test("load_full_state_dict names missing, unexpected and mis-shaped (whole) tensors, before copying any", function(r, w)

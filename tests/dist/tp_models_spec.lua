@@ -5,7 +5,8 @@
 -- (a rank's shard against the slice of the whole gradient) in f64 to
 -- 1e-10; 10 f32 AdamW steps, with clipping that fires and without, to
 -- 1e-5 relative in the loss; and at np = 4 dp = 2 x tp = 2 with each ZeRO
--- stage over the data-parallel group. The reference runs on every rank
+-- stage over the data-parallel group; GPT-2 with dropout under TP and SP:
+-- one process's masks and losses, the replicated weights equal. The reference runs on every rank
 -- (one process's arithmetic, no collective). Bad shapes and groups are
 -- refused on every rank, naming them.
 local lt = require "lutra"
@@ -59,6 +60,8 @@ H.test("one step's logits, loss and every gradient equal the whole model's (f64;
         local lp = par:loss(x, y)
         lp:backward()
         assert(math.abs(lw:item() - lp:item()) <= 1e-12 * math.abs(lw:item()), what .. ": loss")
+        H.close(par:loss(x, y, { reduction = "none" }), whole:loss(x, y, { reduction = "none" }), 1e-10,
+          what .. ": per-token losses (reduction none: the padded vocabulary's columns masked)")
         assert(rawget(par, "tp_ctx").sp == sp, what .. ": sequence parallelism engaged as asked")
         H.close(par(x), whole(x), 1e-10, what .. ": logits")
         local plan, wp, checked = tp.plan(par), {}, 0
@@ -136,6 +139,24 @@ H.test("10 f32 steps: the losses and gradient norms of one process, with clippin
   assert(#bad == 0, table.concat(bad, "; "))
 end)
 
+H.test("GPT-2 with dropout: one process's masks, losses and norms, with and without SP; replicated weights stay equal",
+  function(_, w)
+    local g = lt.dist.new_group(0, lt.dist.rank())
+    local bad = {}
+    lt.manual_seed(21)
+    local lw, nw = train(build("gpt2", 5, { dropout = 0.2 }), 0, B)
+    for _, sp in ipairs { false, true } do
+      local what = ("gpt2 dropout 0.2 tp=%d%s"):format(w, sp and " SP" or "")
+      lt.manual_seed(21) -- (every rank's default generator as the one process's)
+      local par = build("gpt2", 5, { dropout = 0.2, tp = g, sequence_parallel = sp })
+      local lp, np_ = train(par, 0, B)
+      bad[#bad + 1] = same_run(what, lw, nw, lp, np_, 0)
+      local ok, err = pcall(tp.check_replicated, par)
+      if not ok then bad[#bad + 1] = what .. ": " .. tostring(err) end
+    end
+    assert(#bad == 0, table.concat(bad, "; "))
+  end)
+
 H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one process's losses (4 ranks)", function(r, w)
   if w ~= 4 then return end
   local bad = {}
@@ -164,25 +185,6 @@ H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one proce
   assert(#bad == 0, table.concat(bad, "; "))
 end)
 
-H.test("GPT-2 with dropout: the masks one process draws, with and without SP (f64, the same seed)", function(_, w)
-  local g = lt.dist.new_group(0, lt.dist.rank())
-  for _, sp in ipairs { false, true } do
-    local what = ("gpt2 tp=%d%s dropout 0.2"):format(w, sp and " SP" or "")
-    local whole = build("gpt2", 3, { dtype = "f64", dropout = 0.2 })
-    local par = build("gpt2", 3, { dtype = "f64", dropout = 0.2, tp = g, sequence_parallel = sp })
-    local x, y = batch(12, B)
-    lt.manual_seed(77)
-    local lw = whole:loss(x, y)
-    lw:backward()
-    lt.manual_seed(77)
-    local lp = par:loss(x, y)
-    lp:backward()
-    assert(math.abs(lw:item() - lp:item()) <= 1e-12 * math.abs(lw:item()),
-      ("%s: loss %.15g, one process %.15g"):format(what, lp:item(), lw:item()))
-    H.close(par.transformer.h[1].ln_1.weight.grad, whole.transformer.h[1].ln_1.weight.grad, 1e-10, what .. ": ln_1 gradient")
-  end
-end)
-
 H.test("shapes that do not split, groups that are not groups, TP ranks on different batches: clear errors on every rank", function(_, w)
   local g = lt.dist.new_group(0, lt.dist.rank())
   H.raises(function() lt.models.gpt2("gpt2-tiny", { n_head = 2 * w + 1, n_embd = 8 * (2 * w + 1), tp = g }) end,
@@ -192,6 +194,25 @@ H.test("shapes that do not split, groups that are not groups, TP ranks on differ
   H.raises(function() lt.models.llama("llama-tiny", { n_heads = 12, n_kv_heads = 3, dim = 96, tp = g }) end,
     "n_kv_heads 3", "neither be split", "nor replicated")
   H.raises(function() lt.models.gpt2("gpt2-tiny", { tp = "two" }) end, "tp must be a process group")
+  H.raises(function() lt.models.gpt2("gpt2-tiny", { sequence_parallel = true }) end,
+    "gpt2: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp")
+  H.raises(function() lt.models.llama("llama-tiny", { tp = g, sequence_parallel = "yes" }) end,
+    "llama: sequence_parallel must be true or false, got yes")
+  -- an id in the padding of the vocabulary (97 ids, 98 or 100 rows): refused as one process refuses it
+  for _, family in ipairs { "gpt2", "llama" } do
+    local par = build(family, 3, { tp = g })
+    local ids = lt.tensor({ { 1, 2, V } }, { dtype = "i64" })
+    H.raises(function() par(ids) end, "id 97 at position 3 (1-based) of the ids is outside the vocabulary [0, 97)")
+  end
+  H.raises(function() tp.VocabParallelEmbedding.from(lt.nn.Embedding(8, 2), g, { vocab = 9 }) end,
+    "vocab must be a whole number in 1..8 (the rows), got 9")
+  -- dp x tp without a DataParallel: each replica would train alone; refused on every rank
+  if w == 4 then
+    local mesh = lt.dist.mesh { tp = 2 }
+    local m = build("gpt2", 3, { tp = mesh.tp })
+    H.raises(function() lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) } end,
+      "train.step: the model is tensor-parallel over 2 of the job's 4 ranks", "ddp = lt.dist.DataParallel")
+  end
   -- TP ranks given different batches (a loader split by the job's ranks): refused on every rank at the first step
   local m = build("gpt2", 3, { tp = g })
   local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }) }

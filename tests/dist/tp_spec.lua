@@ -3,7 +3,8 @@
 -- over the whole world, and over tp=2 groups of a mesh when the world
 -- allows), against one process computing the same whole layers on the same
 -- inputs: outputs and the gradients of every input and parameter (a
--- rank's shard against the matching slice of the whole gradient).
+-- rank's shard against the matching slice of the whole gradient), and
+-- dropout_rows against one process's mask of the whole tensor.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -65,6 +66,32 @@ H.test("gather_output and an input the row layer slices itself", function(_, w)
   y:sum():backward()
   H.close(y, want, 1e-12, "output")
   H.close(xt.grad, xw.grad, 1e-12, "input gradient")
+end)
+
+H.test("dropout_rows: this rank's rows of one process's mask, the generator in step after it", function(_, w)
+  for _, case in ipairs(groups_to_test(w)) do
+    local name, g = case[1], case[2]
+    local n, r = g:size(), g:rank()
+    for _, C in ipairs { 8, 5 } do -- (5: a rank's first element off a Philox counter boundary when n > 1)
+      local what = ("%s, C %d"):format(name, C)
+      local rows = 3
+      local x = lt.randn({ rows * n, C }, { dtype = "f64", generator = lt.Generator(2) })
+      local ref = lt.Generator(40 + C)
+      local want = lt.F.dropout(x, 0.3, { generator = ref })
+      local gen = lt.Generator(40 + C)
+      local mine = x:narrow(1, r * rows + 1, rows):contiguous():requires_grad_()
+      local y = tp.dropout_rows(mine, 0.3, g, { generator = gen })
+      H.close(y, want:narrow(1, r * rows + 1, rows), 0, what .. ": rows")
+      local rs, gs = ref:state(), gen:state()
+      assert(rs.offset == gs.offset and rs.seed == gs.seed, ("%s: generator at offset %d, one process's %d")
+        :format(what, gs.offset, rs.offset))
+      y:sum():backward() -- (the gradient: the mask scaled, as F.dropout's)
+      H.close(mine.grad, want:narrow(1, r * rows + 1, rows):ne(0):to("f64") * (1 / 0.7), 1e-15, what .. ": gradient")
+      assert(tp.dropout_rows(mine, 0.3, g, { training = false }) == mine, what .. ": eval is the identity")
+    end
+  end
+  H.raises(function() tp.dropout_rows(lt.zeros(2), 1.5, lt.dist.new_group(0, lt.dist.rank())) end,
+    "dropout_rows: p must be in [0, 1], got 1.5")
 end)
 
 H.test("sizes that do not divide are refused on every rank, naming the sizes", function(_, w)

@@ -13,7 +13,8 @@
 -- equal on the TP ranks (tp.check_replicated). Bad groups (the TP group,
 -- the world) are refused on every rank; check_replicated names a
 -- replicated parameter that differs and a shard whose shape does;
--- lt.train's validation loss is one process's; a preemption signal on one
+-- lt.train's validation loss is one process's (a validation loader split
+-- by the job's ranks refused on every rank); a preemption signal on one
 -- TP rank reaches every rank of the job at the same step. Prints the bytes
 -- per rank (lt.dist.memory_bytes).
 local lt = require "lutra"
@@ -243,6 +244,16 @@ H.test("lt.train's evaluation under TP: every rank runs the forward, the val los
   assert(got.val_step == 2 and want.val_step == 2, "evaluated at step 2")
   local rel = math.abs(got.val_loss - want.val_loss) / want.val_loss
   assert(rel < 1e-10, ("val loss %.15g, one process %.15g"):format(got.val_loss, want.val_loss))
+  -- a validation loader split by the job's ranks (each TP rank its own batches): refused on every rank
+  local bad = Tiny(mesh.tp)
+  local r = lt.dist.rank()
+  H.raises(function()
+    scratch(function(dir)
+      return lt.train { model = bad, optimizer = lt.optim.AdamW(bad, settings()), train = loader(dp, d * B + 1, B),
+        steps = 2, quiet = true, ddp = lt.dist.DataParallel(bad, { group = mesh.dp }), out_dir = dir,
+        val = loader(w, r * B + 1, B), eval_every = 2, eval_batches = 1 }
+    end)
+  end, "the tensor-parallel ranks read different validation batches", "lt.data.shards{rank = mesh.coords.dp")
 end)
 
 H.test("a preemption signal on one TP rank only stops every rank of the job after the same step", function(r, w)

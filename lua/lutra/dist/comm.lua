@@ -274,6 +274,29 @@ function M.barrier(opts)
   if C.lt_comm_barrier(group_of(opts).c) ~= 0 then fail(2) end
 end
 
+--- lt.dist.first_error(ok, err) -> nil when ok on every rank of the job,
+-- else the lowest failing rank's number and its message err (a string), on
+-- every rank: so each rank can raise what went wrong and where, not "another
+-- rank failed". Collective (every rank calls it, from the same line).
+function M.first_error(ok, err)
+  local world, rank = M.world_size(), M.rank()
+  local who = tensor.tensor({ ok and world or rank }, { dtype = "i32" })
+  M.all_reduce(who, { op = "min" })
+  local bad = who:item()
+  if bad >= world then return nil end
+  local msg = bad == rank and tostring(err) or ""
+  local len = tensor.tensor({ #msg }, { dtype = "i64" })
+  M.broadcast(len, { src = bad })
+  local bytes = {}
+  for i = 1, len:item() do bytes[i] = rank == bad and msg:byte(i) or 0 end
+  if #bytes == 0 then return bad, "" end
+  local t = tensor.tensor(bytes, { dtype = "i32" })
+  M.broadcast(t, { src = bad })
+  local chars = {}
+  for i, b in ipairs(t:totable()) do chars[i] = string.char(b) end
+  return bad, table.concat(chars)
+end
+
 --- lt.dist.send(t, dst[, {group =}]) and lt.dist.recv(t, src[, {group =}]):
 -- point to point; recv fills t, which must match what was sent (else an error naming both).
 function M.send(t, dst, opts)
@@ -309,6 +332,10 @@ function M.mesh(o)
     end
   end
   local dp = o.dp or world / (tp * pp)
+  if not o.dp and dp ~= math.floor(dp) then -- (dp left to the others: say what does not divide, not a fraction)
+    error(("mesh: tp %d x pp %d = %d ranks does not divide the job's %d ranks (dp is what they leave)"):format(tp, pp,
+      tp * pp, world), 2)
+  end
   if dp ~= math.floor(dp) or dp * tp * pp ~= world then
     error(("mesh: dp %s x tp %d x pp %d = %s, but the job has %d ranks"):format(tostring(o.dp or dp), tp, pp,
       tostring((o.dp or dp) * tp * pp), world), 2)

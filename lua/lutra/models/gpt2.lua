@@ -196,10 +196,12 @@ GPT.loss_is_cross_entropy = GPT.loss
 -- tp (a tensor-parallel process group: the model is built whole, then each
 -- rank keeps its shards, lutra.models.parallel; n_head must divide by its
 -- size and the vocabulary is padded to a multiple of pad_vocab x tp) and
--- sequence_parallel (with tp: norms and dropout on 1/tp of the tokens).
+-- sequence_parallel (with tp: norms and dropout on 1/tp of the tokens; refused
+-- without tp).
 function M.gpt2(name, overrides)
   local cfg, o = mconfig.resolve("gpt2", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("gpt2", o.tp) or 1
+  parallel.check_sp("gpt2", o)
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
     tie_embeddings = 3 }
   for k, v in pairs(cfg) do

@@ -155,10 +155,11 @@ Llama.loss_is_cross_entropy = Llama.loss
 -- tensor-parallel process group: built whole, then each rank keeps its
 -- shards, lutra.models.parallel; n_heads and ffn_dim must divide by its
 -- size, and n_kv_heads divide by it or it by n_kv_heads; the vocabulary is
--- padded to a multiple of it) and sequence_parallel (with tp).
+-- padded to a multiple of it) and sequence_parallel (with tp; refused without).
 function M.llama(name, overrides)
   local cfg, o = mconfig.resolve("llama", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("llama", o.tp) or 1
+  parallel.check_sp("llama", o)
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
     rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1 }
   for k, v in pairs(cfg) do

@@ -32,7 +32,6 @@
 -- divide) run without it, with the same result.
 local tensor = require "lutra.tensor"
 local F = require "lutra.nn.functional"
-local random = require "lutra.random"
 local tp = require "lutra.dist.tp"
 local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
@@ -47,6 +46,20 @@ function M.check_group(family, g)
       :format(family, tostring(g)), 4)
   end
   return g:size()
+end
+
+--- parallel.check_sp(family, o): raises "<family>: sequence_parallel ..."
+-- at the constructor's caller when o.sequence_parallel is not a boolean
+-- (or nil), or is true without a tp group (it would silently do nothing).
+function M.check_sp(family, o)
+  local sp = o.sequence_parallel
+  if sp ~= nil and type(sp) ~= "boolean" then
+    error(("%s: sequence_parallel must be true or false, got %s"):format(family, tostring(sp)), 4)
+  end
+  if sp and o.tp == nil then
+    error(("%s: sequence_parallel splits the tokens across a tensor-parallel group: it needs tp (lt.dist.mesh{tp = n}.tp)")
+      :format(family), 4)
+  end
 end
 
 --- parallel.divides(family, n, checks): raises "<family>: <name> <value>
@@ -97,23 +110,20 @@ function M.begin(model, idx, kv)
   return ctx
 end
 
+-- dropout on the residual stream: the whole activation (the same mask on
+-- every rank, the generators being in step), or under sequence parallelism
+-- this rank's rows of one process's mask (tp.dropout_rows)
+local function dropout(ctx, x, p, training)
+  if p <= 0 then return x end
+  if ctx.sp then return tp.dropout_rows(x, p, ctx.group, { training = training }) end
+  return F.dropout(x, p, { training = training })
+end
+
 -- the input of a column-parallel product: gathered rows (sequence
 -- parallel) or the whole activation through f
 local function column_input(ctx, x)
   if ctx.sp then return tp.gather_rows(x, ctx.group) end
   return tp.copy_to_region(x, ctx.group)
-end
-
--- dropout of an activation: whole on every rank (the same generator state
--- draws the same mask), or under sequence parallelism this rank's rows of
--- the mask one process would draw for the whole (N, C) activation (so the
--- ranks' rows are not dropped alike, and the run is one process's)
-local function dropout(ctx, x, p, training)
-  if p <= 0 or training == false then return x end
-  if not ctx.sp then return F.dropout(x, p, { training = training }) end
-  local rows = x:size(1)
-  local draws = random.rand({ rows * ctx.n, x:size(2) }, { device = x.device }):narrow(1, ctx.rank * rows + 1, rows)
-  return x * draws:ge(p):to(x.dtype) * (1 / (1 - p)) -- (F.dropout's arithmetic)
 end
 
 -- a norm's forward whose gains, under sequence parallelism, pass through f
@@ -161,10 +171,10 @@ local function vocab_loss(model, y, targets, opts)
   local ctx, cfg = model.tp_ctx, model.config
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
+  o.classes = o.classes or cfg.vocab_size -- (the padding's columns out of the softmax, on either path)
   if (o.reduction or "mean") == "none" then
     return F.cross_entropy(whole_logits(model, y, true), targets, o)
   end
-  o.classes = o.classes or cfg.vocab_size
   local yin = head_input(ctx, y)
   if ctx.sp then targets = targets:reshape(-1) end
   return tp.linear_cross_entropy(yin, model.lm_head.weight, targets, ctx.group, o)
@@ -193,7 +203,7 @@ end
 -- the split's last part, the same for both models: the embedding (holder[key]) vocab-parallel,
 -- the head its rows (tied) or column-parallel, the model's records, forward and loss
 local function finish(model, holder, key, g, sp, hidden, ctx)
-  holder[key] = tp.VocabParallelEmbedding.from(holder[key], g)
+  holder[key] = tp.VocabParallelEmbedding.from(holder[key], g, { vocab = model.config.vocab_size })
   if model.config.tie_embeddings then
     model.lm_head.weight = holder[key].weight -- tied: the same rows of the vocabulary
     tp.mark(model.lm_head, "weight", 1)

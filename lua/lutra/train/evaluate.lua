@@ -4,6 +4,8 @@
 --   local val_loss = lt.train.evaluate(model, val_loader, { batches = 20 })
 local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
+local records = require "lutra.dist.tp.records"
+local tpnorm = require "lutra.dist.tp.norm"
 
 --- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu", own_loss = false}])
 -- -> the mean token loss (cross-entropy of model(x) against y, summed over
@@ -19,7 +21,9 @@ local F = require "lutra.nn.functional"
 -- model.loss, lt.models') computes it with model:loss (lt.train asks for
 -- it under tensor parallelism: a vocabulary-parallel head's loss never
 -- gathers the logits). Under tensor parallelism every rank of the TP
--- group calls it on the same batches (the forward's collectives).
+-- group calls it on the same batches (the forward's collectives); the
+-- first batch is checked to be (lt.dist.tp.check_same_batch: "train: the
+-- tensor-parallel ranks read different validation batches ...").
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
@@ -27,6 +31,7 @@ local function evaluate(model, loader, opts)
   local own = opts.own_loss and model.loss ~= nil and model.loss_is_cross_entropy == model.loss
   local was_training = model.training
   local block = model.config and model.config.block_size
+  local tpg, checked = records.group(model), false
   model:eval()
   autograd.no_grad(function()
     for _ = 1, n do
@@ -37,6 +42,10 @@ local function evaluate(model, loader, opts)
           :format(x:size(x:dim()), block), 0)
       end
       if device ~= "cpu" then x, y = x:to(device), y:to(device) end
+      if tpg and not checked then -- (the first batch: a val loader split by the job's ranks is refused)
+        checked = true
+        tpnorm.check_same_batch(tpg, x, y, "train", "validation batches")
+      end
       local lo = { reduction = "sum", ignore_index = ignore_index }
       local l, c
       if own then l, c = model:loss(x, y, lo) else l, c = F.cross_entropy(model(x), y, lo) end

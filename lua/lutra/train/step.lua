@@ -90,7 +90,8 @@ end
 -- function of the optimizer step -> lr), skip_nonfinite = false, micro_batches =
 -- (M.micro_batches), optimizer_steps = 0 (the schedule's clock: optimizer steps taken)}
 -- -> a Step. Raises on a missing model or optimizer, a bad accum, clip or
--- optimizer_steps. Fields a caller may read or set between steps:
+-- optimizer_steps, a tensor-parallel model whose group is not the whole job
+-- without ddp. Fields a caller may read or set between steps:
 -- optimizer_steps, skipped (steps skipped as not finite).
 function M.new(o)
   if type(o) ~= "table" then error("train.step: expects a table of settings", 2) end
@@ -120,6 +121,10 @@ function M.new(o)
   -- tensor parallelism: each parameter counted once in the norm (the shards
   -- are those of the model's current tensors: made here, after model:to())
   local tp = records.group(model)
+  if tp and not s.ddp and tp:size() < comm.world_size() then -- (else each data-parallel replica trains alone)
+    error(("train.step: the model is tensor-parallel over %d of the job's %d ranks: its data-parallel replicas need "
+      .. "ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(tp:size(), comm.world_size()), 2)
+  end
   local sharded = tp and records.sharded(model)
   local function grad_norm()
     if tp then return tpnorm.grad_norm(params, sharded, tp) end
@@ -172,35 +177,15 @@ function Step:batches(next_batch)
 end
 
 --- S:check_tp_batches(x, y): under tensor parallelism (once, on the first
--- step) the ranks of the TP group must hold the same batch; a fingerprint
--- of x and y (sums of the ids and of the ids weighted by position, f64)
--- compared by one all-reduce (max and min) over the group. Raises on every
--- rank of the group "train: the tensor-parallel ranks read different
--- batches ..." when they differ (a loader split by the job's ranks instead
--- of the data-parallel ones).
+-- step) the ranks of the TP group must hold the same batch
+-- (lt.dist.tp.check_same_batch: one all-reduce of a fingerprint). Raises
+-- on every rank of the group "train: the tensor-parallel ranks read
+-- different batches ..." when they differ (a loader split by the job's
+-- ranks instead of the data-parallel ones).
 function Step:check_tp_batches(x, y)
   self.tp_batches_checked = true
   local g = records.group(self.model)
-  if not g then return end
-  local function print_of(t)
-    local f = t:reshape(-1):to { dtype = "f64", device = "cpu" }
-    local pos = tensor.arange(f:numel(), { dtype = "f64" }) + 1
-    return { f:sum():item(), (f * pos):sum():item() }
-  end
-  local a, b = print_of(x), print_of(y)
-  local mine = { a[1], a[2], b[1], b[2], x:numel() }
-  local hi = tensor.tensor(mine, { dtype = "f64" })
-  local lo = tensor.tensor(mine, { dtype = "f64" }):neg()
-  local both = tensor.cat({ hi, lo })
-  comm.all_reduce(both, { op = "max", group = g })
-  local v = both:totable()
-  for i = 1, 5 do
-    if v[i] ~= -v[i + 5] then
-      error("train: the tensor-parallel ranks read different batches: each rank of a TP group must get the same "
-        .. "micro-batches (split the data by data-parallel rank: lt.data.shards{rank = mesh.coords.dp, world = "
-        .. "mesh.sizes.dp})", 0)
-    end
-  end
+  if g then tpnorm.check_same_batch(g, x, y, "train", "batches", "micro-batches") end
 end
 
 --- S:run(step, next_batch[, {keep_deferred = false}]) -> r: one optimizer

@@ -18,9 +18,11 @@
 -- Whole weights are read from either kind one tensor at a time
 -- (open_weights: each rank's shard of it, assembled by the records saved),
 -- so a checkpoint's weights load into a model of any TP size (load_weights,
--- slicing each whole tensor by that model's records) or into one process
--- (lt.ckpt.load_model).
+-- slicing each whole tensor by that model's records; the vocabulary's rows
+-- re-padded where the model pads them to another multiple) or into one
+-- process (lt.ckpt.load_model).
 local safetensors = require "lutra.safetensors"
+local tensor = require "lutra.tensor"
 local json = require "lutra.json"
 local comm = require "lutra.dist.comm"
 local records = require "lutra.dist.tp.records"
@@ -254,6 +256,34 @@ function M.open_weights(path, st)
   return src
 end
 
+--- tp.ckpt.vocab_rows(st, model) -> nil, or {saved =, model =, rows =}
+-- when the checkpoint (its state.json st) and the model hold the same
+-- vocabulary (model_config.vocab_size, rows) padded to other row counts
+-- (padded_vocab_size: pad_vocab, or tensor parallelism's multiple of tp):
+-- a tp = 2 checkpoint of GPT-2's 50257 ids holds 50258 rows, a tp = 4 model
+-- 50260, one process 50257. The padding rows are zero and never used.
+function M.vocab_rows(st, model)
+  local mc, cfg = st.model_config, model.config
+  if type(mc) ~= "table" or type(cfg) ~= "table" or type(cfg.vocab_size) ~= "number" then return nil end
+  if mc.vocab_size ~= cfg.vocab_size then return nil end
+  local saved, mine = mc.padded_vocab_size or mc.vocab_size, cfg.padded_vocab_size or cfg.vocab_size
+  if saved == mine then return nil end
+  return { saved = saved, model = mine, rows = cfg.vocab_size }
+end
+
+--- tp.ckpt.repad(whole, rows, padded) -> whole's first rows rows, followed
+-- by zero rows up to padded (a vocabulary's rows padded to another multiple).
+function M.repad(whole, rows, padded)
+  local shape = whole:shape()
+  local sizes = {}
+  for d = 1, #shape do sizes[d] = shape[d] end
+  sizes[1] = padded
+  local out = tensor.zeros(sizes, { dtype = whole.dtype })
+  local k = math.min(rows, whole:size(1))
+  out:narrow(1, 1, k):copy_(whole:narrow(1, 1, k))
+  return out
+end
+
 --- tp.ckpt.load_weights(path, st, model) -> model: every tensor of the
 -- model's state dict from the checkpoint's whole weights (open_weights), this
 -- rank's slice of it by the model's records (tp.load_full_state_dict's
@@ -269,8 +299,20 @@ function M.load_weights(path, st, model)
   local plan = g and records.plan(model) or {}
   local own = model:state_dict()
   local missing, unexpected, shaped = {}, {}, {}
+  local vocab = M.vocab_rows(st, model)
+  local repad = {} -- name -> true: the vocabulary's rows, padded to another multiple in the checkpoint
   for name, t in pairs(own) do
     local have, want = src.shape[name], state.whole_shape(t:shape(), plan[name], n)
+    if have and vocab and have[1] == vocab.saved and want[1] == vocab.model and #have == #want then
+      local rest = true
+      for d = 2, #want do rest = rest and have[d] == want[d] end
+      if rest then
+        repad[name] = true
+        local h = {}
+        for d = 1, #want do h[d] = have[d] end
+        h[1], have = want[1], h
+      end
+    end
     if not have then
       missing[#missing + 1] = name
     elseif tostring(setmetatable(have, getmetatable(want))) ~= tostring(want) then
@@ -286,7 +328,11 @@ function M.load_weights(path, st, model)
     error(where .. ": " .. bad, 0)
   end
   local ok, err = pcall(function()
-    for _, name in ipairs(model:state_dict_names()) do state.copy_whole(own[name], src:get(name), plan[name], g) end
+    for _, name in ipairs(model:state_dict_names()) do
+      local whole = src:get(name)
+      if repad[name] then whole = M.repad(whole, vocab.rows, vocab.model) end
+      state.copy_whole(own[name], whole, plan[name], g)
+    end
   end)
   src:close()
   if not ok then error(where .. ": " .. tostring(err), 0) end

@@ -4,7 +4,8 @@
 --   regions.lua  the f / g operators and their sequence-parallel forms
 --                (copy_to_region, reduce_from_region, gather_from_region,
 --                scatter_to_region, gather_rows, reduce_scatter_rows,
---                scatter_rows) and shard(), the slicing of a whole tensor
+--                scatter_rows, dropout_rows) and shard(), the slicing of a
+--                whole tensor
 --   records.lua  which parameters are shards (mark, plan, sharded, group)
 --   linear.lua   ColumnParallelLinear, RowParallelLinear
 --   vocab.lua    VocabParallelEmbedding, vocab_parallel_cross_entropy,

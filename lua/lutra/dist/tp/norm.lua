@@ -7,7 +7,8 @@
 --   check_replicated: replicated parameters bitwise identical on the TP
 --     ranks, sharded ones of one shape;
 --   check_dp_group: a DataParallel's or ZeRO's group is the data-parallel
---     group of a TP model (not the TP group, not the world).
+--     group of a TP model (not the TP group, not the world);
+--   check_same_batch: a TP group's ranks hold the same batch.
 -- All of them are collectives: every rank of the job calls them in the
 -- same order. Sums of squares are f64 (lt_grad_sum_squares, as
 -- lt.optim.grad_norm's), one call per device, read on the host. (Below
@@ -117,6 +118,37 @@ function M.check_dp_group(tp, group, who, level)
       .. "group: data parallelism of a TP model runs over the data-parallel group, "
       .. "group = lt.dist.mesh{dp =, tp = %d}.dp (a group of one rank when dp = 1)"):format(who, tp:size(), group == nil and "group (the world)" or "group",
       g:size(), tp:size()), (level or 2) + 1)
+  end
+end
+
+--- tp.check_same_batch(group, x, y[, who = "train", what = "batches", same = what]):
+-- raises on every rank of the TP group "<who>: the tensor-parallel ranks
+-- read different <what>: each rank of a TP group must get the same <same> ..." unless every rank holds the same x and y (a
+-- fingerprint: sums of the ids and of the ids weighted by position, f64,
+-- and the sizes, compared by one all-reduce of max and -min). Under tensor
+-- parallelism a TP group's ranks must compute on the same batch: the
+-- forward's collectives pair up whatever the ranks hold, so a loader split
+-- by the job's ranks instead of the data-parallel ones trains, or
+-- evaluates, on nonsense without this check.
+function M.check_same_batch(g, x, y, who, what, same)
+  local function print_of(t)
+    local f = t:reshape(-1):to { dtype = "f64", device = "cpu" }
+    local pos = tensor.arange(f:numel(), { dtype = "f64" }) + 1
+    return { f:sum():item(), (f * pos):sum():item() }
+  end
+  local a, b = print_of(x), print_of(y)
+  local mine = { a[1], a[2], b[1], b[2], x:numel() }
+  local hi = tensor.tensor(mine, { dtype = "f64" })
+  local lo = tensor.tensor(mine, { dtype = "f64" }):neg()
+  local both = tensor.cat({ hi, lo })
+  comm.all_reduce(both, { op = "max", group = g })
+  local v = both:totable()
+  for i = 1, 5 do
+    if v[i] ~= -v[i + 5] then
+      error(("%s: the tensor-parallel ranks read different %s: each rank of a TP group must get the same "
+        .. "%s (split the data by data-parallel rank: lt.data.shards{rank = mesh.coords.dp, world = "
+        .. "mesh.sizes.dp})"):format(who or "train", what or "batches", same or what or "batches"), 0)
+    end
   end
 end
 

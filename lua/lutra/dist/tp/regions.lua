@@ -18,6 +18,7 @@
 local tensor = require "lutra.tensor"
 local autograd = require "lutra.autograd"
 local comm = require "lutra.dist.comm"
+local random = require "lutra.random"
 
 local M = {}
 
@@ -229,6 +230,40 @@ local scatter_rows_fn = autograd.Function {
 function M.scatter_rows(x, g)
   check_group("scatter_rows", g)
   return scatter_rows_fn(rows_of(x, g, "scatter_rows"), g)
+end
+
+--- regions.dropout_rows(x, p, group[, {training = true, generator =}]) ->
+-- F.dropout of this rank's rows x (N/n, ...) of a sequence-parallel
+-- activation, with this rank's part of the mask one process draws for the
+-- whole (N, ...) tensor: every rank draws from the same generator state
+-- (the default one, or opts.generator, equal on the group's ranks as
+-- lt.manual_seed leaves them) at its rows' counters, and every rank's
+-- generator then advances past the whole mask. So the ranks' rows get
+-- independent masks (not the same one n times), the generator stays in
+-- step on the group as outside the region, and a model's dropout under
+-- sequence parallelism is one process's. (Philox counters: element i of a
+-- draw takes word i % 4 of counter offset + i / 4, host/lutra.h; a rank
+-- whose first element is not on a counter boundary draws the whole mask
+-- and keeps its rows.)
+function M.dropout_rows(x, p, g, opts)
+  check_group("dropout_rows", g)
+  opts = opts or {}
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then error("dropout_rows: p must be in [0, 1], got " .. tostring(p), 2) end
+  if opts.training == false or p == 0 then return x end
+  if p == 1 then return x * 0 end
+  local gen = opts.generator or random.default_generator()
+  local per, n, r = x:numel(), g:size(), g:rank()
+  local s = gen:state()
+  local keep
+  if (r * per) % 4 == 0 then
+    gen:set_state { seed = s.seed, offset = s.offset + r * per / 4 }
+    keep = random.rand(x:shape(), { device = x.device, generator = gen })
+  else
+    gen:set_state(s)
+    keep = random.rand({ per * n }, { device = x.device, generator = gen }):narrow(1, r * per + 1, per):view(x:shape())
+  end
+  gen:set_state { seed = s.seed, offset = s.offset + math.ceil(per * n / 4) }
+  return x * keep:ge(p):to(x.dtype) * (1 / (1 - p))
 end
 
 return M

@@ -62,10 +62,13 @@ local function span(g, W) return g:rank() * W, W end
 -- of the whole embedding's gradient.
 M.VocabParallelEmbedding = nn.Module:extend("VocabParallelEmbedding")
 
---- VocabParallelEmbedding.from(embedding, group[, {sequence_parallel = false}])
+--- VocabParallelEmbedding.from(embedding, group[, {sequence_parallel = false, vocab = V}])
 -- -> the module holding rows r*V/n .. (r+1)*V/n of the whole nn.Embedding's
--- weight (V, C) (recorded as a shard along dim 1). Errors, naming V and n,
--- when V does not divide by the group's size n.
+-- weight (V, C) (recorded as a shard along dim 1). vocab: the ids the
+-- model has, when V is padded past them (GPT-2's 97 of 98 rows at tp=2):
+-- an id in the padding is refused as one process's unpadded embedding
+-- refuses it. Errors, naming V and n, when V does not divide by the
+-- group's size n, and when vocab is not a whole number in 1..V.
 function M.VocabParallelEmbedding.from(emb, g, o)
   check_group("VocabParallelEmbedding", g)
   o = o or {}
@@ -79,6 +82,12 @@ function M.VocabParallelEmbedding.from(emb, g, o)
     "the vocabulary's %d rows (V) do"))
   records.mark(m, "weight", 1)
   m.sequence_parallel = o.sequence_parallel or false
+  local vocab = o.vocab or m.num_embeddings
+  if type(vocab) ~= "number" or vocab ~= math.floor(vocab) or vocab < 1 or vocab > m.num_embeddings then
+    error(("VocabParallelEmbedding: vocab must be a whole number in 1..%d (the rows), got %s"):format(m.num_embeddings,
+      tostring(vocab)), 2)
+  end
+  m.vocab = vocab
   return m
 end
 function M.VocabParallelEmbedding:init(o) self.group = o.group end
@@ -86,7 +95,7 @@ function M.VocabParallelEmbedding:init(o) self.group = o.group end
 --- emb(ids) -> (..., C) on every rank (ids of any shape, i32 or i64,
 -- 0-based whole-vocabulary ids); under sequence_parallel -> (N/n, C), this
 -- rank's rows of the tokens flattened (N = ids:numel() must divide by n).
--- An id outside [0, V) is an error naming it and its position, on every
+-- An id outside [0, vocab) is an error naming it and its position, on every
 -- rank (on a GPU reported at the next read from the device, as
 -- F.embedding).
 function M.VocabParallelEmbedding:forward(ids)
@@ -95,9 +104,9 @@ function M.VocabParallelEmbedding:forward(ids)
     refuse(g, ("VocabParallelEmbedding: ids must be an i32 or i64 tensor, got %s")
       :format(is_tensor(ids) and ids.dtype or type(ids)), 3)
   end
-  local V, W = self.num_embeddings, self.weight:size(1)
-  -- the range check against the whole V: a lookup in a (V, 0) tensor
-  -- (nothing moved; F.embedding's check, deferred on a GPU)
+  local V, W = self.vocab or self.num_embeddings, self.weight:size(1)
+  -- the range check against the whole vocabulary (its ids, not the padding):
+  -- a lookup in a (V, 0) tensor (nothing moved; F.embedding's check, deferred on a GPU)
   local ok, err = pcall(F.embedding, ids, tensor.empty({ V, 0 }, { dtype = self.weight.dtype, device = ids.device }))
   if not ok then
     local v, pos = tostring(err):match("index (%-?%d+) %(position (%d+)")
