@@ -49,7 +49,7 @@ local cfg = lt.config {
     device = "cpu or cuda[:N]", dtype = "f32, bf16 or f16 (16-bit keeps f32 master weights)",
     name = "run name: metrics in runs/<name>/metrics.jsonl, checkpoints in runs/<name>/ckpt",
     n_layer = "transformer blocks", n_head = "attention heads", n_embd = "channels",
-    seq = "tokens per sequence (the context)", batch = "sequences per micro-batch",
+    seq = "tokens per sequence (the context)", batch = "sequences per micro-batch (per data-parallel rank under mpirun)",
     accum = "micro-batches per optimizer step (gradient accumulation)",
     pad_vocab = "pad the embedding rows to a multiple of this (128 suits GPU products; 0: none)",
     steps = "optimizer steps", lr = "peak learning rate (AdamW)", min_lr = "learning rate at the last step",
@@ -133,7 +133,9 @@ end
 local rank, world = lt.dist.init()
 local function say(...) if rank == 0 then print(...) end end
 if world % cfg.tp ~= 0 then
-  fail(("--tp=%d does not divide the job's %d ranks (mpirun -np): use a tp that divides it"):format(cfg.tp, world))
+  fail(world == 1 and ("--tp=%d splits the model across %d ranks: run under mpirun -np <a multiple of %d>")
+    :format(cfg.tp, cfg.tp, cfg.tp)
+    or ("--tp=%d does not divide the job's %d ranks (mpirun -np): use a tp that divides it"):format(cfg.tp, world))
 end
 if cfg.sp and cfg.tp == 1 then fail("--sp (sequence parallelism) splits the tokens across --tp ranks: it needs --tp > 1") end
 if cfg.sp and (cfg.batch * cfg.seq) % cfg.tp ~= 0 then -- (the model would run every step without it)

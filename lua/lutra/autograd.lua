@@ -156,6 +156,9 @@ end
 -- others. Outputs are new tensors in the graph (an output that is an input
 -- or a tensor already in a graph is handed out as a detached alias, sharing
 -- data). At most 4 tensor arguments. Call it as fn:apply(...) or fn(...).
+-- Under no_grad, or when no tensor argument requires grad, nothing is
+-- recorded and ctx.needs_input_grad is all false (the forward need keep
+-- nothing for a backward).
 function M.Function(def)
   if type(def) ~= "table" or type(def.forward) ~= "function" or type(def.backward) ~= "function" then
     error("autograd.Function: expected {forward = function, backward = function}", 2)
@@ -174,8 +177,17 @@ function M.Function(def)
       end
     end
     if #inputs > 4 then error("autograd.Function: at most 4 tensor arguments", 2) end
+    -- (recorded only where a gradient can flow: grad mode on and an input that requires it;
+    -- otherwise no node is made, and no context kept that no node's death would free)
+    local recording = false
     local ctx = setmetatable({ needs_input_grad = {} }, Ctx)
-    for i, t in ipairs(inputs) do ctx.needs_input_grad[i] = t.requires_grad end
+    if C.lt_grad_enabled() ~= 0 then
+      for i, t in ipairs(inputs) do
+        ctx.needs_input_grad[i] = t.requires_grad
+        recording = recording or t.requires_grad
+      end
+    end
+    for i = 1, #inputs do ctx.needs_input_grad[i] = recording and ctx.needs_input_grad[i] or false end
     local outs = { M.no_grad(def.forward, ctx, unpack(args, 1, nargs)) }
     local seen = {}
     for i, o in ipairs(outs) do
@@ -186,6 +198,12 @@ function M.Function(def)
       for i, o in ipairs(outs) do
         if o == t then outs[i] = o:detach() end
       end
+    end
+    if not recording then
+      for _, o in ipairs(outs) do
+        if not tensor.is_tensor(o) then error("autograd.Function: forward must return tensors", 2) end
+      end
+      return unpack(outs)
     end
     local id = capi.state.custom_next
     capi.state.custom_next = id + 1

@@ -185,6 +185,22 @@ H.test("dp=2 x tp=2 with ZeRO stages 0-3 over the data-parallel group: one proce
   assert(#bad == 0, table.concat(bad, "; "))
 end)
 
+H.test("evaluation under no_grad keeps nothing: the vocab-parallel loss's buffers go with each call", function(_, w)
+  local g = lt.dist.new_group(0, lt.dist.rank())
+  local par = build("gpt2", 3, { tp = g, vocab_size = 4096 })
+  local x, y = batch(13, B)
+  local function eval() return lt.no_grad(function() return par:loss(x, y):item() end) end
+  eval()
+  collectgarbage()
+  collectgarbage()
+  local before = lt.memory_stats().allocated
+  for _ = 1, 5 do eval() end
+  collectgarbage()
+  collectgarbage()
+  local grew = lt.memory_stats().allocated - before
+  assert(grew < 2 ^ 20, ("5 evaluations left %d bytes behind"):format(grew))
+end)
+
 H.test("shapes that do not split, groups that are not groups, TP ranks on different batches: clear errors on every rank", function(_, w)
   local g = lt.dist.new_group(0, lt.dist.rank())
   H.raises(function() lt.models.gpt2("gpt2-tiny", { n_head = 2 * w + 1, n_embd = 8 * (2 * w + 1), tp = g }) end,

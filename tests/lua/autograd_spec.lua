@@ -202,6 +202,36 @@ describe("the autograd engine", function()
     assert.are.same({ 4, 8, 12 }, x.grad:totable())
     assert(gradcheck(function(a) return Square(a) end, { lt.randn(3, { dtype = "f64" }):requires_grad_() }))
   end)
+  it("keeps nothing of a custom function called under no_grad or on inputs without grad", function()
+    local Keep = lt.autograd.Function {
+      forward = function(ctx, x)
+        ctx.big = lt.zeros(1024, 1024) -- 4 MiB a call, for a backward that never comes
+        ctx.wanted = ctx.needs_input_grad[1]
+        return x * 2
+      end,
+      backward = function(_, g) return g * 2 end,
+    }
+    local x = lt.ones(3):requires_grad_()
+    local wanted = {}
+    collectgarbage()
+    collectgarbage()
+    local before = lt.memory_stats().allocated
+    for _ = 1, 10 do
+      lt.no_grad(function() Keep(x) end)
+      Keep(lt.ones(3))
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.is_true(lt.memory_stats().allocated < before + 4 * 1024 * 1024,
+      "the contexts of unrecorded calls were kept: " .. (lt.memory_stats().allocated - before) .. " bytes")
+    local Probe = lt.autograd.Function {
+      forward = function(ctx, a) wanted[#wanted + 1] = ctx.needs_input_grad[1]; return a * 1 end,
+      backward = function(_, g) return g end,
+    }
+    lt.no_grad(function() Probe(x) end)
+    Probe(x)
+    assert.are.same({ false, true }, wanted)
+  end)
   it("releases a long chain without exhausting the stack", function()
     local x = lt.ones(1, { dtype = "f64" }):requires_grad_()
     local y = x

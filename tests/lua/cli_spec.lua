@@ -79,7 +79,7 @@ describe("the lutra executable", function()
       { "threads=-1", "--threads must be a whole number >= 0 and <= 1024 (0: every core), got -1" },
       { "seq=100000", "--seq=100000 does not fit the train shards in --data=" },
       { "stpes=3", "config: unknown setting --stpes (did you mean --steps?)" },
-      { "tp=0", "--tp must be a whole number >= 1, got 0" }, { "tp=2", "--tp=2 does not divide the job's 1 ranks" },
+      { "tp=0", "--tp must be a whole number >= 1, got 0" }, { "tp=2", "--tp=2 splits the model across 2 ranks: run under mpirun -np <a multiple of 2>" },
       { "sp", "--sp (sequence parallelism) splits the tokens across --tp ranks: it needs --tp > 1" },
       { "model=bert", '--model must be one of gpt2, llama, got "bert"' },
       { "model=llama --n_kv_head=3", "llama: dim 16, n_heads 4 and n_kv_heads 3 do not fit" },
