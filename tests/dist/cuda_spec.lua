@@ -235,11 +235,7 @@ local function batches(w, slice)
     if slice then ids = ids:narrow(1, slice * B + 1, B) end
     out[i] = { ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous() }
   end
-  local i = 0
-  return { next = function()
-    i = i + 1
-    if out[i] then return out[i][1], out[i][2] end
-  end }
+  return H.loader(out)
 end
 
 -- STEPS AdamW steps of gpt2-tiny on CUDA; stage nil: one process on the whole global batch

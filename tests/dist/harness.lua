@@ -22,6 +22,15 @@ function H.shared_dir(prefix)
   return ("/tmp/%s-%d"):format(prefix, id:item())
 end
 
+--- H.loader(batches) -> a loader whose next() returns batches[i][1], batches[i][2] in turn, then nothing.
+function H.loader(batches)
+  local i = 0
+  return { next = function()
+    i = i + 1
+    if batches[i] then return batches[i][1], batches[i][2] end
+  end }
+end
+
 function H.close(a, b, tol, what)
   local d = (a:to("f64") - b:to("f64")):abs():max():item()
   assert(d <= (tol or 0), ("%s: max abs difference %g"):format(what or "values", d))

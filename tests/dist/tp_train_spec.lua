@@ -62,11 +62,7 @@ local function loader(dp, first, count)
     local ids = lt.randint(0, V, { B * dp, T + 1 }, { generator = g }):narrow(1, first, count)
     out[i] = { ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous() }
   end
-  local i = 0
-  return { next = function()
-    i = i + 1
-    if out[i] then return out[i][1], out[i][2] end
-  end }
+  return H.loader(out)
 end
 
 local SETTINGS = { lr = 1e-2, betas = { 0.9, 0.95 }, weight_decay = 0.1 }

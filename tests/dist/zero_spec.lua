@@ -19,11 +19,7 @@ local function batches(w, r)
     local mine = ids:narrow(1, r * B + 1, B)
     out[i] = { mine:narrow(2, 1, T):contiguous(), mine:narrow(2, 2, T):contiguous() }
   end
-  local i = 0
-  return { next = function()
-    i = i + 1
-    if out[i] then return out[i][1], out[i][2] end
-  end }
+  return H.loader(out)
 end
 
 local function run(stage, r, w)
