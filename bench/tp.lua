@@ -42,6 +42,8 @@ local function megatron_bytes(sp, n)
 end
 
 local function run(n)
+  collectgarbage() -- (the previous run's model and optimizer go first: not in this run's peak)
+  collectgarbage()
   local mesh = lt.dist.mesh { tp = n }
   local model = lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
     block_size = cfg.seq, vocab_size = cfg.vocab, generator = lt.Generator(0),

@@ -121,4 +121,24 @@ H.test("only rank 0 logs, unless log_all_ranks: then every rank, prefixed with i
   end
 end)
 
+H.test("a DataParallel dropped with its model is freed (its gradient hooks hold neither strongly)", function(_, w)
+  local alive = setmetatable({}, { __mode = "k" })
+  local function one(seed)
+    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(seed) })
+    local ddp = lt.dist.DataParallel(model)
+    local x = lt.randint(0, 512, { 2, 8 }, { generator = lt.Generator(seed) })
+    model:loss(x, x):backward()
+    ddp:finish()
+    alive[ddp], alive[model] = true, true
+  end
+  for k = 1, 5 do one(k) end
+  collectgarbage()
+  collectgarbage()
+  local n = 0
+  for _ in pairs(alive) do n = n + 1 end
+  -- (a stale stack slot may keep the last one's pair: before the hooks held
+  -- them weakly, all 5 pairs stayed, with their buckets)
+  assert(n <= 2, ("%d of the 10 (5 DataParallels, their 5 models) are still alive after collectgarbage"):format(n))
+end)
+
 H.run("dp_spec")

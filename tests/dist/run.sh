@@ -2,6 +2,9 @@
 # tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
 # cores), recipes/sample.lua on the weights of a 2-rank ZeRO 3 checkpoint,
+# recipes/gpt2.lua tensor parallel on 2 ranks (--tp=2 --sp trained,
+# checkpointed and resumed, a resume on another layout refused, its weights
+# sampled by one process, shapes that do not split refused, a Llama),
 # plus the job-ending checks: an error on one rank ends the job within
 # seconds with a non-zero status; a collective that one rank calls from
 # another line fails at once naming both; a rank that skips a collective

@@ -349,4 +349,25 @@ H.test("a metrics directory that rank 0 cannot make stops every rank, not only r
   assert(t:totable()[1] == w)
 end)
 
+H.test("a ZeRO-3 optimizer dropped with its model is freed (its gradient hooks hold it weakly)", function(_, w)
+  local alive = setmetatable({}, { __mode = "k" })
+  local function one(seed)
+    local model = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(seed) })
+    local opt = lt.dist.Zero(model, { stage = 3, lr = 1e-3 })
+    local x = lt.randint(0, 512, { 2, 8 }, { generator = lt.Generator(seed) })
+    model:loss(x, x):backward()
+    opt:step()
+    opt:zero_grad()
+    alive[opt] = true
+  end
+  for k = 1, 8 do one(k) end
+  collectgarbage()
+  collectgarbage()
+  local n = 0
+  for _ in pairs(alive) do n = n + 1 end
+  -- (the last few may wait for lazily collected autograd contexts: before
+  -- the hooks held it weakly, every one stayed, with its parameters)
+  assert(n <= 4, ("%d of the 8 ZeRO-3 optimizers are still alive after collectgarbage"):format(n))
+end)
+
 H.run("zero_spec")

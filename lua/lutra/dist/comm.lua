@@ -1,7 +1,7 @@
 --- lutra.dist.comm: processes and collectives (host/comm/comm.c), the part of
 -- lt.dist below DataParallel and ZeRO (which use it). lutra.dist adds
--- DataParallel and Zero to this same table and returns it: lt.dist is this
--- table.
+-- DataParallel, Zero and tp to this same table and returns it: lt.dist is
+-- this table.
 --
 --   lt.dist.init()                               -- MPI under mpirun, else one process
 --   print(lt.dist.rank(), lt.dist.world_size())

@@ -94,8 +94,18 @@ function M.DataParallel(what, opts)
     if self.reduce then b.flat = tensor.zeros({ b.numel }, { dtype = b.dtype, device = b.params[1].device }) end
     for _, p in ipairs(b.params) do self.bucket_of[p] = b end
   end
+  -- (the hooks reach this DataParallel and their parameter through a weak
+  -- table: autograd's registry keeps a hook as long as its tensor lives, so
+  -- a hook holding either strongly kept the parameters, their buckets and
+  -- this object alive for good, each through the other, after the last
+  -- reference to the model and the DataParallel went)
+  local ref = setmetatable({ self }, { __mode = "v" })
   for _, p in ipairs(alone and {} or trainable) do
-    p:register_hook(function() self:_ready(p) end)
+    local mine = setmetatable({ p }, { __mode = "v" })
+    p:register_hook(function()
+      local d, q = ref[1], mine[1]
+      if d and q then d:_ready(q) end
+    end)
   end
   return self
 end

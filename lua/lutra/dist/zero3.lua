@@ -165,7 +165,13 @@ function M.new(base, model, opts, settings, kind)
     self:_wrap(u)
     for _, p in ipairs(u.params) do
       if p.requires_grad then
-        p:register_hook(function() self:_param_ready(u) end)
+        -- (weakly: autograd's registry keeps a hook while its tensor lives, and
+        -- a strong self or u kept the parameters and this optimizer alive for good)
+        local ref = setmetatable({ self, u }, { __mode = "v" })
+        p:register_hook(function()
+          local z, v = ref[1], ref[2]
+          if z and v then z:_param_ready(v) end
+        end)
         u.nready = u.nready + 1
       end
     end

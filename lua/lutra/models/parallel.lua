@@ -279,9 +279,9 @@ local function gpt2_hidden(self, idx, kv)
   return y
 end
 
---- parallel.gpt2(model, group, sequence_parallel): the whole GPT-2 model
--- split in place across group (its config checked by lt.models.gpt2:
--- n_head and the padded vocabulary divide by the group's size). Returns it.
+--- parallel.gpt2(model, group, sequence_parallel) -> model: the whole GPT-2
+-- model split in place across group (its config checked by lt.models.gpt2:
+-- n_head and the padded vocabulary divide by the group's size).
 function M.gpt2(model, g, sp)
   local cfg, n = model.config, g:size()
   local ctx = { group = g, n = n, rank = g:rank(), sp = false }
@@ -353,8 +353,8 @@ function M.kv_split(n_kv, n)
   return nil
 end
 
---- parallel.llama(model, group, sequence_parallel): the whole Llama split
--- in place across group (config checked by lt.models.llama). Returns it.
+--- parallel.llama(model, group, sequence_parallel) -> model: the whole Llama
+-- split in place across group (config checked by lt.models.llama).
 function M.llama(model, g, sp)
   local cfg, n, r = model.config, g:size(), g:rank()
   local ctx = { group = g, n = n, rank = r, sp = false }

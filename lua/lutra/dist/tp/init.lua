@@ -14,7 +14,7 @@
 --                load_full_state_dict (each rank its slice)
 --   norm.lua     the global quantities: the gradient norm each parameter
 --                counted once (split_squares, global_norm, grad_norm),
---                check_replicated, check_dp_group
+--                check_replicated, check_dp_group, check_same_batch
 -- (ckpt.lua, the checkpoint files of a TP model, is lt.ckpt's, not re-exported.)
 -- A group is a process group of lt.dist (lt.dist.mesh{tp = n}.tp, or
 -- lt.dist.new_group); every rank of it calls the same functions in the

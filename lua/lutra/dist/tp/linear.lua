@@ -28,7 +28,7 @@ local M = {}
 M.ColumnParallelLinear = nn.Module:extend("ColumnParallelLinear")
 
 --- ColumnParallelLinear.from(linear, group[, {gather_output = false, parts = 1,
--- sequence_parallel = false}]): the slice of a whole nn.Linear (weight
+-- sequence_parallel = false}]) -> the module: the slice of a whole nn.Linear (weight
 -- (out, in), bias). parts: the output features are parts stacked segments,
 -- each split (GPT-2's c_attn: q, k, v; parts = 3). Errors when out (a
 -- segment of it) does not divide by the group's size. Under
@@ -72,7 +72,7 @@ M.ColumnParallelLinear.fuses_activation = M.ColumnParallelLinear.forward
 M.RowParallelLinear = nn.Module:extend("RowParallelLinear")
 
 --- RowParallelLinear.from(linear, group[, {input_is_parallel = true,
--- sequence_parallel = false}]): the slice of a whole nn.Linear. Errors when
+-- sequence_parallel = false}]) -> the module: the slice of a whole nn.Linear. Errors when
 -- in does not divide by the group's size. Under sequence_parallel the
 -- forward returns this rank's (N/n, out) rows of the sum (x's leading dims
 -- flattened to N tokens), the bias added to them through f (its gradient
@@ -91,6 +91,10 @@ function M.RowParallelLinear.from(lin, g, o)
   return m
 end
 function M.RowParallelLinear:init(o) self.group = o.group end
+--- row(x) -> (..., out): the sum over the group of x_r W_r^T, plus the bias
+-- once (x this rank's in/n features, or the whole input with
+-- input_is_parallel = false); under sequence_parallel this rank's (N/n, out)
+-- rows of it.
 function M.RowParallelLinear:forward(x)
   if not self.input_is_parallel then x = regions.scatter_to_region(x, self.group) end
   local b = self._params.by_name.bias
