@@ -347,14 +347,16 @@ H.test("a padded vocabulary: a tp=2 checkpoint's weights load at tp=" .. "world 
   end
 end)
 
+-- (a layout of 4 ranks: registered only in a job of 4, so no other job counts it as passed)
+if select(2, lt.dist.init()) == 4 then
 H.test("a TP group not laid out as lt.dist.mesh's: the save refused on every rank, naming the rank and the layout", function(r, w)
-  if w ~= 4 then return end
   local m4 = mesh { dp = 2, tp = 2, zero = 0 }
   local m = lt.models.gpt2("gpt2-tiny", { generator = lt.Generator(5), vocab_size = 96, tp = m4.dp }) -- (ranks 0, 2 and 1, 3)
   H.raises(function() lt.ckpt.save(root() .. "/not-a-mesh", { model = m, step = 1 }) end,
     "of a tensor-parallel group of 2 ranks in a job of 4", "checkpoints take the layout of lt.dist.mesh")
   assert(not lt.ckpt.is_complete(root() .. "/not-a-mesh/step_00000001"), "no checkpoint left")
 end)
+end
 
 H.test("load_full_state_dict names missing, unexpected and mis-shaped (whole) tensors, before copying any", function(r, w)
   local g = lt.dist.new_group(0, r)

@@ -155,11 +155,9 @@ end
 
 -- the head: logits (B, T, V) whole (gathered across the group), and the
 -- vocab-parallel loss
-local function head_input(ctx, y) return column_input(ctx, y) end
-
 local function whole_logits(model, y, padded)
   local ctx, cfg = model.tp_ctx, model.config
-  local yin = head_input(ctx, y)
+  local yin = column_input(ctx, y)
   local logits = tp.gather_from_region(F.linear(yin, model.lm_head.weight), ctx.group)
   logits = logits:view(ctx.B, ctx.T, logits:size(-1))
   local vocab = cfg.vocab_size
@@ -175,7 +173,7 @@ local function vocab_loss(model, y, targets, opts)
   if (o.reduction or "mean") == "none" then
     return F.cross_entropy(whole_logits(model, y, true), targets, o)
   end
-  local yin = head_input(ctx, y)
+  local yin = column_input(ctx, y)
   if ctx.sp then targets = targets:reshape(-1) end
   return tp.linear_cross_entropy(yin, model.lm_head.weight, targets, ctx.group, o)
 end
@@ -250,12 +248,17 @@ local function gpt2_mlp(self, x)
   return dropout(ctx, y, self.dropout, self.training)
 end
 
--- this rank's rows' positions (the flattened (B, T) tokens r N/n .. (r+1) N/n), as ids
+-- this rank's rows' positions (the flattened (B, T) tokens r N/n .. (r+1) N/n), as ids;
+-- made once per batch shape (every step of a run has the same), not every forward
 local function row_positions(ctx, start, device)
-  local N = ctx.B * ctx.T / ctx.n
-  local first, ids = ctx.rank * N, {}
-  for i = 0, N - 1 do ids[i + 1] = start + (first + i) % ctx.T end
-  return tensor.tensor(ids, { dtype = "i64", device = device })
+  local key = ("%d %d %d %s"):format(ctx.B, ctx.T, start, device)
+  if ctx.positions_key ~= key then
+    local N = ctx.B * ctx.T / ctx.n
+    local first, ids = ctx.rank * N, {}
+    for i = 0, N - 1 do ids[i + 1] = start + (first + i) % ctx.T end
+    ctx.positions, ctx.positions_key = tensor.tensor(ids, { dtype = "i64", device = device }), key
+  end
+  return ctx.positions
 end
 
 local function gpt2_hidden(self, idx, kv)
