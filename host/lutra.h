@@ -725,6 +725,12 @@ lt_status lt_comm_reduce_scatter(lt_comm *c, lt_tensor *out, lt_tensor *t, lt_co
 void lt_comm_chunk(int64_t rows, int size, int rank, int64_t *start, int64_t *len);
 lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst);
 lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src);
+/* Asynchronous point to point without a header: the transfer starts, *work
+   completes it (t must stay alive and, for isend, unchanged until then).
+   Messages between two ranks match by tag (0 <= tag < 2^20); an irecv's
+   wait fails naming both sizes when the message's bytes differ from t's. */
+lt_status lt_comm_isend(lt_comm *c, const lt_tensor *t, int dst, int tag, lt_work **work);
+lt_status lt_comm_irecv(lt_comm *c, lt_tensor *t, int src, int tag, lt_work **work);
 lt_status lt_work_wait(lt_work *w);
 /* One poll: 1 when complete (MPI moves data only inside its calls, so
    polling in-flight work during backward makes it progress). */

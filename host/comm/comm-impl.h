@@ -67,6 +67,8 @@ struct lt_work {
   /* a bf16/f16 collective works on an f32 copy, converted back at wait */
   lt_tensor *f32, *target;
   double scale; /* avg: the sum is divided by the group size at wait */
+  int peer;         /* isend / irecv: the other rank (the watchdog names it); -1 for a collective */
+  int64_t expect;   /* irecv: the bytes the message must hold (checked at wait); 0 otherwise */
 };
 
 /* What this rank waits in now, for another rank's watchdog to ask
@@ -118,6 +120,11 @@ struct lt_comm_impl {
   /* point-to-point, blocking under the watchdog (ranks of c, not this one) */
   lt_status (*send)(lt_comm *c, const lt_tensor *t, int dst);
   lt_status (*recv)(lt_comm *c, lt_tensor *t, int src);
+
+  /* point-to-point, asynchronous: start the transfer on w (tag: the
+     caller's, so messages between two ranks match by it); NULL: refused */
+  lt_status (*isend)(lt_work *w, const lt_tensor *t, int dst, int tag);
+  lt_status (*irecv)(lt_work *w, lt_tensor *t, int src, int tag);
 
   /* a work's request: wait under the watchdog; test: 1 when complete or failed */
   lt_status (*wait)(lt_work *w);

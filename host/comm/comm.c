@@ -224,6 +224,7 @@ static lt_status new_work(lt_comm *c, const char *op, int64_t numel, lt_work **o
   w->site = lt_comm_take_site();
   w->numel = numel;
   w->scale = 1;
+  w->peer = -1;
   *out = w;
   return LT_OK;
 }
@@ -463,4 +464,51 @@ lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src) {
   if (src < 0 || src >= c->size || src == c->rank)
     return lt_fail(LT_ERR_ARG, "recv: source %d is not another rank of the group (0..%d)", src, c->size - 1);
   return c->impl->recv(c, t, src);
+}
+
+/* ---- asynchronous point-to-point -------------------------------------------------- */
+
+enum { LT_P2P_TAG_MAX = 1 << 20 }; /* (MPI guarantees tags up to 32767; Open MPI's reach 2^31 - 1) */
+
+static lt_status p2p_start(lt_comm *c, const char *op, lt_tensor *t, int peer, int tag, int receive,
+                           lt_work **out) {
+  LT_OP_SCOPE(op);
+  LT_TRY(check_tensor(op, t));
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return lt_fail(LT_ERR_ARG, "%s: %s %d is not another rank of the group (0..%d)", op,
+                   receive ? "source" : "destination", peer, c->size - 1);
+  if (lt_tensor_numel(t) == 0)
+    return lt_fail(LT_ERR_ARG, "%s: an empty tensor (nothing to %s)", op, receive ? "receive" : "send");
+  if (tag < 0 || tag >= LT_P2P_TAG_MAX)
+    return lt_fail(LT_ERR_ARG, "%s: tag %d is outside 0..%d", op, tag, LT_P2P_TAG_MAX - 1);
+  const lt_comm_impl *im = impl_for(c, t);
+  if (!(receive ? im->irecv : im->isend))
+    return lt_fail(LT_ERR_UNSUPPORTED, "%s: %s has no asynchronous point-to-point for %s tensors", op, im->name,
+                   on_cuda(t) ? "CUDA" : "CPU");
+  lt_work *w = calloc(1, sizeof *w);
+  if (!w)
+    return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
+  w->comm = c;
+  w->op = op;
+  w->seq = c->p2p_seq++;
+  w->site = lt_comm_take_site();
+  w->numel = lt_tensor_numel(t);
+  w->scale = 1;
+  w->peer = peer;
+  lt_status st = receive ? im->irecv(w, t, peer, tag) : im->isend(w, t, peer, tag);
+  if (st != LT_OK) {
+    w->done = 1;
+    lt_work_free(w);
+    return st;
+  }
+  *out = w;
+  return LT_OK;
+}
+
+lt_status lt_comm_isend(lt_comm *c, const lt_tensor *t, int dst, int tag, lt_work **out) {
+  return p2p_start(c, "isend", (lt_tensor *)t, dst, tag, 0, out);
+}
+
+lt_status lt_comm_irecv(lt_comm *c, lt_tensor *t, int src, int tag, lt_work **out) {
+  return p2p_start(c, "irecv", t, src, tag, 1, out);
 }

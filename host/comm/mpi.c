@@ -350,10 +350,42 @@ static lt_status mpi_barrier(lt_work *w) {
 
 /* ---- requests --------------------------------------------------------------------- */
 
+/* an irecv's request polled keeping its status (the received size) */
+typedef struct {
+  MPI_Request *req;
+  MPI_Status status;
+  int err; /* MPI_Test's error class, when it failed */
+} recv_poll;
+
+static int poll_recv(void *p, int *done) {
+  recv_poll *r = p;
+  int rc = MPI_Test(r->req, done, &r->status);
+  if (rc != MPI_SUCCESS)
+    MPI_Error_class(rc, &r->err);
+  return rc != MPI_SUCCESS;
+}
+
+static lt_status wait_irecv(lt_work *w) {
+  recv_poll r = {.req = req_of(w), .err = MPI_SUCCESS};
+  lt_status st = lt_comm_watch(poll_recv, &r, w->op, w->comm, w->seq, w->numel, &w->site, w->peer);
+  if (st != LT_OK && r.err == MPI_ERR_TRUNCATE)
+    return lt_fail(LT_ERR_SHAPE, "irecv: rank %d sent more than the %lld bytes this rank expects", w->peer,
+                   (long long)w->expect);
+  LT_TRY(st);
+  int count = 0;
+  MPI_Get_count(&r.status, MPI_BYTE, &count);
+  if (count != w->expect)
+    return lt_fail(LT_ERR_SHAPE, "irecv: rank %d sent %d bytes, this rank expects %lld", w->peer, count,
+                   (long long)w->expect);
+  return LT_OK;
+}
+
 static lt_status mpi_wait(lt_work *w) {
   if (*req_of(w) == MPI_REQUEST_NULL)
     return LT_OK;
-  return wait_request(req_of(w), w->op, w->comm, w->seq, w->numel, &w->site, -1);
+  if (w->expect > 0)
+    return wait_irecv(w);
+  return wait_request(req_of(w), w->op, w->comm, w->seq, w->numel, &w->site, w->peer);
 }
 
 static int mpi_test(lt_work *w) {
@@ -403,6 +435,37 @@ static lt_status mpi_recv(lt_comm *c, lt_tensor *t, int src) {
   return wait_request(&req, "recv", c, seq, lt_tensor_numel(t), &site, src);
 }
 
+/* isend / irecv: the data alone (no header: the sizes are the caller's,
+   checked at the irecv's wait), tags offset past the blocking pair's 1 and 2 */
+enum { P2P_TAG_BASE = 16 };
+
+static lt_status too_large(const char *op, int64_t bytes) {
+  return lt_fail(LT_ERR_ARG, "%s: %lld bytes is over MPI's 2 GiB per message", op, (long long)bytes);
+}
+
+static lt_status mpi_isend(lt_work *w, const lt_tensor *t, int dst, int tag) {
+  int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
+  if (bytes > INT32_MAX)
+    return too_large("isend", bytes);
+  if (MPI_Isend(lt_tensor_data(t), (int)bytes, MPI_BYTE, dst, P2P_TAG_BASE + tag, *comm_of(w->comm), req_of(w)) !=
+      MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "isend: MPI_Isend to rank %d failed", dst);
+  w->pending = &mpi_impl;
+  return LT_OK;
+}
+
+static lt_status mpi_irecv(lt_work *w, lt_tensor *t, int src, int tag) {
+  int64_t bytes = lt_tensor_numel(t) * lt_dtype_size(t->dtype);
+  if (bytes > INT32_MAX)
+    return too_large("irecv", bytes);
+  if (MPI_Irecv(lt_tensor_data(t), (int)bytes, MPI_BYTE, src, P2P_TAG_BASE + tag, *comm_of(w->comm), req_of(w)) !=
+      MPI_SUCCESS)
+    return lt_fail(LT_ERR_IO, "irecv: MPI_Irecv from rank %d failed", src);
+  w->expect = bytes;
+  w->pending = &mpi_impl;
+  return LT_OK;
+}
+
 static const lt_comm_impl mpi_impl = {
     .name = "MPI",
     .agrees = 1,
@@ -421,6 +484,8 @@ static const lt_comm_impl mpi_impl = {
     .gather_bytes = mpi_gather_bytes,
     .send = mpi_send,
     .recv = mpi_recv,
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
     .wait = mpi_wait,
     .test = mpi_test,
     .serve_queries = serve_queries,

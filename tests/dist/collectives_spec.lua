@@ -98,6 +98,42 @@ H.test("send and recv pass a tensor around the ring", function(r, w)
   H.close(back, mine(prev, 6), 0, "from rank " .. prev)
 end)
 
+H.test("isend and irecv: several messages in flight, matched by tag, not by order", function(r, w)
+  if w < 2 then return end
+  local nxt, prev = (r + 1) % w, (r - 1 + w) % w
+  -- receives posted first, in the reverse order of the sends: tags pair them
+  local got = {}
+  for k = 3, 1, -1 do got[k] = lt.dist.irecv(lt.zeros({ k + 1 }, { dtype = "f64" }), prev, { tag = k }) end
+  local sends = {}
+  for k = 1, 3 do sends[k] = lt.dist.isend(mine(r, k + 1):to("f64") * k, nxt, { tag = k }) end
+  local fails = {}
+  for k = 1, 3 do
+    local t = got[k]:wait()
+    local d = (t - mine(prev, k + 1):to("f64") * k):abs():max():item()
+    if d ~= 0 then fails[#fails + 1] = ("tag %d differs by %g"):format(k, d) end
+  end
+  for k = 1, 3 do sends[k]:wait() end
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+H.test("irecv of another size fails at its wait naming both sizes; bad tags and peers are refused", function(r, w)
+  if w < 2 then return end
+  H.raises(function() lt.dist.isend(lt.zeros({ 2 }), r) end, "isend", "not another rank")
+  H.raises(function() lt.dist.irecv(lt.zeros({ 2 }), (r + 1) % w, { tag = -1 }) end, "irecv", "tag -1")
+  H.raises(function() lt.dist.isend(lt.zeros({ 0 }), (r + 1) % w) end, "isend", "empty")
+  if r > 1 then return end
+  local other = 1 - r
+  if r == 0 then
+    lt.dist.isend(lt.ones({ 4 }), other, { tag = 7 }):wait()
+    lt.dist.isend(lt.ones({ 2 }), other, { tag = 8 }):wait()
+  else
+    local big = lt.dist.irecv(lt.zeros({ 3 }), other, { tag = 7 }) -- 16 bytes sent into 12
+    H.raises(function() big:wait() end, "rank 0 sent more than the 12 bytes")
+    local small = lt.dist.irecv(lt.zeros({ 3 }), other, { tag = 8 }) -- 8 bytes sent, 12 expected
+    H.raises(function() small:wait() end, "rank 0 sent 8 bytes, this rank expects 12")
+  end
+end)
+
 H.test("the mesh puts tensor-parallel ranks next to each other", function(r, w)
   if w % 2 ~= 0 then return end
   local mesh = lt.dist.mesh { tp = 2 }

@@ -315,6 +315,37 @@ function M.recv(t, src, opts)
   return t
 end
 
+--- lt.dist.isend(t, dst[, {group =, tag = 0}]) -> handle, and
+-- lt.dist.irecv(t, src[, {group =, tag = 0}]) -> handle whose wait()
+-- returns t filled: asynchronous point to point, the data alone (no
+-- header, so no size exchange per message: the two ranks agree on t's
+-- shape and dtype beforehand, and a message of another size fails the
+-- irecv's wait naming both). Messages between two ranks match by tag
+-- (0 <= tag < 2^20), so several may be in flight in any order. t must stay
+-- unchanged (isend) or unread (irecv) until wait(); the handle keeps it
+-- alive. handle:test() polls. The watchdog covers the wait (a peer that
+-- never comes is named). CPU tensors through MPI; a tensor on another
+-- device raises unless its implementation has point to point.
+function M.isend(t, dst, opts)
+  if not tensor.is_tensor(t) then error(("isend: expected a tensor, got %s"):format(type(t)), 2) end
+  need_init()
+  set_site()
+  t = t:contiguous()
+  if C.lt_comm_isend(group_of(opts).c, t, dst, opts and opts.tag or 0, work_box) ~= 0 then fail(2) end
+  local h = finish({ async = true }, t)
+  h.input = t
+  return h
+end
+
+function M.irecv(t, src, opts)
+  if not tensor.is_tensor(t) then error(("irecv: expected a tensor, got %s"):format(type(t)), 2) end
+  need_init()
+  if not t:is_contiguous() then error("irecv: the tensor must be contiguous", 2) end
+  set_site()
+  if C.lt_comm_irecv(group_of(opts).c, t, src, opts and opts.tag or 0, work_box) ~= 0 then fail(2) end
+  return finish({ async = true }, t)
+end
+
 --- lt.dist.mesh{dp =, tp = 1, pp = 1} -> {dp = group, tp = group, pp = group, coords = {dp =, tp =, pp =}}:
 -- the world's ranks laid out as Megatron-LM orders them, tensor-parallel
 -- ranks adjacent, then data parallel, then pipeline stages:
