@@ -23,6 +23,13 @@
 -- gradient norm is the DP all_reduce of {shards' squares, replicated
 -- squares}, then the shards' over the TP group (lt.dist.tp.norm): each
 -- parameter counted once.
+--
+-- A model split into pipeline stages (model.pp) is sharded over its
+-- data-parallel group stage by stage; the norm adds the stages' squares
+-- over the pipeline group, the last stage's tied head (a copy of the
+-- first's embedding, in a flat of its own) left out. Stage 3 is refused
+-- with a pipeline (each micro-batch of the schedule would gather the
+-- stage's parameters again; DeepSpeed refuses the pair too).
 local tensor = require "lutra.tensor"
 local autograd = require "lutra.autograd"
 local comm = require "lutra.dist.comm"
@@ -61,14 +68,19 @@ function M.Zero(model, opts)
   end
   local tp = records.group(model)
   if tp then tpnorm.check_dp_group(tp, opts.group, "Zero", 2) end
+  if stage == 3 and model.pp then
+    error("Zero: stage 3 with pipeline parallelism is not supported: each micro-batch of the schedule would gather "
+      .. "every parameter of its stage again (DeepSpeed refuses the pair too); use stage 1 or 2", 2)
+  end
   if stage == 3 then return zero3.new(Zero, model, opts, settings, kind) end
   local group = opts.group
   local size = group and group:size() or comm.world_size()
   local rank = group and group:rank() or comm.rank()
   local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank,
-    sharded = true, tp = tp }, Zero)
+    sharded = true, tp = tp, pp = model.pp and model.pp.group or nil }, Zero)
+  local copy = model.pp and model.pp.copy
   self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0), nil,
-    tp and records.sharded(model) or nil)
+    tp and records.sharded(model) or nil, copy and { [copy] = true } or nil)
   local inner_groups = {}
   autograd.no_grad(function()
     for gi, f in ipairs(self.flats) do
@@ -131,20 +143,24 @@ end
 -- it is above max_norm (torch's factor, lt.optim.clip_scale).
 function Zero:clip_grad_norm(max_norm)
   if not self.reduced then self:reduce_gradients() end
-  local shards = {}
-  for _, f in ipairs(self.flats) do shards[#shards + 1] = f.shard end
+  local shards, counted = {}, {}
+  for _, f in ipairs(self.flats) do
+    shards[#shards + 1] = f.shard
+    if not f.pp_copy then counted[#counted + 1] = f.shard end -- (a pipeline's tied copy: counted on the first stage)
+  end
   local norm
   if self.tp then
     local is_shard = {}
     for _, f in ipairs(self.flats) do is_shard[f.shard] = f.tp_sharded or nil end
-    local s, r = tpnorm.split_squares(shards, is_shard)
+    local s, r = tpnorm.split_squares(counted, is_shard)
     norm = tpnorm.global_norm(s, r, self.tp, self.comm)
   else
-    local mine = optim.grad_norm(shards) -- this rank's part, summed in f64
+    local mine = optim.grad_norm(counted) -- this rank's part, summed in f64
     local t = tensor.tensor({ mine * mine }, { dtype = "f64" })
     comm.all_reduce(t, { group = self.comm })
     norm = math.sqrt(t:item())
   end
+  if self.pp then norm = math.sqrt(tpnorm.sum_over(norm * norm, self.pp)) end -- (every stage's squares)
   if max_norm and max_norm < math.huge and norm > max_norm and norm == norm then
     local scale = max_norm / (norm + 1e-6)
     autograd.no_grad(function()

@@ -3,12 +3,13 @@
 local M = {}
 
 -- the settings that say how to build the model, not what it is
-local OPTS = { dtype = true, device = true, generator = true, tp = true, sequence_parallel = true }
+local OPTS = { dtype = true, device = true, generator = true, tp = true, sequence_parallel = true, pp = true,
+  pp_stages = true, virtual_stages = true }
 
 --- M.resolve(family, configs, name_or_table, overrides) -> cfg, opts: the
 -- named base config (configs[name]) or the given table, with overrides on
--- top; dtype, device, generator, tp (a tensor-parallel group) and
--- sequence_parallel go to opts (with init = false: the constructors set
+-- top; dtype, device, generator, tp (a tensor-parallel group),
+-- sequence_parallel, pp (a pipeline group), pp_stages and virtual_stages go to opts (with init = false: the constructors set
 -- every weight), the rest to cfg (what a checkpoint records of the model). Neither argument is
 -- changed. Raises "<family>: unknown config '<name>' (known: ...)" at the
 -- constructor's caller.

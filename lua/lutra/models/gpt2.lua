@@ -18,6 +18,7 @@ local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
 local parallel = require "lutra.models.parallel"
+local pipeline = require "lutra.models.pipeline"
 
 local M = {}
 
@@ -139,12 +140,10 @@ function GPT:init_weights(generator)
   end)
 end
 
---- model:hidden(idx[, kv]) -> the final norm's output (B, T, C) for ids idx
--- (B, T) (i32 or i64, 0-based): what the head multiplies. With a KV cache
--- (lt.models.KVCache) the ids continue the cached ones: positions start at
--- kv.len, attention sees the cached keys and values, and the cache grows
--- by T.
-function GPT:hidden(idx, kv)
+--- model:embed(idx[, kv]) -> the residual stream entering the first block
+-- (B, T, C): token plus position embeddings (positions from kv.len with a
+-- KV cache), dropout in training. Raises when kv.len + T passes block_size.
+function GPT:embed(idx, kv)
   local cfg = self.config
   local T = idx:size(2)
   local start = kv and kv.len or 0
@@ -155,11 +154,31 @@ function GPT:hidden(idx, kv)
   local pos = tensor.arange(start, start + T, { device = idx.device })
   local x = tr.wte(idx) + tr.wpe(pos)
   if (cfg.dropout or 0) > 0 then x = F.dropout(x, cfg.dropout, { training = self.training }) end
-  local pending -- each block's MLP output, added to the stream inside the next norm
-  x, pending = residual.run(tr.h:list(), x, kv)
-  if kv then kv:advance(T) end
+  return x
+end
+
+--- model:hidden(idx[, kv]) -> the final norm's output (B, T, C) for ids idx
+-- (B, T) (i32 or i64, 0-based): what the head multiplies. With a KV cache
+-- (lt.models.KVCache) the ids continue the cached ones: positions start at
+-- kv.len, attention sees the cached keys and values, and the cache grows
+-- by T.
+function GPT:hidden(idx, kv)
+  local tr = self.transformer
+  local x, pending = residual.run(tr.h:list(), self:embed(idx, kv), kv) -- (each block's MLP output added in the next norm)
+  if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(tr.ln_f, x, pending)
   return y
+end
+
+--- model:head_loss(y, targets[, opts]) -> F.cross_entropy(lm_head(y),
+-- targets, opts)'s results over the vocabulary's vocab_size columns (the
+-- padding's out of the softmax), y the final norm's output (B, T, C): the
+-- head and the loss as one op where the head is plain (lutra.models.head).
+function GPT:head_loss(y, targets, opts)
+  local cfg = self.config
+  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return head.loss(self.lm_head, y, targets, o)
 end
 
 --- model(idx[, kv[, padded]]) -> logits (B, T, V) for ids idx (B, T), as
@@ -177,12 +196,14 @@ end
 -- plain (lutra.models.head) and the model's forward its own (also wrapped
 -- by lt.dist.Zero's stage 3; one overridden runs as model(idx)).
 function GPT:loss(idx, targets, opts)
-  local cfg = self.config
-  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-  for k, v in pairs(opts or {}) do o[k] = v end
   local run = head.runner(self, GPT.forward)
-  if not run then return F.cross_entropy(self(idx, nil, true), targets, o) end
-  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, o) end)
+  if not run then
+    local cfg = self.config
+    local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return F.cross_entropy(self(idx, nil, true), targets, o)
+  end
+  return run(function(m) return m:head_loss(m:hidden(idx), targets, opts) end)
 end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 GPT.loss_is_cross_entropy = GPT.loss
@@ -197,11 +218,16 @@ GPT.loss_is_cross_entropy = GPT.loss
 -- rank keeps its shards, lutra.models.parallel; n_head must divide by its
 -- size and the vocabulary is padded to a multiple of pad_vocab x tp) and
 -- sequence_parallel (with tp: norms and dropout on 1/tp of the tokens; refused
--- without tp).
+-- without tp), pp (a pipeline group: each rank keeps its stages' blocks,
+-- the first the embeddings, the last the final norm and head,
+-- lutra.models.pipeline), pp_stages (blocks per virtual stage; default an
+-- even split) and virtual_stages (chunks a rank, for the interleaved
+-- schedule; default 1).
 function M.gpt2(name, overrides)
   local cfg, o = mconfig.resolve("gpt2", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("gpt2", o.tp) or 1
   parallel.check_sp("gpt2", o)
+  parallel.check_pp("gpt2", o)
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
     tie_embeddings = 3 }
   for k, v in pairs(cfg) do
@@ -233,6 +259,7 @@ function M.gpt2(name, overrides)
   cfg.tie_embeddings = cfg.tie_embeddings ~= false
   local model = GPT(cfg, o)
   if n > 1 then parallel.gpt2(model, o.tp, o.sequence_parallel) end
+  if o.pp ~= nil and o.pp:size() > 1 then pipeline.split(model, o.pp, { stages = o.pp_stages, chunks = o.virtual_stages }) end
   return model
 end
 

@@ -15,6 +15,7 @@ local residual = require "lutra.models.residual"
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
 local parallel = require "lutra.models.parallel"
+local pipeline = require "lutra.models.pipeline"
 
 local M = {}
 
@@ -107,19 +108,35 @@ function Llama:init(cfg, o)
   end)
 end
 
---- model:hidden(idx[, kv]) -> the final norm's output (B, T, dim): what the
--- head multiplies; with a KV cache (lt.models.KVCache) the ids continue the
--- cached ones (rotary positions from kv.len).
-function Llama:hidden(idx, kv)
+--- model:embed(idx[, kv]) -> the token embeddings (B, T, dim) entering the
+-- first layer. Raises when kv.len + T passes max_seq_len.
+function Llama:embed(idx, kv)
   local start = kv and kv.len or 0
   if start + idx:size(2) > self.config.max_seq_len then
     error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
       self.config.max_seq_len))
   end
-  local x, pending = residual.run(self.model.layers:list(), self.model.embed_tokens(idx), kv)
+  return self.model.embed_tokens(idx)
+end
+
+--- model:hidden(idx[, kv]) -> the final norm's output (B, T, dim): what the
+-- head multiplies; with a KV cache (lt.models.KVCache) the ids continue the
+-- cached ones (rotary positions from kv.len).
+function Llama:hidden(idx, kv)
+  local x, pending = residual.run(self.model.layers:list(), self:embed(idx, kv), kv)
   if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(self.model.norm, x, pending)
   return y
+end
+
+--- model:head_loss(y, targets[, opts]) -> F.cross_entropy(lm_head(y),
+-- targets, opts)'s results over the vocab_size columns, y the final norm's
+-- output (B, T, dim) (the head and the loss as one op where it is plain).
+function Llama:head_loss(y, targets, opts)
+  local cfg = self.config
+  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return head.loss(self.lm_head, y, targets, o)
 end
 
 --- model(idx[, kv[, padded]]) -> logits (B, T, V), as model:hidden
@@ -137,12 +154,14 @@ end
 -- (also wrapped by lt.dist.Zero's stage 3; one overridden runs as
 -- model(idx)).
 function Llama:loss(idx, targets, opts)
-  local cfg = self.config
-  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-  for k, v in pairs(opts or {}) do o[k] = v end
   local run = head.runner(self, Llama.forward)
-  if not run then return F.cross_entropy(self(idx, nil, true), targets, o) end
-  return run(function(m) return head.loss(m.lm_head, m:hidden(idx), targets, o) end)
+  if not run then
+    local cfg = self.config
+    local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return F.cross_entropy(self(idx, nil, true), targets, o)
+  end
+  return run(function(m) return m:head_loss(m:hidden(idx), targets, opts) end)
 end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 Llama.loss_is_cross_entropy = Llama.loss
@@ -155,11 +174,14 @@ Llama.loss_is_cross_entropy = Llama.loss
 -- tensor-parallel process group: built whole, then each rank keeps its
 -- shards, lutra.models.parallel; n_heads and ffn_dim must divide by its
 -- size, and n_kv_heads divide by it or it by n_kv_heads; the vocabulary is
--- padded to a multiple of it) and sequence_parallel (with tp; refused without).
+-- padded to a multiple of it) and sequence_parallel (with tp; refused
+-- without); pp, pp_stages, virtual_stages: pipeline stages as
+-- lt.models.gpt2's (lutra.models.pipeline).
 function M.llama(name, overrides)
   local cfg, o = mconfig.resolve("llama", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("llama", o.tp) or 1
   parallel.check_sp("llama", o)
+  parallel.check_pp("llama", o)
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
     rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1 }
   for k, v in pairs(cfg) do
@@ -200,6 +222,7 @@ function M.llama(name, overrides)
   cfg.padded_vocab_size = parallel.padded_vocab(cfg.vocab_size, cfg.pad_vocab, n)
   local model = Llama(cfg, o)
   if n > 1 then parallel.llama(model, o.tp, o.sequence_parallel) end
+  if o.pp ~= nil and o.pp:size() > 1 then pipeline.split(model, o.pp, { stages = o.pp_stages, chunks = o.virtual_stages }) end
   return model
 end
 

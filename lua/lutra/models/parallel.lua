@@ -62,6 +62,21 @@ function M.check_sp(family, o)
   end
 end
 
+--- parallel.check_pp(family, o): raises "<family>: ..." at the
+-- constructor's caller when o.pp is not a process group, or pp_stages or
+-- virtual_stages come without it.
+function M.check_pp(family, o)
+  if o.pp ~= nil then
+    M.check_group(family, o.pp)
+    return
+  end
+  for _, k in ipairs { "pp_stages", "virtual_stages" } do
+    if o[k] ~= nil then
+      error(("%s: %s splits the model into pipeline stages: it needs pp (lt.dist.mesh{pp = n}.pp)"):format(family, k), 4)
+    end
+  end
+end
+
 --- parallel.divides(family, n, checks): raises "<family>: <name> <value>
 -- does not divide by tp <n> (<why>)" for the first {name, value, why}
 -- whose value is not a multiple of n, at the constructor's caller.
@@ -100,12 +115,13 @@ local function use_sp(model, ctx, on)
   end
 end
 
---- parallel.begin(model, idx, kv) -> ctx: records the batch's shape and
--- whether this call runs sequence-parallel (the model asked for it, no KV
--- cache, and B x T divides by tp).
-function M.begin(model, idx, kv)
+--- parallel.begin(model, B, T, kv) -> ctx: records the batch's shape (B,
+-- T) and whether this call runs sequence-parallel (the model asked for it,
+-- no KV cache, and B x T divides by tp). A pipeline stage without the
+-- embedding calls it with the micro-batch's shape before its blocks.
+function M.begin(model, B, T, kv)
   local ctx = rawget(model, "tp_ctx")
-  ctx.B, ctx.T = idx:size(1), idx:size(2)
+  ctx.B, ctx.T = B, T
   use_sp(model, ctx, rawget(model, "tp_sequence_parallel") == true and kv == nil and (ctx.B * ctx.T) % ctx.n == 0)
   return ctx
 end
@@ -182,25 +198,26 @@ end
 -- own, which stay for one process): set on the instance
 local function install_head(model, hidden)
   local function forward(self, idx, kv, padded)
-    M.begin(self, idx, kv)
+    M.begin(self, idx:size(1), idx:size(2), kv)
     return whole_logits(self, hidden(self, idx, kv), padded)
   end
   local function loss(self, idx, targets, opts)
     local run = head.runner(self, forward)
     if not run then return F.cross_entropy(self(idx, nil, true), targets, opts) end
     return run(function(m)
-      M.begin(m, idx, nil)
+      M.begin(m, idx:size(1), idx:size(2), nil)
       return vocab_loss(m, hidden(m, idx, nil), targets, opts)
     end)
   end
   rawset(model, "forward", forward)
   rawset(model, "loss", loss)
   rawset(model, "loss_is_cross_entropy", loss)
+  rawset(model, "head_loss", vocab_loss) -- (a pipeline's last stage: after begin, on the final norm's output)
 end
 
 -- the split's last part, the same for both models: the embedding (holder[key]) vocab-parallel,
 -- the head its rows (tied) or column-parallel, the model's records, forward and loss
-local function finish(model, holder, key, g, sp, hidden, ctx)
+local function finish(model, holder, key, g, sp, hidden, embed, ctx)
   holder[key] = tp.VocabParallelEmbedding.from(holder[key], g, { vocab = model.config.vocab_size })
   if model.config.tie_embeddings then
     model.lm_head.weight = holder[key].weight -- tied: the same rows of the vocabulary
@@ -211,6 +228,7 @@ local function finish(model, holder, key, g, sp, hidden, ctx)
   rawset(model, "tp_group", g)
   rawset(model, "tp_sequence_parallel", sp == true)
   rawset(model, "hidden", hidden)
+  rawset(model, "embed", embed) -- (after begin: a pipeline's first stage runs it alone)
   install_head(model, hidden)
   set_context(model, ctx)
   collectgarbage() -- (the whole weights are garbage now: free them before training allocates)
@@ -261,7 +279,7 @@ local function row_positions(ctx, start, device)
   return ctx.positions
 end
 
-local function gpt2_hidden(self, idx, kv)
+local function gpt2_embed(self, idx, kv)
   local cfg, ctx, tr = self.config, self.tp_ctx, self.transformer
   local T = idx:size(2)
   local start = kv and kv.len or 0
@@ -274,10 +292,13 @@ local function gpt2_hidden(self, idx, kv)
   else
     x = x + tr.wpe(tensor.arange(start, start + T, { device = idx.device }))
   end
-  x = dropout(ctx, x, cfg.dropout or 0, self.training)
-  local pending
-  x, pending = residual.run(tr.h:list(), x, kv)
-  if kv then kv:advance(T) end
+  return dropout(ctx, x, cfg.dropout or 0, self.training)
+end
+
+local function gpt2_hidden(self, idx, kv)
+  local tr = self.transformer
+  local x, pending = residual.run(tr.h:list(), gpt2_embed(self, idx, kv), kv)
+  if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(tr.ln_f, x, pending)
   return y
 end
@@ -303,7 +324,7 @@ function M.gpt2(model, g, sp)
     parallel_norm(block.ln_2, "layer")
   end
   parallel_norm(tr.ln_f, "layer")
-  return finish(model, tr, "wte", g, sp, gpt2_hidden, ctx)
+  return finish(model, tr, "wte", g, sp, gpt2_hidden, gpt2_embed, ctx)
 end
 
 -- ---- Llama ----------------------------------------------------------------
@@ -335,13 +356,17 @@ local function llama_mlp(self, x)
   return self.down_proj(F.swiglu(F.linear(xin, self.gate_proj.weight), F.linear(xin, self.up_proj.weight)))
 end
 
-local function llama_hidden(self, idx, kv)
+local function llama_embed(self, idx, kv)
   local start = kv and kv.len or 0
   if start + idx:size(2) > self.config.max_seq_len then
     error(("Llama: sequence length %d is longer than max_seq_len %d"):format(start + idx:size(2),
       self.config.max_seq_len), 3)
   end
-  local x, pending = residual.run(self.model.layers:list(), self.model.embed_tokens(idx), kv)
+  return self.model.embed_tokens(idx)
+end
+
+local function llama_hidden(self, idx, kv)
+  local x, pending = residual.run(self.model.layers:list(), llama_embed(self, idx, kv), kv)
   if kv then kv:advance(idx:size(2)) end
   local _, y = residual.norm(self.model.norm, x, pending)
   return y
@@ -384,7 +409,7 @@ function M.llama(model, g, sp)
     parallel_norm(layer.post_attention_layernorm, "rms")
   end
   parallel_norm(model.model.norm, "rms")
-  return finish(model, model.model, "embed_tokens", g, sp, llama_hidden, ctx)
+  return finish(model, model.model, "embed_tokens", g, sp, llama_hidden, llama_embed, ctx)
 end
 
 return M

@@ -31,6 +31,15 @@
 -- lt.dist.tp.norm; ZeRO's clip_grad_norm does the same over its chunks),
 -- and the preemption signal is agreed by every rank of the job.
 --
+-- A model split into pipeline stages (model.pp, lt.models.*{pp = group})
+-- runs its micro-batches through a schedule (lutra.dist.pp.executor;
+-- pp_schedule = "1f1b", "gpipe" or "interleaved"): the loss sums and
+-- token counts come from the last stage and are summed over the pipeline
+-- group, the tied embedding's gradient is summed between the first and
+-- last stage (model.pp.tied_group) after the data-parallel reduction and
+-- before ZeRO's, and the gradient norm adds every stage's squares (the
+-- tied weight's once).
+--
 -- The micro-batch function is the seam a pipeline schedule replaces:
 -- micro_batches(S, xs, ys, total) -> loss_sum, tokens, where xs, ys are
 -- the step's accum micro-batches (on S.device), total the step's counted
@@ -47,6 +56,7 @@ local runtime = require "lutra.runtime"
 local C = require("lutra.capi").C
 local records = require "lutra.dist.tp.records"
 local tpnorm = require "lutra.dist.tp.norm"
+local executor = require "lutra.dist.pp.executor"
 
 local M = {}
 
@@ -107,8 +117,17 @@ function M.new(o)
   whole(s, "optimizer_steps", 0)
   if type(s.clip) ~= "number" or s.clip < 0 then error("train.step: clip must be a number >= 0 (0: no clipping)", 2) end
   s.ddp = o.ddp or nil
-  s.micro_batches = o.micro_batches or M.micro_batches
   local model, opt = s.model, s.optimizer
+  s.pp = model.pp
+  if s.pp then
+    if opt.stage == 3 then
+      error("train.step: ZeRO stage 3 with pipeline parallelism is not supported (each micro-batch of the schedule "
+        .. "would gather every parameter of the stage again); use ZeRO stage 1 or 2 over the data-parallel group", 2)
+    end
+    s.micro_batches = o.micro_batches or executor.new(model, { schedule = o.pp_schedule or nil, micro_batches = s.accum })
+  else
+    s.micro_batches = o.micro_batches or M.micro_batches
+  end
   s.params = opt:parameters()
   s.device = o.device or (s.params[1] and s.params[1].device) or "cpu"
   -- the model computes its cross-entropy itself (lt.models: the head and the loss as one op)
@@ -121,12 +140,21 @@ function M.new(o)
   -- tensor parallelism: each parameter counted once in the norm (the shards
   -- are those of the model's current tensors: made here, after model:to())
   local tp = records.group(model)
-  if tp and not s.ddp and tp:size() < comm.world_size() then -- (else each data-parallel replica trains alone)
-    error(("train.step: the model is tensor-parallel over %d of the job's %d ranks: its data-parallel replicas need "
-      .. "ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(tp:size(), comm.world_size()), 2)
+  local model_ranks = (tp and tp:size() or 1) * (s.pp and s.pp.size or 1)
+  if model_ranks > 1 and not s.ddp and model_ranks < comm.world_size() then -- (else each data-parallel replica trains alone)
+    error(("train.step: the model is split over %d of the job's %d ranks (tensor x pipeline parallel): its "
+      .. "data-parallel replicas need ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(model_ranks,
+      comm.world_size()), 2)
   end
   local sharded = tp and records.sharded(model)
+  -- the norm's parameters: a pipeline's last stage leaves out its copy of the tied weight (counted on the first)
+  local norm_params = params
+  if s.pp and s.pp.copy then
+    norm_params = {}
+    for _, p in ipairs(params) do if p ~= s.pp.copy then norm_params[#norm_params + 1] = p end end
+  end
   local function grad_norm()
+    if s.pp then return tpnorm.pipeline_norm(norm_params, sharded, tp, s.pp.group) end
     if tp then return tpnorm.grad_norm(params, sharded, tp) end
     return optim.grad_norm(params)
   end
@@ -138,7 +166,7 @@ function M.new(o)
       s.grad_scale = optim.clip_scale(norm, m)
       return norm
     end
-  elseif tp then -- (lt.optim.clip_grad_norm with the norm that counts each parameter once)
+  elseif tp or s.pp then -- (lt.optim.clip_grad_norm with the norm that counts each parameter once)
     s.clip_by = function(m)
       local norm = grad_norm()
       local scale = optim.clip_scale(norm, m)
@@ -170,6 +198,10 @@ function Step:batches(next_batch)
     xs[k], ys[k] = x, y
   end
   if not self.tp_batches_checked then self:check_tp_batches(xs[1], ys[1]) end
+  if self.pp and not self.pp_batches_checked then
+    self.pp_batches_checked = true
+    tpnorm.check_same_batch(self.pp.group, xs[1], ys[1], "train", "batches", "micro-batches", "pipeline")
+  end
   -- data parallel: every rank divides by the global batch's count, and the
   -- summed gradients are those of the global batch
   if self.ddp then total = self.ddp:reduce_number(total) end
@@ -228,8 +260,13 @@ function Step:run(step, next_batch, opts)
     end
     signal = f15 > 0 and 15 or (f10 > 0 and 10 or 0)
   end
+  if self.pp then
+    loss_sum, tokens = self:pipeline_sums(loss_sum, tokens)
+    if not ddp then signal = self:job_signal() end
+  end
   local loss = total > 0 and loss_sum / total or 0
   local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
+  if self.pp and self.pp.tied_group then self:sum_tied_gradients() end
   -- a sharded optimizer (lt.dist.Zero) reduces its own chunks first
   if opt.reduce_gradients then opt:reduce_gradients() end
   if finite then
@@ -244,6 +281,41 @@ function Step:run(step, next_batch, opts)
   local now = runtime.clock()
   return { loss = loss, grad_norm = norm, lr = lr, tokens = tokens, finite = finite, started = t0, finished = now,
     seconds = now - t0, signal = signal }
+end
+
+--- S:pipeline_sums(loss_sum, tokens) -> the sums over the pipeline group
+-- (the last stage's loss sum and token count: one all_reduce of two f64).
+function Step:pipeline_sums(loss_sum, tokens)
+  local t = tensor.tensor({ loss_sum, tokens }, { dtype = "f64" })
+  comm.all_reduce(t, { group = self.pp.group })
+  local v = t:totable()
+  return v[1], v[2]
+end
+
+--- S:job_signal() -> the preemption signal of the whole job (15, 10 or 0),
+-- for a pipeline without data parallelism (DataParallel agrees it otherwise).
+function Step:job_signal()
+  local sig = C.lt_preempt_signal()
+  local t = tensor.tensor({ sig == 15 and 1 or 0, sig ~= 0 and sig ~= 15 and 1 or 0 }, { dtype = "f64" })
+  comm.all_reduce(t)
+  local v = t:totable()
+  return v[1] > 0 and 15 or (v[2] > 0 and 10 or 0)
+end
+
+--- S:sum_tied_gradients(): the tied embedding's gradient summed between
+-- the pipeline's first stage (the embedding's) and last (the head's), so
+-- both copies take the same update (Megatron-LM's embedding group). A copy
+-- without a gradient counts as zeros.
+function Step:sum_tied_gradients()
+  local P = self.pp
+  local w = P.tied
+  if not w then return end
+  autograd.no_grad(function()
+    if w.grad == nil then w.grad = tensor.zeros_like(w) end
+    local g = w.grad:contiguous()
+    comm.all_reduce(g, { group = P.tied_group })
+    if g ~= w.grad then w.grad:copy_(g) end
+  end)
 end
 
 --- S:update(step, finite, loss, norm) -> lr: the update after the

@@ -84,6 +84,35 @@ function M.grad_norm(params, sharded, tp)
   return M.global_norm(s, r, tp)
 end
 
+--- norm.pipeline_norm(params, sharded, tp_group, pp_group) -> the L2 norm
+-- of the whole model's gradient for a model split into pipeline stages:
+-- this stage's squares (each parameter once: under tensor parallelism the
+-- shards' summed over tp_group, which may be nil, the replicated ones
+-- once), summed over the pipeline's stages (one all_reduce of one f64).
+-- params must leave out a copy counted on another stage (the last stage's
+-- tied head). Gradients whole over DP (DataParallel reduced them).
+function M.pipeline_norm(params, sharded, tp, pp)
+  local sq
+  if tp then
+    local s, r = M.split_squares(params, sharded)
+    local t = tensor.tensor({ s }, { dtype = "f64" })
+    comm.all_reduce(t, { group = tp })
+    sq = t:item() + r
+  else
+    sq = sum_squares(params)
+  end
+  return math.sqrt(M.sum_over(sq, pp))
+end
+
+--- norm.sum_over(x, g) -> the sum of the number x over the ranks of g (one
+-- f64 all_reduce; x itself when g is nil).
+function M.sum_over(x, g)
+  if not g then return x end
+  local t = tensor.tensor({ x }, { dtype = "f64" })
+  comm.all_reduce(t, { group = g })
+  return t:item()
+end
+
 -- the same numbers on every rank of g? all_reduce of {x..., -x...} with max
 local function spread(xs, g)
   local n = #xs
@@ -121,16 +150,18 @@ function M.check_dp_group(tp, group, who, level)
   end
 end
 
---- tp.check_same_batch(group, x, y[, who = "train", what = "batches", same = what]):
--- raises on every rank of the TP group "<who>: the tensor-parallel ranks
--- read different <what>: each rank of a TP group must get the same <same> ..." unless every rank holds the same x and y (a
+--- tp.check_same_batch(group, x, y[, who = "train", what = "batches", same = what,
+-- kind = "tensor-parallel"]): raises on every rank of the group "<who>: the
+-- <kind> ranks read different <what>: each rank of a TP (or pipeline)
+-- group must get the same <same> ..." unless every rank holds the same x and y (a
 -- fingerprint: sums of the ids and of the ids weighted by position, f64,
 -- and the sizes, compared by one all-reduce of max and -min). Under tensor
 -- parallelism a TP group's ranks must compute on the same batch: the
 -- forward's collectives pair up whatever the ranks hold, so a loader split
 -- by the job's ranks instead of the data-parallel ones trains, or
--- evaluates, on nonsense without this check.
-function M.check_same_batch(g, x, y, who, what, same)
+-- evaluates, on nonsense without this check; so must a pipeline's stages
+-- (kind "pipeline"), which share one batch stream.
+function M.check_same_batch(g, x, y, who, what, same, kind)
   local function print_of(t)
     local f = t:reshape(-1):to { dtype = "f64", device = "cpu" }
     local pos = tensor.arange(f:numel(), { dtype = "f64" }) + 1
@@ -145,9 +176,10 @@ function M.check_same_batch(g, x, y, who, what, same)
   local v = both:totable()
   for i = 1, 5 do
     if v[i] ~= -v[i + 5] then
-      error(("%s: the tensor-parallel ranks read different %s: each rank of a TP group must get the same "
+      error(("%s: the %s ranks read different %s: each rank of a %s group must get the same "
         .. "%s (split the data by data-parallel rank: lt.data.shards{rank = mesh.coords.dp, world = "
-        .. "mesh.sizes.dp})"):format(who or "train", what or "batches", same or what or "batches"), 0)
+        .. "mesh.sizes.dp})"):format(who or "train", kind or "tensor-parallel", what or "batches",
+        kind == "pipeline" and "pipeline" or "TP", same or what or "batches"), 0)
     end
   end
 end

@@ -1,0 +1,233 @@
+--- lutra.models.pipeline: GPT-2 and Llama split into pipeline stages by
+-- blocks (Huang et al. 2019; Narayanan et al. 2021). lt.models.gpt2(name,
+-- {pp = group, pp_stages = {...}, virtual_stages = v}) and
+-- lt.models.llama(...) build the whole model from the generator (every
+-- layout starts from one process's weights; under tensor parallelism
+-- already split across its group), then hand it here, which keeps on each
+-- rank of the pipeline group only its stages' parts:
+--
+--   blocks     the model's p x v virtual stages take consecutive blocks,
+--              an even split by default (the first n % (p v) stages one
+--              more, as torch.tensor_split) or the block counts pp_stages
+--              lists; rank r holds virtual stages r, r + p, ..., r + (v-1) p
+--              (its chunks 1..v, Megatron-LM's interleaved placement)
+--   embedding  on the first stage (virtual stage 0: rank 0's chunk 1)
+--   final norm and head   on the last (virtual stage p v - 1: rank p-1's chunk v)
+--   tied head  (GPT-2; Llama with tie_embeddings) both ranks hold the
+--              weight: the first as the embedding, the last as the head
+--              (lm_head.weight); their gradients are summed over the two
+--              (model.pp.tied_group) before the optimizer steps, so both
+--              copies stay bitwise the same
+--
+-- Blocks keep their names (transformer.h.5 stays h.5 on whichever stage
+-- holds it), so a stage's parameters are named as the whole model's,
+-- except the last stage's tied head, "lm_head.weight" (the whole model
+-- names it transformer.wte.weight / model.embed_tokens.weight). The stage
+-- model's forward is refused (a stage holds part of the model); its loss
+-- runs every stage's forward in turn (pipeline.loss: evaluation), and the
+-- training schedule runs stage_forward (lutra.dist.pp.executor).
+local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
+local autograd = require "lutra.autograd"
+local residual = require "lutra.models.residual"
+local parallel = require "lutra.models.parallel"
+local link = require "lutra.dist.pp.link"
+
+local M = {}
+
+-- where each family keeps its parts: the block list, the module holding
+-- the embedding(s) and final norm, and the embedding's key
+local FAMILIES = {
+  GPT = { blocks = function(m) return m.transformer.h end, holder = function(m) return m.transformer end,
+    embed = { "wte", "wpe" }, final = "ln_f", whole_tied = "transformer.wte.weight" },
+  Llama = { blocks = function(m) return m.model.layers end, holder = function(m) return m.model end,
+    embed = { "embed_tokens" }, final = "norm", whole_tied = "model.embed_tokens.weight" },
+}
+
+--- pipeline.block_counts(n_blocks, stages[, counts]) -> {blocks of virtual
+-- stage 0, 1, ...}: counts checked (stages entries, whole numbers >= 1,
+-- summing to n_blocks), or an even split (the first n_blocks % stages one
+-- more). Raises "pipeline: <n> stages for <m> blocks ..." when there are
+-- more stages than blocks, and names the entry or the sum that is wrong.
+function M.block_counts(n, stages, counts)
+  if counts == nil then
+    if stages > n then
+      error(("pipeline: %d stages for %d blocks: each stage needs at least one block (fewer stages, or "
+        .. "virtual_stages)"):format(stages, n), 0)
+    end
+    local out = {}
+    for s = 1, stages do out[s] = math.floor(n / stages) + (s <= n % stages and 1 or 0) end
+    return out
+  end
+  if type(counts) ~= "table" or #counts ~= stages then
+    error(("pipeline: pp_stages must list the blocks of each of the %d stages, got %s"):format(stages,
+      type(counts) == "table" and (#counts .. " entries") or tostring(counts)), 0)
+  end
+  local sum = 0
+  for i, c in ipairs(counts) do
+    if type(c) ~= "number" or c < 1 or c ~= math.floor(c) then
+      error(("pipeline: pp_stages[%d] = %s: each stage needs a whole number >= 1 of blocks"):format(i, tostring(c)), 0)
+    end
+    sum = sum + c
+  end
+  if sum ~= n then
+    error(("pipeline: pp_stages %s sums to %d blocks, the model has %d"):format(table.concat(counts, ","), sum, n), 0)
+  end
+  return counts
+end
+
+-- a group of the pipeline's first and last stage ranks (every rank of the
+-- job calls it: new_group is the world's); nil on the others' side is a
+-- group of their own
+local function tied_group(g)
+  local id = tensor.tensor({ comm.rank() }, { dtype = "i64" })
+  comm.all_reduce(id, { op = "min", group = g }) -- the pipeline's lowest world rank names it
+  local member = g:rank() == 0 or g:rank() == g:size() - 1
+  local grp = comm.new_group(member and id:item() or comm.world_size() + comm.rank())
+  return member and grp or nil
+end
+
+local function keep_blocks(list, keep)
+  local reg = list._children
+  local names = {}
+  for _, name in ipairs(reg.names) do
+    if keep[name] then names[#names + 1] = name else reg.by_name[name] = nil end
+  end
+  reg.names = names
+end
+
+--- pipeline.split(model, group, {stages = (block counts per virtual
+-- stage), chunks = 1}) -> model: the whole model cut in place to this
+-- rank's stages (see the top of this file). model.pp = {group, size, rank,
+-- chunks, virtual (p v), counts, blocks = {[c] = the blocks of chunk c},
+-- vstage = {[c] = its virtual stage, 0-based}, first, last (this rank holds
+-- the embedding / the head), tied = (the tied weight held here, or nil),
+-- tied_group, copy = (the last stage's tied head: its gradient is summed
+-- with the first's and counted once, there, in the gradient norm)}.
+-- Collective over the job (a group for the tied weight). Raises for an
+-- unknown model class, stages or counts that do not fit the blocks.
+function M.split(model, g, o)
+  o = o or {}
+  local fam = FAMILIES[model.__name]
+  if not fam then error(("pipeline: no stage layout for a %s model (GPT-2 and Llama have one)"):format(
+    tostring(model.__name)), 3) end
+  local p, r, v = g:size(), g:rank(), o.chunks or 1
+  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+    error(("pipeline: virtual_stages must be a whole number >= 1, got %s"):format(tostring(v)), 3)
+  end
+  local list = fam.blocks(model)
+  local S = p * v
+  local counts = M.block_counts(list:len(), S, o.stages)
+  local starts, at = {}, 0
+  for s = 1, S do starts[s], at = at, at + counts[s] end
+  local P = { group = g, size = p, rank = r, chunks = v, virtual = S, counts = counts, blocks = {}, vstage = {},
+    first = r == 0, last = r == p - 1, family = fam }
+  local keep = {}
+  for c = 1, v do
+    local vs = r + (c - 1) * p
+    P.vstage[c] = vs
+    local mods = {}
+    for b = starts[vs + 1], starts[vs + 1] + counts[vs + 1] - 1 do
+      keep[b] = true
+      mods[#mods + 1] = list[b + 1]
+    end
+    P.blocks[c] = mods
+  end
+  keep_blocks(list, keep)
+  local holder = fam.holder(model)
+  local tied = model.config.tie_embeddings
+  local emb = holder[fam.embed[1]].weight
+  if not P.first then for _, k in ipairs(fam.embed) do holder[k] = nil end end
+  if not P.last then
+    holder[fam.final] = nil
+    model.lm_head = nil
+  end
+  if tied and p > 1 then
+    P.tied_group = tied_group(g)
+    if P.first or P.last then P.tied = emb end
+    P.copy = P.last and not P.first and emb or nil
+  end
+  rawset(model, "pp", P)
+  rawset(model, "forward", function()
+    error(("pipeline: this rank holds stage %d of %d (blocks of a part of the model): model(x) is not available; "
+      .. "use model:loss (every stage calls it) or load the whole weights (lt.ckpt.load_weights)"):format(r, p), 2)
+  end)
+  rawset(model, "loss", M.loss)
+  rawset(model, "loss_is_cross_entropy", M.loss)
+  collectgarbage() -- (the other stages' weights are garbage now)
+  return model
+end
+
+--- pipeline.stage_forward(model, c, input, targets, opts, B, T) -> the
+-- output of this rank's chunk c: the residual stream (B, T, C) (under
+-- sequence parallelism this rank's rows, (B T / tp, C)) for the next
+-- stage, or on the last stage F.cross_entropy's result for targets (opts
+-- as its: the training schedule asks for the summed loss). input: the
+-- micro-batch's ids (B, T) on the first stage, else the previous stage's
+-- output. B, T: the micro-batch's shape (a tensor-parallel stage needs it
+-- before its blocks).
+function M.stage_forward(model, c, input, targets, opts, B, T)
+  local P = model.pp
+  if rawget(model, "tp_ctx") then parallel.begin(model, B, T, nil) end
+  local vs = P.vstage[c]
+  local x = vs == 0 and model:embed(input) or input
+  local pending
+  x, pending = residual.run(P.blocks[c], x, nil)
+  if vs == P.virtual - 1 then
+    local _, y = residual.norm(P.family.holder(model)[P.family.final], x, pending)
+    return model:head_loss(y, targets, opts)
+  end
+  if pending then x = x + pending end
+  return x
+end
+
+--- pipeline.link(model, device) -> the stage's link to its neighbours
+-- (lutra.dist.pp.link), one per model so that shapes are agreed once per
+-- run, its device set to device (where activations arrive).
+function M.link(model, device)
+  local P = model.pp
+  P.link = P.link or link.new(P.group, P.chunks, device)
+  P.link.device = device
+  return P.link
+end
+
+--- pipeline.loss(model, idx, targets[, opts]) -> the loss of the whole
+-- model on one batch (and the count of counted targets, as
+-- F.cross_entropy's with its opts) on every rank of the pipeline: each
+-- rank runs its chunks in order, receiving the stream from the stage
+-- before and sending it on (lutra.dist.pp.link), and the last stage's
+-- result is broadcast over the pipeline group (an all_reduce of the sum).
+-- Without gradients (evaluation); every rank of the pipeline calls it with
+-- the same batch. reduction "none" is refused.
+function M.loss(model, idx, targets, opts)
+  local P = model.pp
+  opts = opts or {}
+  if opts.reduction == "none" then error("pipeline: loss with reduction \"none\" is not available on a pipeline stage", 2) end
+  local lo = {}
+  for k, v in pairs(opts) do lo[k] = v end
+  lo.reduction, lo.count = "sum", true
+  local B, T = idx:size(1), idx:size(2)
+  local L = M.link(model, idx.device)
+  local sum, count = 0, 0
+  autograd.no_grad(function()
+    for c = 1, P.chunks do
+      local vs = P.vstage[c]
+      local input = vs == 0 and idx or L:recv("fwd", vs, 0, B, T):wait_value()
+      local out, n = M.stage_forward(model, c, input, targets, lo, B, T)
+      if vs == P.virtual - 1 then
+        sum, count = out:item(), n
+      else
+        L:send(out, "fwd", vs + 1, 0, B, T)
+      end
+    end
+    L:finish()
+  end)
+  local t = tensor.tensor({ sum, count }, { dtype = "f64" })
+  comm.all_reduce(t, { group = P.group })
+  local v = t:totable()
+  local mean = (opts.reduction or "mean") == "sum" and v[1] or v[1] / v[2]
+  if opts.count == false then return tensor.tensor(mean) end
+  return tensor.tensor(mean), v[2]
+end
+
+return M
