@@ -16,7 +16,8 @@
 --      whole layers on the CPU: outputs and every gradient within 1e-12;
 --   3. DataParallel and ZeRO-3 training gpt2-tiny on CUDA (2 f32 AdamW
 --      steps) against one process on CUDA on the global batch: losses
---      within 1e-5 relative, weights 1e-4.
+--      within 1e-5 relative, weights 1e-4; and a pipeline (pp = 2, dp =
+--      world / 2; activations staged through the CPU) the same way.
 --
 -- Runs where lutra has a CUDA device per rank: on the CUDA emulator
 -- (build-emu/lutra, one emulated device per process; tests/run.sh runs it
@@ -308,6 +309,41 @@ H.test("GPT-2 and Llama split over every rank on CUDA (lt.models.*{tp =}): the w
         H.close(p.grad:to("cpu"), full, 1e-10, what .. ": gradient of " .. np[1])
       end
     end
+  end
+end)
+
+H.test("pipeline stages on CUDA (pp = 2, 1F1B, 4 micro-batches; dp = world / 2) match one process on CUDA", function(r, w)
+  if w % 2 ~= 0 then return end
+  local mesh = lt.dist.mesh { pp = 2 }
+  local dp = w / 2
+  local function gpt2(pp)
+    return lt.models.gpt2("gpt2-tiny", { n_layer = 4, generator = lt.Generator(5), pp = pp, device = CUDA })
+  end
+  local g = lt.Generator(78)
+  local data = {}
+  for i = 1, 3 * 4 do
+    local ids = lt.randint(0, 512, { B * dp, T + 1 }, { generator = g })
+    data[i] = { ids:narrow(2, 1, T):contiguous(), ids:narrow(2, 2, T):contiguous() }
+  end
+  local function run(model, first, count, ddp)
+    local opt = lt.optim.AdamW(model:parameters(), { lr = 3e-3, weight_decay = 0.1 })
+    local S = lt.train.step.new { model = model, optimizer = opt, accum = 4, clip = 0.5, ddp = ddp }
+    local i, losses = 0, {}
+    for s = 1, 3 do
+      losses[s] = S:run(s, function()
+        i = i + 1
+        return data[i][1]:narrow(1, first, count):contiguous(), data[i][2]:narrow(1, first, count):contiguous()
+      end).loss
+    end
+    return losses
+  end
+  local ref = run(gpt2(nil), 1, B * dp)
+  local model = gpt2(mesh.pp)
+  local ddp = dp > 1 and lt.dist.DataParallel(model, { group = mesh.dp }) or nil
+  local got = run(model, mesh.coords.dp * B + 1, B, ddp)
+  for s = 1, 3 do
+    local rel = math.abs(got[s] - ref[s]) / math.abs(ref[s])
+    assert(rel < 1e-5, ("step %d: the pipeline's loss %.8f vs one process %.8f"):format(s, got[s], ref[s]))
   end
 end)
 

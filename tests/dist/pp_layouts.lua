@@ -68,7 +68,7 @@ local function whole_weights(model, family)
     for _, np in ipairs(model:named_parameters()) do sd[np[1]] = np[2] end
   end
   local tied = family == "llama" and "model.embed_tokens.weight" or "transformer.wte.weight"
-  if model.pp and model.pp.copy and sd["lm_head.weight"] then
+  if lt.models.pipeline.copy(model) and sd["lm_head.weight"] then
     sd[tied], sd["lm_head.weight"] = sd["lm_head.weight"], nil
   end
   for name, t in pairs(sd) do -- (a vocabulary padded for TP: the rows past V, zero, are not the model's)
@@ -126,7 +126,7 @@ function P.compare(L)
   if n == 0 then fails[#fails + 1] = "the stage holds no parameters" end
   local P_ = model.pp
   if P_.tied_group then -- the tied copies: bitwise the same on the first and last stage
-    local w = P_.tied:detach():contiguous():to("f64")
+    local w = lt.models.pipeline.tied(model):detach():contiguous():to("f64")
     local hi, lo = w:clone(), w:neg()
     lt.dist.all_reduce(hi, { op = "max", group = P_.tied_group })
     lt.dist.all_reduce(lo, { op = "max", group = P_.tied_group })

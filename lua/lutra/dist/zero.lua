@@ -38,6 +38,7 @@ local flat = require "lutra.dist.flat"
 local zero3 = require "lutra.dist.zero3"
 local records = require "lutra.dist.tp.records"
 local tpnorm = require "lutra.dist.tp.norm"
+local pipeline = require "lutra.models.pipeline"
 
 local M = {}
 local Zero = {}
@@ -78,7 +79,7 @@ function M.Zero(model, opts)
   local rank = group and group:rank() or comm.rank()
   local self = setmetatable({ stage = stage, comm = group, params = model:parameters(), size = size, rank = rank,
     sharded = true, tp = tp, pp = model.pp and model.pp.group or nil }, Zero)
-  local copy = model.pp and model.pp.copy
+  local copy = model.pp and pipeline.copy(model)
   self.flats = flat_groups(self.params, settings.weight_decay or (kind == "AdamW" and 0.01 or 0), nil,
     tp and records.sharded(model) or nil, copy and { [copy] = true } or nil)
   local inner_groups = {}

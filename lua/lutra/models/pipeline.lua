@@ -101,9 +101,9 @@ end
 -- rank's stages (see the top of this file). model.pp = {group, size, rank,
 -- chunks, virtual (p v), counts, blocks = {[c] = the blocks of chunk c},
 -- vstage = {[c] = its virtual stage, 0-based}, first, last (this rank holds
--- the embedding / the head), tied = (the tied weight held here, or nil),
--- tied_group, copy = (the last stage's tied head: its gradient is summed
--- with the first's and counted once, there, in the gradient norm)}.
+-- the embedding / the head), tied_group (on the first and last stage of a
+-- tied model: the two ranks), tied, copy (pipeline.tied(model) and
+-- pipeline.copy(model): the tied weights held now, after model:to too)}.
 -- Collective over the job (a group for the tied weight). Raises for an
 -- unknown model class, stages or counts that do not fit the blocks.
 function M.split(model, g, o)
@@ -136,17 +136,16 @@ function M.split(model, g, o)
   keep_blocks(list, keep)
   local holder = fam.holder(model)
   local tied = model.config.tie_embeddings
-  local emb = holder[fam.embed[1]].weight
   if not P.first then for _, k in ipairs(fam.embed) do holder[k] = nil end end
   if not P.last then
     holder[fam.final] = nil
     model.lm_head = nil
   end
-  if tied and p > 1 then
-    P.tied_group = tied_group(g)
-    if P.first or P.last then P.tied = emb end
-    P.copy = P.last and not P.first and emb or nil
-  end
+  if tied and p > 1 then P.tied_group = tied_group(g) end
+  -- (P.tied and P.copy read the weights held now: model:to replaces the tensors)
+  setmetatable(P, { __index = function(_, k)
+    if k == "tied" then return M.tied(model) elseif k == "copy" then return M.copy(model) end
+  end })
   rawset(model, "pp", P)
   rawset(model, "forward", function()
     error(("pipeline: this rank holds stage %d of %d (blocks of a part of the model): model(x) is not available; "
@@ -156,6 +155,25 @@ function M.split(model, g, o)
   rawset(model, "loss_is_cross_entropy", M.loss)
   collectgarbage() -- (the other stages' weights are garbage now)
   return model
+end
+
+--- pipeline.tied(model) -> the tied embedding's weight this stage holds
+-- (the first stage's embedding, the last stage's head; the same tensor
+-- when one rank holds both), or nil (untied, or a middle stage).
+function M.tied(model)
+  local P = model.pp
+  if not (P and model.config.tie_embeddings and (P.first or P.last)) then return nil end
+  if P.first then return P.family.holder(model)[P.family.embed[1]].weight end
+  return model.lm_head.weight
+end
+
+--- pipeline.copy(model) -> the last stage's copy of the tied weight (its
+-- gradient is summed with the first stage's, and counted once, there, in
+-- the gradient norm), or nil.
+function M.copy(model)
+  local P = model.pp
+  if P and P.last and not P.first and model.config.tie_embeddings then return model.lm_head.weight end
+  return nil
 end
 
 --- pipeline.stage_forward(model, c, input, targets, opts, B, T) -> the

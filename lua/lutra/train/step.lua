@@ -57,6 +57,7 @@ local C = require("lutra.capi").C
 local records = require "lutra.dist.tp.records"
 local tpnorm = require "lutra.dist.tp.norm"
 local executor = require "lutra.dist.pp.executor"
+local pipeline = require "lutra.models.pipeline"
 
 local M = {}
 
@@ -142,16 +143,17 @@ function M.new(o)
   local tp = records.group(model)
   local model_ranks = (tp and tp:size() or 1) * (s.pp and s.pp.size or 1)
   if model_ranks > 1 and not s.ddp and model_ranks < comm.world_size() then -- (else each data-parallel replica trains alone)
-    error(("train.step: the model is split over %d of the job's %d ranks (tensor x pipeline parallel): its "
-      .. "data-parallel replicas need ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(model_ranks,
-      comm.world_size()), 2)
+    local how = tp and s.pp and "tensor x pipeline parallel" or (tp and "tensor-parallel" or "pipeline-parallel")
+    error(("train.step: the model is %s over %d of the job's %d ranks: its data-parallel replicas need "
+      .. "ddp = lt.dist.DataParallel(model, {group = mesh.dp})"):format(how, model_ranks, comm.world_size()), 2)
   end
   local sharded = tp and records.sharded(model)
   -- the norm's parameters: a pipeline's last stage leaves out its copy of the tied weight (counted on the first)
   local norm_params = params
-  if s.pp and s.pp.copy then
+  local copy = s.pp and pipeline.copy(model)
+  if copy then
     norm_params = {}
-    for _, p in ipairs(params) do if p ~= s.pp.copy then norm_params[#norm_params + 1] = p end end
+    for _, p in ipairs(params) do if p ~= copy then norm_params[#norm_params + 1] = p end end
   end
   local function grad_norm()
     if s.pp then return tpnorm.pipeline_norm(norm_params, sharded, tp, s.pp.group) end
@@ -308,7 +310,7 @@ end
 -- without a gradient counts as zeros.
 function Step:sum_tied_gradients()
   local P = self.pp
-  local w = P.tied
+  local w = pipeline.tied(self.model)
   if not w then return end
   autograd.no_grad(function()
     if w.grad == nil then w.grad = tensor.zeros_like(w) end
