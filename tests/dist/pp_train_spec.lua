@@ -8,7 +8,8 @@
 -- model, not the stage. np=2: pp=2 1F1B and GPipe; np=4: pp=4 1F1B,
 -- dp=2 x pp=2 GPipe, pp=2 x dp=2 interleaved (v = 2). Refused before any
 -- step, on every rank: no ddp, sampling, an unknown pp_schedule, a
--- pp_schedule for a model that is not split.
+-- pp_schedule for a model that is not split. After model:to("bf16") the
+-- tied weight the pipeline sums (model.pp.tied, .copy) is the model's.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -115,6 +116,17 @@ H.test("MFU's FLOPs per token count the whole model on every stage", function()
   local a, b = lt.train.log.flops_per_token(whole, T), lt.train.log.flops_per_token(split, T)
   assert(a == b, ("one process %d, the stage %d"):format(a, b))
   assert(lt.train.log.num_parameters(split) == whole:num_parameters(), "the stages' parameters summed")
+end)
+
+H.test("after model:to(\"bf16\") the tied weight the pipeline sums is the model's parameter", function()
+  local mesh = lt.dist.mesh { pp = world }
+  local model = P.gpt2 { pp = mesh.pp }
+  model:to("bf16")
+  local P_, holds = model.pp, {}
+  for _, p in ipairs(model:parameters()) do holds[p] = true end
+  if P_.first or P_.last then assert(P_.tied and holds[P_.tied], "model.pp.tied is not a parameter of the model") end
+  if P_.last then assert(P_.copy and holds[P_.copy], "model.pp.copy is not a parameter of the model") end
+  if not (P_.first or P_.last) then assert(P_.tied == nil and P_.copy == nil, "a middle stage holds a tied weight") end
 end)
 
 H.test("lt.train refuses a pipeline without ddp, sampling, a bad pp_schedule, before any step", function()

@@ -136,7 +136,6 @@ function M.split(model, g, o)
   keep_blocks(list, keep)
   local holder = fam.holder(model)
   local tied = model.config.tie_embeddings
-  local emb = holder[fam.embed[1]].weight
   if not P.first then for _, k in ipairs(fam.embed) do holder[k] = nil end end
   if not P.last then
     holder[fam.final] = nil
@@ -144,8 +143,13 @@ function M.split(model, g, o)
   end
   if tied and p > 1 then
     P.tied_group = tied_group(g)
-    if P.first or P.last then P.tied = emb end
-    P.copy = P.last and not P.first and emb or nil
+    -- tied and copy are looked up when read, not kept: model:to() (a dtype, a
+    -- device) replaces the parameter tensors, and a kept one would be stale
+    local at = P.first and holder[fam.embed[1]] or model.lm_head
+    setmetatable(P, { __index = function(_, k)
+      if k == "tied" then return (P.first or P.last) and at.weight or nil end
+      if k == "copy" then return (P.last and not P.first) and at.weight or nil end
+    end })
   end
   rawset(model, "pp", P)
   rawset(model, "forward", function()
