@@ -215,16 +215,17 @@ local function check_opts(raw)
       error("train: sample.tokenizer must have encode and decode (lt.tokenizer.load)", 3)
     end
   end
-  if o.pp_schedule and rawget(o.model, "pp") == nil then
+  local pp = type(o.model) == "table" and rawget(o.model, "pp") or nil
+  if o.pp_schedule and pp == nil then
     error("train: pp_schedule is a pipeline's schedule: the model is not split into stages (lt.models.*{pp = mesh.pp})", 3)
   end
   if o.pp_schedule and o.pp_schedule ~= "1f1b" and o.pp_schedule ~= "gpipe" and o.pp_schedule ~= "interleaved" then
     error(("train: pp_schedule must be \"1f1b\", \"gpipe\" or \"interleaved\", got %s"):format(tostring(o.pp_schedule)), 3)
   end
-  if o.sample_every > 0 and rawget(o.model, "pp") then
+  if o.sample_every > 0 and pp then
     error(("train: sampling (sample_every = %d) is not available with a pipeline-parallel model (this rank holds "
       .. "stage %d of %d): use sample_every = 0, and sample from a checkpoint's whole weights (recipes/sample.lua)")
-      :format(o.sample_every, o.model.pp.rank, o.model.pp.size), 3)
+      :format(o.sample_every, pp.rank, pp.size), 3)
   end
   if o.schedule and type(o.schedule) ~= "function" then error("train: schedule must be a function of the step", 3) end
   for _, g in ipairs(o.optimizer.groups or {}) do
@@ -246,7 +247,7 @@ function M.run(settings)
   local device = params[1] and params[1].device or "cpu"
   local peak, peak_text = log.default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
-  local pp = rawget(model, "pp")
+  local pp = type(model) == "table" and rawget(model, "pp") or nil
   if (o.ddp or pp) and comm.world_size() > 1 then -- tokens/s are the job's: so is the peak
     peak, peak_text = peak * comm.world_size(), ("%d ranks x %s"):format(comm.world_size(), peak_text)
   end
