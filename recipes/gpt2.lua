@@ -199,7 +199,7 @@ else
   end
   if cfg.zero == 3 then
     fail("--zero=3 with --pp is not supported: each micro-batch of the schedule would gather the stage's parameters "
-      .. "again (DeepSpeed refuses it too); use --zero=1 or 2")
+      .. "again (DeepSpeed's pipeline engine refuses it too); use --zero=1 or 2")
   end
   -- the schedule itself (micro-batches it cannot run: interleaved needs a multiple of --pp)
   local ok, why = pcall(require("lutra.dist.pp.executor").make_schedule, cfg.schedule_pp, cfg.pp, micro,
