@@ -29,6 +29,8 @@
 --   ./lutra recipes/gpt2.lua --ckpt_every=250 --resume=auto   # checkpoints in runs/<name>/ckpt, resumed
 --   mpirun -np 4 ./lutra recipes/gpt2.lua --zero=3             # data parallel, ZeRO stage 1, 2 or 3
 --   mpirun -np 4 ./lutra recipes/gpt2.lua --tp=2 --sp          # tensor parallel in pairs (sequence parallel), x2 data parallel
+--   mpirun -np 8 ./lutra recipes/gpt2.lua --tp=2 --pp=2 --zero=1 --micro_batches=4   # 3D: dp 2 x tp 2 x pp 2
+--   mpirun -np 4 ./lutra recipes/gpt2.lua --pp=4 --micro_batches=8 --schedule_pp=interleaved --virtual_stages=2
 --   ./lutra recipes/gpt2.lua --model=llama --n_kv_head=2       # a Llama (RMSNorm, RoPE, SwiGLU, grouped-query attention)
 --   ./lutra recipes/gpt2.lua --threads=1                      # one CPU thread (default: every core)
 --   ./lutra recipes/gpt2.lua --help
@@ -41,6 +43,7 @@ local cfg = lt.config {
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 1,
   top_k = 0, top_p = 1, prompt = "This module provides", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
   schedule = "linear", zero = 0, tp = 1, sp = false, log_all_ranks = false,
+  pp = 1, micro_batches = 0, schedule_pp = "1f1b", virtual_stages = 1, pp_stages = "",
   model = "gpt2", n_kv_head = 0, ffn = 0,
   threads = 0,
   _help = {
@@ -50,7 +53,7 @@ local cfg = lt.config {
     name = "run name: metrics in runs/<name>/metrics.jsonl, checkpoints in runs/<name>/ckpt",
     n_layer = "transformer blocks", n_head = "attention heads", n_embd = "channels",
     seq = "tokens per sequence (the context)", batch = "sequences per micro-batch (per data-parallel rank under mpirun)",
-    accum = "micro-batches per optimizer step (gradient accumulation)",
+    accum = "micro-batches per optimizer step (gradient accumulation; under --pp the pipeline's micro-batches, also --micro_batches)",
     pad_vocab = "pad the embedding rows to a multiple of this (128 suits GPU products; 0: none)",
     steps = "optimizer steps", lr = "peak learning rate (AdamW)", min_lr = "learning rate at the last step",
     warmup = "steps of linear warmup (at most a tenth of steps)", weight_decay = "AdamW's decoupled weight decay (matrices only)",
@@ -65,6 +68,12 @@ local cfg = lt.config {
     log_all_ranks = "every rank prints (under mpirun)",
     tp = "tensor-parallel ranks (under mpirun; adjacent ranks, within a node): each holds 1/tp of every block",
     sp = "sequence parallelism with --tp: norms and dropout on 1/tp of the tokens",
+    pp = "pipeline stages (under mpirun): each rank holds the blocks of its stage; the ranks are dp x tp x pp",
+    micro_batches = "micro-batches per optimizer step: the pipeline's m under --pp (the bubble is (pp-1)/(m+pp-1)); "
+      .. "the same setting as --accum, named for the pipeline: give one of the two (0: --accum)",
+    schedule_pp = "with --pp: gpipe (m micro-batches of activations a stage), 1f1b (at most pp) or interleaved (with --virtual_stages)",
+    virtual_stages = "with --schedule_pp=interleaved: model chunks per rank (the bubble is 1/V of 1F1B's; --micro_batches a multiple of --pp)",
+    pp_stages = "with --pp: blocks per virtual stage, comma-separated (pp x virtual_stages entries summing to --n_layer; empty: even)",
     model = "gpt2, or llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, untied head)",
     n_kv_head = "llama: key/value heads (0: n_head / 2, or n_head when odd)", ffn = "llama: the MLP's hidden units (0: Llama's 8/3 n_embd rounded up to 64)",
     threads = "CPU threads for kernels and BLAS, per rank (0: the cores it may use, or OMP_NUM_THREADS)",
@@ -78,7 +87,8 @@ lt.config.check(cfg, {
   data = { nonempty = true }, vocab = { nonempty = true }, name = { nonempty = true },
   dtype = { one_of = { "f32", "bf16", "f16" } }, schedule = { one_of = { "linear", "cosine", "wsd" } },
   zero = { one_of = { 0, 1, 2, 3 }, why = "a ZeRO stage" }, model = { one_of = { "gpt2", "llama" } },
-  tp = whole(1), n_kv_head = whole(0, "0: n_head / 2"), ffn = whole(0, "0: 8/3 n_embd"), device = { device = true }, resume = { nonempty = true },
+  tp = whole(1), pp = whole(1), micro_batches = whole(0, "0: --accum"), virtual_stages = whole(1),
+  schedule_pp = { one_of = { "gpipe", "1f1b", "interleaved" } }, n_kv_head = whole(0, "0: n_head / 2"), ffn = whole(0, "0: 8/3 n_embd"), device = { device = true }, resume = { nonempty = true },
   n_layer = whole(1), n_head = whole(1), n_embd = whole(1), seq = whole(1), batch = whole(1), accum = whole(1),
   pad_vocab = whole(0, "0: none"), steps = whole(1), warmup = whole(0), eval_every = whole(0, "0: never"),
   eval_batches = whole(0, "0: all"), sample_every = whole(0, "0: never"), sample_tokens = whole(1),
@@ -137,12 +147,75 @@ if world % cfg.tp ~= 0 then
     :format(cfg.tp, cfg.tp, cfg.tp)
     or ("--tp=%d does not divide the job's %d ranks (mpirun -np): use a tp that divides it"):format(cfg.tp, world))
 end
+-- pipeline parallelism: the flags that go together, checked before anything runs
+if cfg.micro_batches > 0 and cfg.accum > 1 and cfg.micro_batches ~= cfg.accum then
+  fail(("--micro_batches=%d and --accum=%d are the same setting (micro-batches per optimizer step): give one")
+    :format(cfg.micro_batches, cfg.accum))
+end
+local micro = cfg.micro_batches > 0 and cfg.micro_batches or cfg.accum
+local pp_stages
+if cfg.pp_stages ~= "" then
+  pp_stages = {}
+  for part in (cfg.pp_stages .. ","):gmatch("([^,]*),") do
+    local n = tonumber(part)
+    if not n or n < 1 or n ~= math.floor(n) then
+      fail(("--pp_stages=%s: %q is not a whole number of blocks >= 1 (a comma-separated list, one entry a virtual stage)")
+        :format(cfg.pp_stages, part))
+    end
+    pp_stages[#pp_stages + 1] = n
+  end
+end
+if cfg.pp == 1 then
+  for _, k in ipairs { "virtual_stages", "schedule_pp", "pp_stages" } do
+    local default = ({ virtual_stages = 1, schedule_pp = "1f1b", pp_stages = "" })[k]
+    if cfg[k] ~= default then fail(("--%s=%s is a pipeline setting: it needs --pp > 1"):format(k, tostring(cfg[k]))) end
+  end
+else
+  if world == 1 then
+    fail(("--pp=%d splits the model into %d stages across ranks: run under mpirun -np <a multiple of %d>")
+      :format(cfg.pp, cfg.pp, cfg.pp * cfg.tp))
+  end
+  if world % (cfg.tp * cfg.pp) ~= 0 then
+    fail(("--tp=%d x --pp=%d = %d ranks does not divide the job's %d ranks (mpirun -np): the data-parallel ranks are "
+      .. "what they leave"):format(cfg.tp, cfg.pp, cfg.tp * cfg.pp, world))
+  end
+  if cfg.virtual_stages > 1 and cfg.schedule_pp ~= "interleaved" then
+    fail(("--virtual_stages=%d needs --schedule_pp=interleaved (gpipe and 1f1b run one stage a rank), got %s")
+      :format(cfg.virtual_stages, cfg.schedule_pp))
+  end
+  local S = cfg.pp * cfg.virtual_stages
+  if pp_stages and #pp_stages ~= S then
+    fail(("--pp_stages=%s lists %d stages: --pp=%d x --virtual_stages=%d needs %d"):format(cfg.pp_stages, #pp_stages,
+      cfg.pp, cfg.virtual_stages, S))
+  end
+  local sum = 0
+  for _, n in ipairs(pp_stages or {}) do sum = sum + n end
+  if pp_stages and sum ~= cfg.n_layer then
+    fail(("--pp_stages=%s sums to %d blocks, --n_layer=%d"):format(cfg.pp_stages, sum, cfg.n_layer))
+  end
+  if not pp_stages and S > cfg.n_layer then
+    fail(("--pp=%d x --virtual_stages=%d = %d stages for --n_layer=%d blocks: each stage needs a block"):format(cfg.pp,
+      cfg.virtual_stages, S, cfg.n_layer))
+  end
+  if cfg.zero == 3 then
+    fail("--zero=3 with --pp is not supported: each micro-batch of the schedule would gather the stage's parameters "
+      .. "again (DeepSpeed's pipeline engine refuses it too); use --zero=1 or 2")
+  end
+  -- the schedule itself (micro-batches it cannot run: interleaved needs a multiple of --pp)
+  local ok, why = pcall(require("lutra.dist.pp.executor").make_schedule, cfg.schedule_pp, cfg.pp, micro,
+    cfg.virtual_stages)
+  if not ok then
+    fail(("--schedule_pp=%s with --pp=%d, --micro_batches=%d%s: %s"):format(cfg.schedule_pp, cfg.pp, micro,
+      cfg.virtual_stages > 1 and (", --virtual_stages=%d"):format(cfg.virtual_stages) or "",
+      (tostring(why):gsub("^.-pipeline schedule: ", ""):gsub("^.-pipeline: ", ""))))
+  end
+end
 if cfg.sp and cfg.tp == 1 then fail("--sp (sequence parallelism) splits the tokens across --tp ranks: it needs --tp > 1") end
 if cfg.sp and (cfg.batch * cfg.seq) % cfg.tp ~= 0 then -- (the model would run every step without it)
   fail(("--sp splits each batch's --batch x --seq = %d tokens across --tp=%d ranks: they do not divide (change --batch or --seq)")
     :format(cfg.batch * cfg.seq, cfg.tp))
 end
-local mesh = world > 1 and lt.dist.mesh { tp = cfg.tp } or nil
+local mesh = world > 1 and lt.dist.mesh { tp = cfg.tp, pp = cfg.pp } or nil
 local dp_rank, dp_world = mesh and mesh.coords.dp or 0, mesh and mesh.sizes.dp or 1
 
 lt.manual_seed(cfg.seed)
@@ -160,7 +233,7 @@ local function shards(part, o)
   fail(("--data=%s: %s"):format(cfg.data, why))
 end
 local train = shards("train", { seed = cfg.seed, rank = dp_rank, world = dp_world })
--- (a tensor-parallel group reads the same batches: the loaders split by data-parallel rank)
+-- (a tensor-parallel group and a pipeline's stages read the same batches: the loaders split by data-parallel rank)
 local val = shards("val", { shuffle = false, rank = dp_rank, world = dp_world })
 -- eval_batches = 0: the whole validation set, the same tokens the baseline is computed on
 local eval_batches = cfg.eval_batches > 0 and cfg.eval_batches or val:batches_per_epoch()
@@ -177,6 +250,7 @@ say(("data: %d training and %d validation tokens; unigram baseline %.3f nats/tok
 
 -- (a shape that does not split across --tp ranks is a settings error naming it)
 local tp_group = cfg.tp > 1 and mesh.tp or nil
+local pp_group = cfg.pp > 1 and mesh.pp or nil
 local pad = cfg.pad_vocab > 0 and cfg.pad_vocab or nil
 local ok, model = pcall(function()
   if cfg.model == "llama" then
@@ -184,29 +258,39 @@ local ok, model = pcall(function()
     local ffn = cfg.ffn > 0 and cfg.ffn or math.ceil(8 * cfg.n_embd / 3 / 64) * 64
     return lt.models.llama { dim = cfg.n_embd, n_layers = cfg.n_layer, n_heads = cfg.n_head, n_kv_heads = kv,
       ffn_dim = ffn, vocab_size = tok.n_vocab, max_seq_len = cfg.seq, pad_vocab = pad,
-      generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
+      generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp,
+      pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil }
   end
   return lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
     block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = pad,
-    generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp }
+    generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp,
+    pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil }
 end)
 if not ok then
   local why = tostring(model):gsub("^.-: (%w+: )", "%1") -- (from "recipes/gpt2.lua:175: gpt2: n_head ...")
-  fail(cfg.tp > 1 and ("--tp=%d: %s"):format(cfg.tp, why) or why)
+  local with = {}
+  if cfg.tp > 1 then with[#with + 1] = ("--tp=%d"):format(cfg.tp) end
+  if cfg.pp > 1 then with[#with + 1] = ("--pp=%d"):format(cfg.pp) end
+  fail(#with > 0 and ("%s: %s"):format(table.concat(with, " "), why) or why)
 end
 -- under mpirun each rank takes its own GPU (cuda:<local rank>)
 local device = (cfg.device == "cuda" and world > 1) and lt.dist.device() or cfg.device
 model:to(device, cfg.dtype)
 local layout = {}
 if cfg.tp > 1 then layout[#layout + 1] = ("tensor parallel over %d ranks%s"):format(cfg.tp, cfg.sp and " (sequence parallel)" or "") end
+if cfg.pp > 1 then
+  layout[#layout + 1] = ("pipeline parallel over %d stages (%s, %d micro-batches%s)"):format(cfg.pp, cfg.schedule_pp,
+    micro, cfg.virtual_stages > 1 and (", %d virtual stages a rank"):format(cfg.virtual_stages) or "")
+end
 if dp_world > 1 then layout[#layout + 1] = ("data parallel over %d ranks"):format(dp_world) end
 if cfg.zero > 0 then
   layout[#layout + 1] = dp_world > 1 and ("ZeRO stage %d"):format(cfg.zero)
     or ("ZeRO stage %d on one data-parallel rank (nothing to shard)"):format(cfg.zero)
 end
+local n_params = lt.train.log.num_parameters(model) -- (the whole model's; every rank calls it: a pipeline's stages sum theirs)
 say(("model: %s with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
   cfg.model == "llama" and "Llama" or "GPT-2", cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq,
-  lt.dist.tp.num_parameters(model) / 1e6, cfg.device, cfg.dtype, #layout > 0 and ", " .. table.concat(layout, ", ") or ""))
+  n_params / 1e6, cfg.device, cfg.dtype, #layout > 0 and ", " .. table.concat(layout, ", ") or ""))
 local ddp = world > 1 and lt.dist.DataParallel(model, { gradients = cfg.zero >= 2 and "none" or "all_reduce",
   group = mesh.dp }) or nil
 
@@ -225,10 +309,17 @@ local warmup = math.min(cfg.warmup, math.floor(cfg.steps / 10))
 local schedule = schedules[cfg.schedule] { lr = cfg.lr, warmup = warmup, steps = cfg.steps,
   final = cfg.min_lr }
 
+-- a pipeline stage holds part of the model: no samples during training (lt.train refuses them)
+local sample_every = cfg.sample_every
+if cfg.pp > 1 and sample_every > 0 then
+  say(("note: --pp=%d: no samples during training (a stage holds part of the model); sample a checkpoint's weights "
+    .. "with recipes/sample.lua"):format(cfg.pp))
+  sample_every = 0
+end
 local summary = lt.train {
-  model = model, optimizer = opt, train = train, steps = cfg.steps, accum = cfg.accum, schedule = schedule,
+  model = model, optimizer = opt, train = train, steps = cfg.steps, accum = micro, schedule = schedule,
   clip = cfg.clip, val = val, eval_every = cfg.eval_every, eval_batches = eval_batches,
-  sample_every = cfg.sample_every, name = cfg.name, log_every = cfg.log_every,
+  sample_every = sample_every, pp_schedule = cfg.pp > 1 and cfg.schedule_pp or nil, name = cfg.name, log_every = cfg.log_every,
   ckpt_every = cfg.ckpt_every, keep_last = cfg.keep_last, resume = cfg.resume, config = cfg, ddp = ddp,
   log_all_ranks = cfg.log_all_ranks,
   sample = { tokenizer = tok, prompt = cfg.prompt, tokens = cfg.sample_tokens, temperature = cfg.temperature,

@@ -5,6 +5,9 @@
 # recipes/gpt2.lua tensor parallel on 2 ranks (--tp=2 --sp trained,
 # checkpointed and resumed, a resume on another layout refused, its weights
 # sampled by one process, shapes that do not split refused, a Llama),
+# recipes/gpt2.lua pipeline parallel (--pp=2 on 2 ranks, --tp=2 --pp=2 --sp
+# on 4, --tp=2 --pp=2 --zero=1 on 8, each against the recipe on one process;
+# --zero=3 refused),
 # plus the job-ending checks: an error on one rank ends the job within
 # seconds with a non-zero status; a collective that one rank calls from
 # another line fails at once naming both; a rank that skips a collective
@@ -89,6 +92,58 @@ if echo "$out" | grep -q 'Llama with 1 layers' && echo "$out" | grep -q 'step   
   ok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks"
 else notok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks" "$out"; fi
 rm -rf "runs/tp-job-$$" "$dir"
+
+# the main recipe pipeline parallel (tiny shapes, random shards): --pp=2 on
+# 2 ranks and --tp=2 --pp=2 --sp on 4 log the same step losses, gradient
+# norms and validation losses as the recipe on one process (metrics.jsonl,
+# every digit it holds, to 1e-5 relative), and so does --tp=2 --pp=2 --zero=1
+# on 8 ranks (dp=2 x tp=2 x pp=2: the losses and norms); --zero=3 with --pp is refused
+dir=$(mktemp -d /tmp/lutra-dist-pp.XXXXXX)
+./lutra -e "local lt = require 'lutra'; local g = lt.Generator(5)
+  lt.data.write_shard('$dir/train_000000.bin', lt.randint(0, 50257, { 6000 }, { generator = g }), 50257)
+  lt.data.write_shard('$dir/val_000000.bin', lt.randint(0, 50257, { 600 }, { generator = g }), 50257)" >/dev/null 2>&1
+ptiny="recipes/gpt2.lua --data=$dir --n_layer=2 --n_head=2 --n_embd=16 --seq=8 --batch=2 --micro_batches=4 --steps=4 --eval_every=2 --eval_batches=1 --sample_every=2 --log_every=1 --threads=1"
+# losses NAME [steps]: "step loss grad_norm" and (without "steps") "step val_loss" lines of runs/NAME/metrics.jsonl
+losses() {
+  grep '"grad_norm":' "runs/$1/metrics.jsonl" | sed -E 's/.*"grad_norm":([^,}]*).*"loss":([^,}]*).*"step":([0-9]+).*/\3 \2 \1/'
+  [ "${2:-}" = steps ] ||
+    grep '"val_loss":' "runs/$1/metrics.jsonl" | sed -E 's/.*"step":([0-9]+).*"val_loss":([^,}]*).*/\1 \2/'
+}
+# same_losses A B [steps]: every number of A's lines within 1e-5 relative of B's (as many lines, at least 4 steps)
+same_losses() {
+  local a b
+  a=$(losses "$1" "${3:-}") b=$(losses "$2" "${3:-}")
+  [ "$(echo "$a" | wc -l)" -ge 4 ] && [ "$(echo "$a" | wc -l)" -eq "$(echo "$b" | wc -l)" ] &&
+    paste -d' ' <(echo "$a") <(echo "$b") | awk '{ n = NF / 2; for (i = 1; i <= n; i++) { x = $i; y = $(i + n);
+      d = x - y; if (d < 0) d = -d; m = y < 0 ? -y : y; if (d > 1e-5 * m + 1e-12) bad = 1 } } END { exit bad }'
+}
+out=$(timeout 60 ./lutra $ptiny --name=pp-one-$$ 2>&1)
+if [ $? -ne 0 ]; then notok "recipes/gpt2.lua on one process (the pipeline jobs' reference)" "$out"; fi
+out=$(timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --name=pp-two-$$ 2>&1)
+if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 4 micro-batches)' && echo "$out" | grep -q '^note: --pp=2: no samples' \
+   && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-two-$$ pp-one-$$; then
+  ok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses"
+else notok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses" "$out
+$(paste <(losses pp-two-$$) <(losses pp-one-$$))"; fi
+out=$(timeout 90 $MPIRUN -np 4 ./lutra $ptiny --tp=2 --pp=2 --sp --schedule_pp=gpipe --name=pp-four-$$ 2>&1)
+if echo "$out" | grep -q 'tensor parallel over 2 ranks (sequence parallel), pipeline parallel over 2 stages (gpipe' \
+   && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-four-$$ pp-one-$$; then
+  ok "recipes/gpt2.lua --tp=2 --pp=2 --sp (GPipe) on 4 ranks logs one process's losses, norms and validation losses"
+else notok "recipes/gpt2.lua --tp=2 --pp=2 --sp (GPipe) on 4 ranks logs one process's losses, norms and validation losses" "$out
+$(paste <(losses pp-four-$$) <(losses pp-one-$$))"; fi
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --zero=3 --steps=1 2>&1)
+if echo "$out" | grep -q '^\[rank [01]\] lutra: --zero=3 with --pp is not supported: each micro-batch'; then
+  ok "recipes/gpt2.lua --pp=2 --zero=3 is refused, saying why"
+else notok "recipes/gpt2.lua --pp=2 --zero=3 is refused, saying why" "$out"; fi
+# 3D on 8 ranks: dp=2 x tp=2 x pp=2 with ZeRO 1, 2 micro-batches a data-parallel rank: the one
+# process's 4 micro-batches of a step (its validation loss is rank 0's batches': steps only)
+out=$(timeout 120 $MPIRUN -np 8 ./lutra $ptiny --tp=2 --pp=2 --zero=1 --micro_batches=2 --name=pp-eight-$$ 2>&1)
+if echo "$out" | grep -q 'tensor parallel over 2 ranks, pipeline parallel over 2 stages (1f1b, 2 micro-batches), data parallel over 2 ranks, ZeRO stage 1' \
+   && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-eight-$$ pp-one-$$ steps; then
+  ok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms"
+else notok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms" "$out
+$(paste <(losses pp-eight-$$ steps) <(losses pp-one-$$ steps))"; fi
+rm -rf "runs/pp-one-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "$dir"
 
 # job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
 # RANKS) that must end with a non-zero status within MAX_SECONDS, its output

@@ -84,6 +84,13 @@ describe("the lutra executable", function()
       { "model=bert", '--model must be one of gpt2, llama, got "bert"' },
       { "model=llama --n_kv_head=3", "llama: dim 16, n_heads 4 and n_kv_heads 3 do not fit" },
       { "n_kv_head=-1", "--n_kv_head must be a whole number >= 0" }, { "ffn=-1", "--ffn must be a whole number >= 0" },
+      { "pp=0", "--pp must be a whole number >= 1, got 0" },
+      { "pp=2", "--pp=2 splits the model into 2 stages across ranks: run under mpirun -np <a multiple of 2>" },
+      { "micro_batches=-1", "--micro_batches must be a whole number >= 0 (0: --accum), got -1" },
+      { "micro_batches=4 --accum=2", "--micro_batches=4 and --accum=2 are the same setting" },
+      { "schedule_pp=zb", '--schedule_pp must be one of gpipe, 1f1b, interleaved, got "zb"' },
+      { "virtual_stages=2", "--virtual_stages=2 is a pipeline setting: it needs --pp > 1" },
+      { "pp_stages=1,x", '--pp_stages=1,x: "x" is not a whole number of blocks >= 1' },
     }
     local script = {}
     for i, c in ipairs(cases) do

@@ -24,14 +24,19 @@ local tpnorm = require "lutra.dist.tp.norm"
 -- group calls it on the same batches (the forward's collectives); the
 -- first batch is checked to be (lt.dist.tp.check_same_batch: "train: the
 -- tensor-parallel ranks read different validation batches ...").
+-- A pipeline stage model (model.pp) computes it with model:loss, the
+-- forward-only pipeline: every rank of the pipeline calls it on the same
+-- batches (checked on the first, as under TP) and gets the whole model's loss.
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
   local sum, count = 0, 0
-  local own = opts.own_loss and model.loss ~= nil and model.loss_is_cross_entropy == model.loss
+  local pp = type(model) == "table" and rawget(model, "pp") or nil -- (a stage model: model:loss always)
+  local own = (opts.own_loss or pp ~= nil) and model.loss ~= nil and model.loss_is_cross_entropy == model.loss
   local was_training = model.training
   local block = model.config and model.config.block_size
   local tpg, checked = records.group(model), false
+  local ppg, pp_checked = pp and pp.group, false
   model:eval()
   autograd.no_grad(function()
     for _ = 1, n do
@@ -45,6 +50,10 @@ local function evaluate(model, loader, opts)
       if tpg and not checked then -- (the first batch: a val loader split by the job's ranks is refused)
         checked = true
         tpnorm.check_same_batch(tpg, x, y, "train", "validation batches")
+      end
+      if ppg and not pp_checked then -- (so must a pipeline's stages: model:loss pairs up what they hold)
+        pp_checked = true
+        tpnorm.check_same_batch(ppg, x, y, "train", "validation batches", nil, "pipeline")
       end
       local lo = { reduction = "sum", ignore_index = ignore_index }
       local l, c

@@ -73,6 +73,20 @@
 -- samples (rank 0 records): lt.generate must then run the model's TP
 -- forward with identical draws on the TP ranks (see lutra.generate).
 --
+-- Pipeline parallel (a model split into stages, model.pp: lt.models.gpt2
+-- or llama with pp = mesh.pp): ddp is required as under TP (its DP group;
+-- a group of one rank when dp = 1), the stages read the same batches
+-- (one batch stream; the loaders split by the DP rank only) and accum is
+-- the micro-batches each step's schedule runs (pp_schedule = "1f1b",
+-- "gpipe" or "interleaved", lt.train.step's). The loss sums come from the
+-- last stage, summed over the pipeline, so rank 0 (stage 0) logs the
+-- job's loss. Every rank evaluates (model:loss runs the forward-only
+-- pipeline: val must give the stages the same batches). Sampling is
+-- refused (sample_every > 0 raises before the first step): a stage holds
+-- part of the model, and lt.generate's cached forward is one process's.
+-- MFU counts the whole model's parameters (lt.train.log.num_parameters:
+-- every stage's, summed over the pipeline), not this stage's.
+--
 -- Every step appends a JSON line to runs/<name>/metrics.jsonl; the first
 -- step, every log_every-th and the last print one line: step, the step's
 -- loss, the mean loss over the steps since the previous line ("mean(25)"),
@@ -112,7 +126,10 @@ local DEFAULTS = {
   skip_nonfinite = false, peak_flops = false, flops_per_token = false, out_dir = "runs", quiet = false,
   on_step = false, start_step = 0, ckpt_every = 0, ckpt_dir = false, keep_last = 0, resume = "none", ddp = false,
   config = false, rng = false, on_checkpoint = false, log_all_ranks = false, eval_at_start = true,
+  pp_schedule = false,
 }
+-- (pp_schedule: a stage model's schedule, "1f1b" (default; "interleaved" with virtual stages), "gpipe" or
+-- "interleaved": lt.train.step's, lutra.dist.pp.executor)
 local SAMPLE_KEYS = { tokenizer = true, prompt = true, tokens = true, temperature = true, top_k = true, top_p = true,
   generator = true }
 
@@ -198,6 +215,18 @@ local function check_opts(raw)
       error("train: sample.tokenizer must have encode and decode (lt.tokenizer.load)", 3)
     end
   end
+  local pp = type(o.model) == "table" and rawget(o.model, "pp") or nil
+  if o.pp_schedule and pp == nil then
+    error("train: pp_schedule is a pipeline's schedule: the model is not split into stages (lt.models.*{pp = mesh.pp})", 3)
+  end
+  if o.pp_schedule and o.pp_schedule ~= "1f1b" and o.pp_schedule ~= "gpipe" and o.pp_schedule ~= "interleaved" then
+    error(("train: pp_schedule must be \"1f1b\", \"gpipe\" or \"interleaved\", got %s"):format(tostring(o.pp_schedule)), 3)
+  end
+  if o.sample_every > 0 and pp then
+    error(("train: sampling (sample_every = %d) is not available with a pipeline-parallel model (this rank holds "
+      .. "stage %d of %d): use sample_every = 0, and sample from a checkpoint's whole weights (recipes/sample.lua)")
+      :format(o.sample_every, pp.rank, pp.size), 3)
+  end
   if o.schedule and type(o.schedule) ~= "function" then error("train: schedule must be a function of the step", 3) end
   for _, g in ipairs(o.optimizer.groups or {}) do
     if not o.schedule and not (g.lr > 0) then error(("train: the learning rate must be > 0, got %s"):format(tostring(g.lr)), 3) end
@@ -218,7 +247,8 @@ function M.run(settings)
   local device = params[1] and params[1].device or "cpu"
   local peak, peak_text = log.default_peak(device)
   if o.peak_flops then peak, peak_text = o.peak_flops, ("%.3g FLOP/s (given)"):format(o.peak_flops) end
-  if o.ddp and comm.world_size() > 1 then -- tokens/s are the job's: so is the peak
+  local pp = type(model) == "table" and rawget(model, "pp") or nil
+  if (o.ddp or pp) and comm.world_size() > 1 then -- tokens/s are the job's: so is the peak
     peak, peak_text = peak * comm.world_size(), ("%d ranks x %s"):format(comm.world_size(), peak_text)
   end
 
@@ -234,9 +264,11 @@ function M.run(settings)
   -- a config that JSON can hold, and a directory that holds no other history
   local ddp = o.ddp or nil
   local tp = records.group(model)
-  if tp and not ddp then
-    error(("train: the model is tensor-parallel over %d ranks: pass ddp = lt.dist.DataParallel(model, {group = "
-      .. "mesh.dp}) (its data-parallel group; a group of one rank when dp = 1)"):format(tp:size()), 2)
+  if (tp or pp) and not ddp then -- (the loop's lead rank, its agreements and its signals go through ddp)
+    local how = tp and pp and ("tensor-parallel over %d ranks and split into %d pipeline stages"):format(tp:size(), pp.size)
+      or tp and ("tensor-parallel over %d ranks"):format(tp:size()) or ("split into %d pipeline stages"):format(pp.size)
+    error(("train: the model is %s: pass ddp = lt.dist.DataParallel(model, {group = "
+      .. "mesh.dp}) (its data-parallel group; a group of one rank when dp = 1)"):format(how), 2)
   end
   -- under data parallelism rank 0 alone prints, warns and writes the metrics
   local lead = not ddp or comm.rank() == 0
@@ -281,7 +313,7 @@ function M.run(settings)
   if block and T > block then
     error(("train: the sequence length %d is longer than the model's context (block_size %d)"):format(T, block), 2)
   end
-  local fpt = o.flops_per_token or log.flops_per_token(model, T)
+  local fpt = o.flops_per_token or log.flops_per_token(model, T) -- (a pipeline's: collective, its whole model)
 
   -- what sampling will do, checked now: the prompt's ids and the settings,
   -- by lt.generate itself (max_tokens = 0 without the cache: no forward, no draw)
@@ -364,13 +396,13 @@ function M.run(settings)
   -- the optimizer step: micro-batches, reduction, clipping, schedule, update
   local stepper = step_part.new { model = model, optimizer = opt, accum = o.accum, clip = o.clip,
     ignore_index = o.ignore_index, ddp = ddp, device = device, schedule = o.schedule or nil,
-    skip_nonfinite = o.skip_nonfinite, optimizer_steps = opt_step }
+    skip_nonfinite = o.skip_nonfinite, optimizer_steps = opt_step, pp_schedule = o.pp_schedule or nil }
   local job_signal = 0 -- a job's preemption signal, agreed by every rank at each step
   -- the validation loss (ZeRO 3: every rank gathers the whole parameters first)
   local function validate(step)
     if val_start then o.val:load_state(val_start) end
     local vl = evaluate(model, o.val, { batches = o.eval_batches, ignore_index = o.ignore_index, device = device,
-      own_loss = tp ~= nil })
+      own_loss = tp ~= nil or pp ~= nil })
     summary.val_loss, summary.val_step = vl, step
     record({ step = step, val_loss = vl })
     say(("step %5d/%d | val loss %.4f%s"):format(step, o.steps, vl, step == 0 and " (before training)" or ""))

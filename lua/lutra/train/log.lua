@@ -11,6 +11,7 @@ local cuda = require "lutra.cuda"
 local json = require "lutra.json"
 local comm = require "lutra.dist.comm"
 local records = require "lutra.dist.tp.records"
+local tensor = require "lutra.tensor"
 
 local M = {}
 
@@ -56,17 +57,41 @@ function M.default_peak(device)
     cores == 1 and "" or "s")
 end
 
+--- lt.train.log.num_parameters(model) -> the whole model's parameter
+-- elements, as one process's model:num_parameters(): a tensor-parallel
+-- model's shards counted whole (lt.dist.tp.records.num_parameters), and a
+-- pipeline stage model's (model.pp) summed over its pipeline group, the
+-- last stage's copy of a tied head (lm_head.weight, the first stage's
+-- embedding) left out. Collective over model.pp.group for a stage model
+-- (one all_reduce of one f64): every rank of the pipeline calls it.
+function M.num_parameters(model)
+  local P = rawget(model, "pp")
+  if not P then return records.num_parameters(model) end
+  local g, by = rawget(model, "tp_group"), records.sharded(model)
+  local n = 0
+  for _, np in ipairs(model:named_parameters()) do
+    local name, p = np[1], np[2]
+    -- (by name, not P.copy: model:to() may have replaced the tensor)
+    if not (P.copy and name == "lm_head.weight") then n = n + p:numel() * ((by[p] and g) and g:size() or 1) end
+  end
+  local t = tensor.tensor({ n }, { dtype = "f64" })
+  comm.all_reduce(t, { group = P.group })
+  return t:item()
+end
+
 --- lt.train.log.flops_per_token(model, T) -> llm.c's FLOPs per token for a
 -- transformer with a config (GPT-2's n_layer, n_embd or Llama's n_layers,
 -- dim) at sequence length T: 6N + 6 L C T, N the whole model's parameters
--- (a tensor-parallel model's shards counted whole); nil for a model
--- without that config.
+-- (M.num_parameters: a tensor-parallel model's shards counted whole, a
+-- pipeline's stages summed; L the whole model's blocks, config.n_layer,
+-- on every stage); nil for a model without that config. Collective over
+-- the pipeline group for a stage model (M.num_parameters).
 function M.flops_per_token(model, T)
   local cfg = model.config
   if not cfg then return nil end
   local L, C = cfg.n_layer or cfg.n_layers, cfg.n_embd or cfg.dim
   if not L or not C then return nil end
-  return 6 * records.num_parameters(model) + 6 * L * C * T
+  return 6 * M.num_parameters(model) + 6 * L * C * T
 end
 
 --- lt.train.log.memory_now(device) -> bytes in live tensors now, their peak
