@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
-# cores), recipes/sample.lua on the weights of a 2-rank ZeRO 3 checkpoint,
+# cores), 3D parallelism on 8 (tests/dist/jobs/pp_3d.lua: dp=2 x tp=2 x
+# pp=2 with ZeRO 1 against one process), recipes/sample.lua on the weights
+# of a 2-rank ZeRO 3 checkpoint,
 # recipes/gpt2.lua tensor parallel on 2 ranks (--tp=2 --sp trained,
 # checkpointed and resumed, a resume on another layout refused, its weights
 # sampled by one process, shapes that do not split refused, a Llama),
@@ -45,6 +47,19 @@ out=$(LUTRA_COMM_CHUNK=3 timeout 300 $MPIRUN -x LUTRA_COMM_CHUNK -np 2 ./lutra t
 line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, 0 failed$' | tail -1)
 if [ -n "$line" ]; then ok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3): $line"
 else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"; fi
+
+# 3D parallelism on 8 ranks (dp=2 x tp=2 x pp=2, ZeRO 1) against one
+# process: its own job, the specs run on 2 and 4
+out=$(timeout 240 $MPIRUN -np 8 ./lutra tests/dist/jobs/pp_3d.lua 2>&1)
+line=$(echo "$out" | grep -E '^dist .* np=8: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+if [ -z "$line" ]; then
+  notok "tests/dist/jobs/pp_3d.lua on 8 ranks did not finish" "$out"
+else
+  echo "$out" | grep -E '^((not )?ok |# )' | sed "s/^/  [np=8] /"
+  echo "$out" | grep '^\[rank' | sed 's/^/     /'
+  passed=$((passed + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
+  failed=$((failed + $(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed$/\1/')))
+fi
 
 # the weights of a 2-rank ZeRO 3 checkpoint, sampled by one process (no mpirun)
 dir=$(mktemp -d /tmp/lutra-dist-sample.XXXXXX)
