@@ -10,7 +10,9 @@
 # plus the job-ending checks: an error on one rank ends the job within
 # seconds with a non-zero status; a collective that one rank calls from
 # another line fails at once naming both; a rank that skips a collective
-# is reported by the watchdog, which names the ranks that never arrived.
+# is reported by the watchdog, which names the ranks that never arrived;
+# a pipeline stage's rank that raises or is killed mid-step (pp=2 and 4)
+# ends the job within seconds.
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -105,13 +107,14 @@ if echo "$out" | grep -q 'Llama with 1 layers' && echo "$out" | grep -q 'step   
 else notok "recipes/gpt2.lua --model=llama --tp=2 trains on 2 ranks" "$out"; fi
 rm -rf "runs/tp-job-$$" "$dir"
 
-# job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
-# RANKS) that must end with a non-zero status within MAX_SECONDS, its output
-# matching PATTERN
+# job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS [ARGS]]: a job (2 ranks
+# unless RANKS; the script's arguments ARGS) that must end with a non-zero
+# status within MAX_SECONDS, its output matching PATTERN
 job() {
   local start took rc out
   start=$(date +%s)
-  out=$(timeout 60 $MPIRUN -np "${5:-2}" ./lutra "tests/dist/jobs/$1.lua" 2>&1); rc=$?
+  # shellcheck disable=SC2086 # (ARGS: words)
+  out=$(timeout 60 $MPIRUN -np "${5:-2}" ./lutra "tests/dist/jobs/$1.lua" ${6:-} 2>&1); rc=$?
   took=$(( $(date +%s) - start ))
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le "$3" ] && echo "$out" | grep -q "$2" \
      && ! echo "$out" | grep -q unreachable; then
@@ -134,5 +137,25 @@ job split_on_one_rank '^\[rank 0\] lutra: watchdog: new_group ' 25 \
   "the watchdog reports a group made on one rank only"
 job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \
   "the watchdog reports a recv whose sender never comes"
+
+# a pipeline stage's rank that dies during step 2 (tests/dist/jobs/pp_rank_dies.lua;
+# pp = the ranks): an error in its stage's forward or backward ends the job
+# naming it; SIGKILL (no handler runs) ends it too, mpirun naming the rank
+for np in 2 4; do
+  last=$((np - 1))
+  for r in $(seq 1 $last); do
+    [ "$np" -eq 4 ] && [ "$r" -eq 1 ] && continue # (pp=4: the middle rank 2 and the last)
+    where="the last stage's"
+    [ "$r" -lt "$last" ] && where="a middle stage's"
+    for at in fwd bwd; do
+      part=forward
+      [ $at = bwd ] && part=backward
+      job pp_rank_dies "^\[rank $r\] lutra: .*a deliberate failure on rank $r in its stage's $part" 30 \
+        "pp=$np: an error in $where $part (rank $r, step 2) ends the job naming the rank" "$np" "--how=error --at=$at --rank=$r"
+      job pp_rank_dies "process rank $r with PID .* exited on signal 9" 30 \
+        "pp=$np: $where rank $r killed (SIGKILL) in its $part ends the job" "$np" "--how=kill --at=$at --rank=$r"
+    done
+  done
+done
 
 echo "dist: $passed passed, $failed failed"
