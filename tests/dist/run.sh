@@ -140,7 +140,9 @@ job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \
 
 # a pipeline stage's rank that dies during step 2 (tests/dist/jobs/pp_rank_dies.lua;
 # pp = the ranks): an error in its stage's forward or backward ends the job
-# naming it; SIGKILL (no handler runs) ends it too, mpirun naming the rank
+# naming it, also caught and raised again after a full collection (the
+# receives it had posted ahead are not collected: collecting one waits for
+# it); SIGKILL (no handler runs) ends it too, mpirun naming the rank
 for np in 2 4; do
   last=$((np - 1))
   for r in $(seq 1 $last); do
@@ -152,6 +154,9 @@ for np in 2 4; do
       [ $at = bwd ] && part=backward
       job pp_rank_dies "^\[rank $r\] lutra: .*a deliberate failure on rank $r in its stage's $part" 30 \
         "pp=$np: an error in $where $part (rank $r, step 2) ends the job naming the rank" "$np" "--how=error --at=$at --rank=$r"
+      job pp_rank_dies "^\[rank $r\] lutra: .*a deliberate failure on rank $r in its stage's $part" 30 \
+        "pp=$np: rank $r's error in its $part caught, the garbage collected and raised again (as lt.train) ends the job" "$np" \
+        "--how=error --at=$at --rank=$r --catch"
       job pp_rank_dies "process rank $r with PID .* exited on signal 9" 30 \
         "pp=$np: $where rank $r killed (SIGKILL) in its $part ends the job" "$np" "--how=kill --at=$at --rank=$r"
     done

@@ -9,13 +9,15 @@
 --                so it is raised by the engine while the stage's backward runs)
 --   --how=kill   is killed by SIGKILL there (no handler, no MPI_Abort: the
 --                runtime sees the process gone)
+--   --catch      (with error) the error is caught, a full collection runs,
+--                and it is raised again (as lt.train's loop rethrows)
 -- The other ranks are then waiting for (or about to wait for) its messages
 -- in irecv / isend, or in the step's collectives.
 local lt = require "lutra"
 local ffi = require "ffi"
 local pipeline = require "lutra.models.pipeline"
 
-local cfg = lt.config { how = "error", at = "fwd", rank = -1 }
+local cfg = lt.config { how = "error", at = "fwd", rank = -1, catch = false }
 local rank, world = lt.dist.init()
 local dead = cfg.rank >= 0 and cfg.rank or world - 1
 if cfg.how ~= "error" and cfg.how ~= "kill" then error("pp_rank_dies: --how must be error or kill") end
@@ -51,11 +53,23 @@ local model = lt.models.gpt2 { n_layer = world, n_head = 2, n_embd = 16, block_s
 local opt = lt.optim.AdamW(model:parameters(), { lr = 1e-3 })
 local S = lt.train.step.new { model = model, optimizer = opt, accum = 4, clip = 1, pp_schedule = "1f1b" }
 local g = lt.Generator(11)
-for s = 1, 3 do
-  step = s
-  S:run(s, function()
-    local x = lt.randint(0, 37, { 2, 9 }, { generator = g, dtype = "i64" })
-    return x:narrow(2, 1, 8):contiguous(), x:narrow(2, 2, 8):contiguous()
-  end)
+local function train()
+  for s = 1, 3 do
+    step = s
+    S:run(s, function()
+      local x = lt.randint(0, 37, { 2, 9 }, { generator = g, dtype = "i64" })
+      return x:narrow(2, 1, 8):contiguous(), x:narrow(2, 2, 8):contiguous()
+    end)
+  end
+end
+if cfg.catch then
+  -- as lt.train does: the step's error caught, work done (here a full
+  -- collection: the failed step's garbage, the receives it had posted
+  -- ahead among it), then raised again
+  local ok, err = pcall(train)
+  collectgarbage()
+  if not ok then error(err, 0) end
+else
+  train()
 end
 print(("unreachable: rank %d finished 3 steps"):format(rank))
