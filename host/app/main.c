@@ -132,8 +132,12 @@ int lt_docall(lua_State *L, int nargs, int nres) {
   lua_sethook(L, NULL, 0, 0);
   lt_clear_interrupt();
   lua_remove(L, base);
-  if (status != 0)
-    lua_gc(L, LUA_GCCOLLECT, 0); /* free what the failed call left behind */
+  /* free what the failed call left behind; not in a job of several ranks,
+     where the error ends the job (lt_report): a finalizer there could wait
+     for good, freeing an irecv posted ahead (a pipeline's) whose sender
+     waits on this rank */
+  if (status != 0 && lt_dist_world_size() <= 1)
+    lua_gc(L, LUA_GCCOLLECT, 0);
   return status;
 }
 

@@ -79,7 +79,8 @@ end
 
 --- P.compare(layout) -> {failure messages}: layout = {pp =, tp = 1, sp =,
 -- v = 1, schedule =, zero = (1 or 2; none: AdamW), family = "gpt2" |
--- "llama", stages = (blocks per virtual stage)}; dp is what the job's
+-- "llama", stages = (blocks per virtual stage), config = (the model's
+-- settings over P.gpt2's / P.llama's, for both models)}; dp is what the job's
 -- ranks leave. Trains the layout and the whole model (on this rank) and
 -- compares every step's loss and norm and every weight of this stage;
 -- the tied copies bitwise between the first and last stage. Every rank
@@ -91,10 +92,14 @@ function P.compare(L)
   local mesh = lt.dist.mesh { tp = tp, pp = pp }
   local build = L.family == "llama" and P.llama or P.gpt2
   local data = batches(dp)
-  local ref = build {}
+  local function with(o)
+    for k, v in pairs(L.config or {}) do o[k] = v end
+    return o
+  end
+  local ref = build(with {})
   local ref_loss, ref_norm = train(ref, data, 1, dp * B, {})
-  local model = build { pp = mesh.pp, virtual_stages = L.v, pp_stages = L.stages,
-    tp = tp > 1 and mesh.tp or nil, sequence_parallel = L.sp }
+  local model = build(with { pp = mesh.pp, virtual_stages = L.v, pp_stages = L.stages,
+    tp = tp > 1 and mesh.tp or nil, sequence_parallel = L.sp })
   local loss, norm = train(model, data, mesh.coords.dp * B + 1, B,
     { zero = L.zero, schedule = L.schedule, dp_group = (dp > 1 or tp > 1) and mesh.dp or nil })
   local fails = {}

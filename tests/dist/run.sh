@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/dist/run.sh: the distributed specs under mpirun, on 2 ranks and on 4
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
-# cores), recipes/sample.lua on the weights of a 2-rank ZeRO 3 checkpoint,
+# cores), 3D parallelism on 8 (tests/dist/jobs/pp_3d.lua: dp=2 x tp=2 x
+# pp=2 with ZeRO 1 against one process), recipes/sample.lua on the weights
+# of a 2-rank ZeRO 3 checkpoint,
 # recipes/gpt2.lua tensor parallel on 2 ranks (--tp=2 --sp trained,
 # checkpointed and resumed, a resume on another layout refused, its weights
 # sampled by one process, shapes that do not split refused, a Llama),
@@ -11,7 +13,9 @@
 # plus the job-ending checks: an error on one rank ends the job within
 # seconds with a non-zero status; a collective that one rank calls from
 # another line fails at once naming both; a rank that skips a collective
-# is reported by the watchdog, which names the ranks that never arrived.
+# is reported by the watchdog, which names the ranks that never arrived;
+# a pipeline stage's rank that raises or is killed mid-step (pp=2 and 4)
+# ends the job within seconds.
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -48,6 +52,19 @@ out=$(LUTRA_COMM_CHUNK=3 timeout 300 $MPIRUN -x LUTRA_COMM_CHUNK -np 2 ./lutra t
 line=$(echo "$out" | grep -E '^dist .* np=[0-9]+: [0-9]+ passed, 0 failed$' | tail -1)
 if [ -n "$line" ]; then ok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3): $line"
 else notok "the collectives in pieces of 3 elements (LUTRA_COMM_CHUNK=3)" "$out"; fi
+
+# 3D parallelism on 8 ranks (dp=2 x tp=2 x pp=2, ZeRO 1) against one
+# process: its own job, the specs run on 2 and 4
+out=$(timeout 240 $MPIRUN -np 8 ./lutra tests/dist/jobs/pp_3d.lua 2>&1)
+line=$(echo "$out" | grep -E '^dist .* np=8: [0-9]+ passed, [0-9]+ failed$' | tail -1)
+if [ -z "$line" ]; then
+  notok "tests/dist/jobs/pp_3d.lua on 8 ranks did not finish" "$out"
+else
+  echo "$out" | grep -E '^((not )?ok |# )' | sed "s/^/  [np=8] /"
+  echo "$out" | grep '^\[rank' | sed 's/^/     /'
+  passed=$((passed + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
+  failed=$((failed + $(echo "$line" | sed -E 's/.*passed, ([0-9]+) failed$/\1/')))
+fi
 
 # the weights of a 2-rank ZeRO 3 checkpoint, sampled by one process (no mpirun)
 dir=$(mktemp -d /tmp/lutra-dist-sample.XXXXXX)
@@ -145,13 +162,14 @@ else notok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ra
 $(paste <(losses pp-eight-$$ steps) <(losses pp-one-$$ steps))"; fi
 rm -rf "runs/pp-one-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "$dir"
 
-# job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS]: a job (2 ranks unless
-# RANKS) that must end with a non-zero status within MAX_SECONDS, its output
-# matching PATTERN
+# job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS [ARGS]]: a job (2 ranks
+# unless RANKS; the script's arguments ARGS) that must end with a non-zero
+# status within MAX_SECONDS, its output matching PATTERN
 job() {
   local start took rc out
   start=$(date +%s)
-  out=$(timeout 60 $MPIRUN -np "${5:-2}" ./lutra "tests/dist/jobs/$1.lua" 2>&1); rc=$?
+  # shellcheck disable=SC2086 # (ARGS: words)
+  out=$(timeout 60 $MPIRUN -np "${5:-2}" ./lutra "tests/dist/jobs/$1.lua" ${6:-} 2>&1); rc=$?
   took=$(( $(date +%s) - start ))
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le "$3" ] && echo "$out" | grep -q "$2" \
      && ! echo "$out" | grep -q unreachable; then
@@ -174,5 +192,30 @@ job split_on_one_rank '^\[rank 0\] lutra: watchdog: new_group ' 25 \
   "the watchdog reports a group made on one rank only"
 job recv_without_sender '^\[rank 0\] lutra: watchdog: recv ' 25 \
   "the watchdog reports a recv whose sender never comes"
+
+# a pipeline stage's rank that dies during step 2 (tests/dist/jobs/pp_rank_dies.lua;
+# pp = the ranks): an error in its stage's forward or backward ends the job
+# naming it, also caught and raised again after a full collection (the
+# receives it had posted ahead are not collected: collecting one waits for
+# it); SIGKILL (no handler runs) ends it too, mpirun naming the rank
+for np in 2 4; do
+  last=$((np - 1))
+  for r in $(seq 1 $last); do
+    [ "$np" -eq 4 ] && [ "$r" -eq 1 ] && continue # (pp=4: the middle rank 2 and the last)
+    where="the last stage's"
+    [ "$r" -lt "$last" ] && where="a middle stage's"
+    for at in fwd bwd; do
+      part=forward
+      [ $at = bwd ] && part=backward
+      job pp_rank_dies "^\[rank $r\] lutra: .*a deliberate failure on rank $r in its stage's $part" 30 \
+        "pp=$np: an error in $where $part (rank $r, step 2) ends the job naming the rank" "$np" "--how=error --at=$at --rank=$r"
+      job pp_rank_dies "^\[rank $r\] lutra: .*a deliberate failure on rank $r in its stage's $part" 30 \
+        "pp=$np: rank $r's error in its $part caught, the garbage collected and raised again (as lt.train) ends the job" "$np" \
+        "--how=error --at=$at --rank=$r --catch"
+      job pp_rank_dies "process rank $r with PID .* exited on signal 9" 30 \
+        "pp=$np: $where rank $r killed (SIGKILL) in its $part ends the job" "$np" "--how=kill --at=$at --rank=$r"
+    done
+  done
+done
 
 echo "dist: $passed passed, $failed failed"

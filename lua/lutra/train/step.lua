@@ -268,7 +268,14 @@ function Step:run(step, next_batch, opts)
   end
   local loss = total > 0 and loss_sum / total or 0
   local norm, finite = 0, loss == loss and loss ~= math.huge and loss ~= -math.huge
-  if self.pp and self.pp.tied_group then self:sum_tied_gradients() end
+  if self.pp and total == 0 then
+    -- no target counted in the whole step: one process runs no backward and
+    -- its optimizer skips every parameter; the schedule's zero gradients
+    -- (its messages need them) are dropped so that the stages do the same
+    opt:zero_grad()
+  elseif self.pp and self.pp.tied_group then
+    self:sum_tied_gradients()
+  end
   -- a sharded optimizer (lt.dist.Zero) reduces its own chunks first
   if opt.reduce_gradients then opt:reduce_gradients() end
   if finite then

@@ -85,6 +85,13 @@ function Link:knows(dir, vs, B, T) return self.shapes[key(dir, vs, B, T)] ~= nil
 local Recv = {}
 Recv.__index = Recv
 
+-- the receives posted and not yet waited for, held here: one that a failed
+-- step leaves behind (its sender may never send, or wait on this rank) is
+-- never collected, as the collection of its handle would wait for it
+-- (lt_work_free completes a work first) and hang the rank on its way to
+-- reporting the error
+local posted = {}
+
 --- L:recv(dir, vs, mb, B, T) -> a receive of the message for this rank's
 -- virtual stage vs (dir "fwd": its input from stage vs - 1; "bwd": its
 -- output's gradient from stage vs + 1), posted now when its shape is
@@ -101,6 +108,7 @@ function Recv:post()
   local L, s = self.L, self.L.shapes[self.k]
   self.buf = tensor.empty(s.shape, { dtype = s.dtype })
   self.h = comm.irecv(self.buf, self.src, { group = L.g, tag = L:tag(1, self.dir, self.vs, self.mb) })
+  posted[self] = true
 end
 
 function Recv:wait_value()
@@ -116,7 +124,7 @@ function Recv:wait_value()
     self:post()
   end
   local t = self.h:wait()
-  self.h = nil
+  self.h, posted[self] = nil, nil
   if L.device ~= "cpu" then t = t:to(L.device) end
   return t
 end
