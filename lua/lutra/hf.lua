@@ -79,7 +79,14 @@ function M.export(model, dir, opts)
   local tp_group = records.group(model)
   local pp = rawget(model, "pp")
   local writes = not (tp_group or pp) or comm.rank() == 0
-  if writes and C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 2) end
+  local made = not writes or C.lt_mkdir_p(dir) == 0
+  local why = not made and ("hf.export: " .. capi.ffi.string(C.lt_last_error())) or nil
+  if pp then -- (every rank learns of rank 0's failure before the stages send it their tensors)
+    local bad, msg = comm.first_error(made, why)
+    if bad then error(msg, 2) end
+  elseif not made then
+    error(why, 2)
+  end
   local cfg = model.config
   local sd = model:state_dict()
   if pp then -- every stage's whole tensors, gathered to rank 0

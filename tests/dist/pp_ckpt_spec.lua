@@ -179,12 +179,34 @@ H.test("one process reads the whole model from each pipeline checkpoint; another
   end
 end)
 
+H.test("a one-process checkpoint's weights load into each pipeline layout, each stage its part", function(r, w)
+  for _, family in ipairs { "gpt2", "llama" } do
+    local whole = (family == "llama" and P.llama or P.gpt2) {}
+    local dir = root() .. "/one-" .. family
+    if r == 0 then lt.ckpt.save(dir, { model = whole, step = 1 }) end -- (one process's files: model.safetensors)
+    lt.dist.barrier()
+    local n = 0
+    for _, l in ipairs(layouts(w)) do
+      if l.family == family and not l.tp then
+        local m = build(l)
+        lt.ckpt.load_weights(dir .. "/step_00000001", m)
+        for name, t in pairs(stage_whole(m)) do
+          bitwise(t, whole:state_dict()[name], ("%s from one process: %s"):format(l.key, name))
+          n = n + 1
+        end
+      end
+    end
+    assert(n > 0, family .. ": nothing compared")
+  end
+end)
+
 H.test("lt.hf.export of a pipeline model writes the one process's files byte for byte", function(r, w)
   for _, l in ipairs(layouts(w)) do
     local model = assert(resumed_models[l.key], l.key .. ": no run")
     local a, b = root() .. "/hf-pp-" .. l.key, root() .. "/hf-one-" .. l.key
     lt.hf.export(model, a) -- every rank
-    if r == 0 then
+    local ok, err = true, nil
+    if r == 0 then ok, err = pcall(function() -- (rank 0 compares)
       lt.hf.export(lt.ckpt.load_model(ckpt_of(l, 6)), b)
       for _, f in ipairs { "model.safetensors", "config.json" } do
         local x, y = io.open(a .. "/" .. f, "rb"), io.open(b .. "/" .. f, "rb")
@@ -196,9 +218,14 @@ H.test("lt.hf.export of a pipeline model writes the one process's files byte for
       end
       local hf = lt.hf.load(a)
       assert(hf.config.n_layer == 4 or hf.config.n_layers == 4, l.key .. ": the whole model")
-    end
-    lt.dist.barrier()
+    end) end
+    local bad, why = lt.dist.first_error(ok, err) -- (every rank stops at rank 0's failure)
+    assert(not bad, why)
   end
+  -- a directory rank 0 cannot make: every rank raises its reason (none is left sending)
+  local model = resumed_models[layouts(w)[1].key]
+  H.raises(function() lt.hf.export(model, root() .. "/data/train_000000.bin/hf") end, "hf.export: ",
+    "train_000000.bin")
 end)
 
 H.test("a resume on another pipeline layout is refused on every rank, naming both layouts", function(r, w)
@@ -215,6 +242,14 @@ H.test("a resume on another pipeline layout is refused on every rank, naming bot
   ok, err = pcall(run, l, "cut-" .. l.key, 6, path, { 1, 3 })
   assert(not ok and tostring(err):find("the checkpoint's layout is " .. saved, 1, true)
     and tostring(err):find("(blocks 1+3;", 1, true) and tostring(err):find("other blocks per stage", 1, true), tostring(err))
+  if w == 2 then -- 2 virtual stages a rank into 1 (the same blocks per rank)
+    local v2 = layouts(w)[2]
+    local m = build({ key = "llama-pp2", family = "llama", pp = 2 }, { 2, 2 })
+    ok, err = pcall(lt.ckpt.load, ckpt_of(v2, 6), { model = m, opt = lt.optim.AdamW(m:parameters(), { lr = 1e-3 }) })
+    assert(not ok and tostring(err):find("the checkpoint's layout is dp 1 x tp 1 x pp 2, 2 virtual stages a rank "
+      .. "(blocks 1+1+1+1; 2 ranks), ZeRO 0, this job's dp 1 x tp 1 x pp 2 (blocks 2+2; 2 ranks), ZeRO 0 (another "
+      .. "number of virtual stages", 1, true), tostring(err))
+  end
   if w == 4 then -- dp=2 x pp=2 into pp=4
     ok, err = pcall(run, { key = "pp4", family = "gpt2", pp = 4, zero = 1 }, "cut-" .. l.key, 6, path)
     assert(not ok and tostring(err):find("this job's dp 1 x tp 1 x pp 4 (blocks 1+1+1+1; 4 ranks), ZeRO 1", 1, true),
