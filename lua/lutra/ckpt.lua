@@ -15,7 +15,9 @@
 -- and <dir>/latest names the newest one. (Under tensor parallelism the
 -- weights are model-tp<r>.safetensors, each TP rank's own state dict, a
 -- non-ZeRO optimizer's optimizer-tp<r>.safetensors, and the layout
--- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt.) A checkpoint is written into a
+-- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt. Under pipeline parallelism each
+-- stage's model-pp<s>[-tp<r>] and optimizer-pp<s>[-tp<r>], the layout with pp, virtual_stages and
+-- pp_stages: lutra.dist.pp.ckpt.) A checkpoint is written into a
 -- hidden temporary directory, every file fsynced, then renamed into place
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
@@ -423,7 +425,7 @@ local function shard_file(rank) return ("optimizer-rank%05d.safetensors"):format
 -- failed, so all raise together.
 -- Under tensor parallelism (the model's tp_group) each TP rank of DP rank 0
 -- writes its model-tp<r> file and a non-ZeRO optimizer's optimizer-tp<r>
--- (lutra.dist.tp.ckpt).
+-- (lutra.dist.tp.ckpt); a pipeline stage's model-pp<s>[-tp<r>] (lutra.dist.pp.ckpt).
 local function save_job(dir, o)
   local rank, world = comm.rank(), comm.world_size()
   local sharded = o.opt and o.opt.sharded
@@ -496,7 +498,7 @@ end
 
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
 -- ranks (lt.dist) with dist = true every rank calls it and each writes its part
--- (a tensor-parallel model, one with model.tp_group, implies dist = true:
+-- (a tensor-parallel model, model.tp_group, or a pipeline's, model.pp, implies dist = true:
 -- every rank calls it; its layout must be lt.dist.mesh's).
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
 -- A Ctrl-C during the save waits for it (lt_interrupt_defer): the

@@ -3,7 +3,7 @@
 -- head) and Llama of tests/dist/pp_layouts.lua, f32, trained by lt.train on
 -- each layout the job allows (np=2: pp=2 GPT-2 1F1B; pp=2 Llama interleaved
 -- with 2 virtual stages a rank; np=4: dp=2 x pp=2 GPT-2 with ZeRO 1, tp=2 x
--- pp=2 GPT-2, pp=4 Llama):
+-- pp=2 GPT-2, pp=4 Llama; np=8, by hand: dp=2 x tp=2 x pp=2 GPT-2, ZeRO 1):
 --   - 3 steps, a checkpoint, a fresh run resuming to step 6 gives the losses
 --     and this rank's weights of 6 uninterrupted steps bit for bit; state.json's
 --     layout (pp, virtual_stages, pp_stages) and files (model-pp<s>[-tp<r>],
@@ -50,6 +50,8 @@ local function layouts(w)
     return { { key = "gpt2-dp2pp2z1", family = "gpt2", pp = 2, zero = 1 },
       { key = "gpt2-tp2pp2", family = "gpt2", pp = 2, tp = 2 },
       { key = "llama-pp4", family = "llama", pp = 4 } }
+  elseif w == 8 then -- (run by hand: run.sh's jobs are of 2 and 4 ranks)
+    return { { key = "gpt2-dp2tp2pp2z1", family = "gpt2", pp = 2, tp = 2, zero = 1 } }
   end
   return {}
 end
@@ -110,6 +112,8 @@ local function bitwise(a, b, what)
 end
 
 local resumed_models, uninterrupted = {}, {}
+-- the tests below need the layouts of a job of 2 or 4 ranks: registered only there (none passes vacuously)
+local test = #layouts(world) > 0 and H.test or function() end
 
 for _, l in ipairs(layouts(world)) do
   H.test(l.key .. ": a run resumed from its step-3 checkpoint repeats the uninterrupted one bit for bit", function(r, w)
@@ -153,7 +157,7 @@ for _, l in ipairs(layouts(world)) do
   end)
 end
 
-H.test("one process reads the whole model from each pipeline checkpoint; another split loads it bitwise", function(r, w)
+test("one process reads the whole model from each pipeline checkpoint; another split loads it bitwise", function(r, w)
   for _, l in ipairs(layouts(w)) do
     local model = assert(resumed_models[l.key], l.key .. ": no run")
     local one = lt.ckpt.load_model(ckpt_of(l, 6)) -- (recipes/sample.lua --ckpt's reader)
@@ -179,28 +183,35 @@ H.test("one process reads the whole model from each pipeline checkpoint; another
   end
 end)
 
-H.test("a one-process checkpoint's weights load into each pipeline layout, each stage its part", function(r, w)
+test("a one-process checkpoint's weights load into each pipeline layout, each stage its part", function(r, w)
   for _, family in ipairs { "gpt2", "llama" } do
     local whole = (family == "llama" and P.llama or P.gpt2) {}
     local dir = root() .. "/one-" .. family
     if r == 0 then lt.ckpt.save(dir, { model = whole, step = 1 }) end -- (one process's files: model.safetensors)
     lt.dist.barrier()
-    local n = 0
+    local n, any = 0, false
     for _, l in ipairs(layouts(w)) do
-      if l.family == family and not l.tp then
+      if l.family == family then
+        any = true
         local m = build(l)
         lt.ckpt.load_weights(dir .. "/step_00000001", m)
         for name, t in pairs(stage_whole(m)) do
-          bitwise(t, whole:state_dict()[name], ("%s from one process: %s"):format(l.key, name))
+          local want = whole:state_dict()[name]
+          if want and t:size(1) > want:size(1) then -- (a vocabulary padded for TP: the rows past V zero)
+            H.close(t:narrow(1, want:size(1) + 1, t:size(1) - want:size(1)), lt.zeros(t:size(1) - want:size(1),
+              t:size(2)), 0, l.key .. ": " .. name .. "'s padding rows")
+            t = t:narrow(1, 1, want:size(1)):contiguous()
+          end
+          bitwise(t, want, ("%s from one process: %s"):format(l.key, name))
           n = n + 1
         end
       end
     end
-    assert(n > 0, family .. ": nothing compared")
+    assert(n > 0 or not any, family .. ": nothing compared")
   end
 end)
 
-H.test("lt.hf.export of a pipeline model writes the one process's files byte for byte", function(r, w)
+test("lt.hf.export of a pipeline model writes the one process's files byte for byte", function(r, w)
   for _, l in ipairs(layouts(w)) do
     local model = assert(resumed_models[l.key], l.key .. ": no run")
     local a, b = root() .. "/hf-pp-" .. l.key, root() .. "/hf-one-" .. l.key
@@ -228,16 +239,18 @@ H.test("lt.hf.export of a pipeline model writes the one process's files byte for
     "train_000000.bin")
 end)
 
-H.test("a resume on another pipeline layout is refused on every rank, naming both layouts", function(r, w)
+test("a resume on another pipeline layout is refused on every rank, naming both layouts", function(r, w)
   local l = layouts(w)[1]
   local path = ckpt_of(l, 6)
-  local saved = w == 2 and "dp 1 x tp 1 x pp 2 (blocks 2+2; 2 ranks), ZeRO 0" or "dp 2 x tp 1 x pp 2 (blocks 2+2; 4 ranks), ZeRO 1"
+  local saved = ({ [2] = "dp 1 x tp 1 x pp 2 (blocks 2+2; 2 ranks), ZeRO 0",
+    [4] = "dp 2 x tp 1 x pp 2 (blocks 2+2; 4 ranks), ZeRO 1", [8] = "dp 2 x tp 2 x pp 2 (blocks 2+2; 8 ranks), ZeRO 1" })[w]
   -- no pipeline: dp = the world
   local plain = P.gpt2 {}
   local ok, err = pcall(lt.ckpt.load, path, { model = plain, opt = lt.optim.AdamW(plain:parameters(), { lr = 1e-3 }),
     dist = true })
   assert(not ok and tostring(err):find(("the checkpoint's layout is %s, this job's dp %d x tp 1 (%d ranks), ZeRO 0"):format(
-    saved, w, w), 1, true) and tostring(err):find("another number of pipeline stages", 1, true), tostring(err))
+    saved, w, w), 1, true) and tostring(err):find(l.tp and "another tensor-parallel size" or "another number of pipeline stages",
+    1, true), tostring(err))
   -- the same stages, other blocks per stage, through lt.train's resume
   ok, err = pcall(run, l, "cut-" .. l.key, 6, path, { 1, 3 })
   assert(not ok and tostring(err):find("the checkpoint's layout is " .. saved, 1, true)
@@ -257,7 +270,7 @@ H.test("a resume on another pipeline layout is refused on every rank, naming bot
   end
 end)
 
-H.test("a corrupt or missing stage file is named on every rank; resume = auto passes over it", function(r, w)
+test("a corrupt or missing stage file is named on every rank; resume = auto passes over it", function(r, w)
   local l = layouts(w)[1]
   local tp = l.tp or 1
   local file = (tp > 1 and "model-pp%05d-tp00001.safetensors" or "model-pp%05d.safetensors"):format(l.pp - 1)
