@@ -40,7 +40,8 @@ function M.resume(o)
   local level = o.level or 2
   local dir, ddp = o.dir, o.ddp or nil
   -- (a tensor-parallel or pipeline model is a job's too: lt.ckpt saves and loads it on every rank)
-  local job = (ddp or records.group(o.model) or rawget(o.model, "pp")) and comm.world_size() > 1
+  local job = (ddp or records.group(o.model) or (type(o.model) == "table" and rawget(o.model, "pp")))
+    and comm.world_size() > 1
   local lead = not job or comm.rank() == 0
   local r = { start_step = o.start_step or 0, skipped = 0 }
   r.optimizer_steps = o.optimizer_steps or r.start_step
