@@ -15,7 +15,9 @@
 -- and <dir>/latest names the newest one. (Under tensor parallelism the
 -- weights are model-tp<r>.safetensors, each TP rank's own state dict, a
 -- non-ZeRO optimizer's optimizer-tp<r>.safetensors, and the layout
--- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt.) A checkpoint is written into a
+-- {world_size, dp, tp, zero} binds a resume: lutra.dist.tp.ckpt. Under pipeline parallelism each
+-- stage's model-pp<s>[-tp<r>] and optimizer-pp<s>[-tp<r>], the layout with pp, virtual_stages and
+-- pp_stages: lutra.dist.pp.ckpt.) A checkpoint is written into a
 -- hidden temporary directory, every file fsynced, then renamed into place
 -- (atomic on POSIX) and the directory fsynced; `latest` is replaced the same
 -- way after. A job killed at any moment leaves either the previous complete
@@ -35,6 +37,7 @@ local safetensors = require "lutra.safetensors"
 local comm = require "lutra.dist.comm"
 local records = require "lutra.dist.tp.records"
 local tpck = require "lutra.dist.tp.ckpt"
+local ppck = require "lutra.dist.pp.ckpt"
 local capi = require "lutra.capi"
 local json = require "lutra.json"
 local C, ffi = capi.C, capi.ffi
@@ -121,7 +124,7 @@ local function read_state(path)
   if st.layout and st.layout.zero ~= nil and not (whole(st.layout.zero) and st.layout.zero <= 3) then
     return bad("layout.zero", "must be a ZeRO stage 0-3, got " .. tostring(st.layout.zero))
   end
-  local lfield, lwhy = tpck.check_layout(st.layout) -- (dp and tp)
+  local lfield, lwhy = ppck.check_layout(st.layout) -- (dp, tp and pp)
   if lfield then return bad(lfield, lwhy) end
   if st.model_config ~= nil and type(st.model_config) ~= "table" then return bad("model_config", "must be an object") end
   if st.extra ~= nil and type(st.extra) ~= "table" then return bad("extra", "must be an object") end
@@ -174,9 +177,9 @@ local function verify_files(path, st, names)
   if not st.checksums then return nil end
   local all = {}
   for _, name in ipairs(names) do
-    -- "model.safetensors": the weights' files (one per TP rank under tensor parallelism)
+    -- "model.safetensors": the weights' files (one per TP rank and pipeline stage)
     if name == "model.safetensors" then
-      for _, f in ipairs(tpck.model_files(st)) do all[#all + 1] = f end
+      for _, f in ipairs(ppck.model_files(st)) do all[#all + 1] = f end
     else
       all[#all + 1] = name
     end
@@ -422,11 +425,11 @@ local function shard_file(rank) return ("optimizer-rank%05d.safetensors"):format
 -- failed, so all raise together.
 -- Under tensor parallelism (the model's tp_group) each TP rank of DP rank 0
 -- writes its model-tp<r> file and a non-ZeRO optimizer's optimizer-tp<r>
--- (lutra.dist.tp.ckpt).
+-- (lutra.dist.tp.ckpt); a pipeline stage's model-pp<s>[-tp<r>] (lutra.dist.pp.ckpt).
 local function save_job(dir, o)
   local rank, world = comm.rank(), comm.world_size()
   local sharded = o.opt and o.opt.sharded
-  local lay = tpck.layout(o.model)
+  local lay = ppck.layout(o.model)
   local pid = tensor.tensor({ C.getpid() }, { dtype = "i64" })
   comm.broadcast(pid, { src = 0 })
   local name = M.step_name(o.step or 0)
@@ -451,8 +454,8 @@ local function save_job(dir, o)
   local opt_sd
   ok, err = pcall(function()
     local cfg = json.encode(model_config(o.model) or {})
-    if lay.tp > 1 then
-      if lay.dp_rank == 0 then tpck.save_model(tmp .. "/" .. tpck.model_file(lay.tp_rank), o.model, lay, cfg) end
+    if lay.split then
+      if lay.dp_rank == 0 then ppck.save_model(tmp .. "/" .. lay.model_file, o.model, lay, cfg) end
     elseif rank == 0 then
       safetensors.save(tmp .. "/model.safetensors", o.model:state_dict(), { format = "lutra", config = cfg })
     end
@@ -460,8 +463,8 @@ local function save_job(dir, o)
       opt_sd = o.opt:state_dict()
       local meta = { format = "lutra-optimizer", state = tensor_meta(opt_sd) }
       if sharded then safetensors.save(tmp .. "/" .. shard_file(rank), opt_sd.tensors, meta)
-      elseif lay.tp > 1 then
-        if lay.dp_rank == 0 then safetensors.save(tmp .. "/" .. tpck.optimizer_file(lay.tp_rank), opt_sd.tensors, meta) end
+      elseif lay.split then
+        if lay.dp_rank == 0 then safetensors.save(tmp .. "/" .. lay.optimizer_file, opt_sd.tensors, meta) end
       elseif rank == 0 then safetensors.save(tmp .. "/optimizer.safetensors", opt_sd.tensors, meta) end
     end
   end)
@@ -482,9 +485,9 @@ local function save_job(dir, o)
     local o2 = {}
     for k, v in pairs(o) do o2[k] = v end
     o2._tmp, o2._loaders, o2.loader = tmp, loaders, nil
-    o2.layout = { world_size = world, zero = sharded and o.opt.stage or 0, dp = lay.dp, tp = lay.tp }
+    o2.layout = ppck.state_layout(lay, world, sharded and o.opt.stage or 0)
     o2._write_shared = function(_, add)
-      for _, f in ipairs(tpck.files(lay, { opt = o.opt, sharded = sharded, world = world })) do add(f) end
+      for _, f in ipairs(ppck.files(lay, { opt = o.opt, sharded = sharded, world = world })) do add(f) end
       return opt_sd
     end
     ok, err = pcall(save_local, dir, o2)
@@ -495,14 +498,14 @@ end
 
 --- lt.ckpt.save(dir, {...}): as save_local above; under a job of several
 -- ranks (lt.dist) with dist = true every rank calls it and each writes its part
--- (a tensor-parallel model, one with model.tp_group, implies dist = true:
+-- (a tensor-parallel model, model.tp_group, or a pipeline's, model.pp, implies dist = true:
 -- every rank calls it; its layout must be lt.dist.mesh's).
 -- (ZeRO 3: every rank gathers the whole parameters for the save and drops them after.)
 -- A Ctrl-C during the save waits for it (lt_interrupt_defer): the
 -- checkpoint is written whole, then the interrupt is taken by the next op
 -- (lt.train checks for it and stops there).
 function M.save(dir, o)
-  local dist = type(o) == "table" and (o.dist or records.group(o.model))
+  local dist = type(o) == "table" and (o.dist or records.group(o.model) or (type(o.model) == "table" and rawget(o.model, "pp")))
   local save = (dist and comm.world_size() > 1) and save_job or save_local
   local sharded = type(o) == "table" and o.model and o.opt and o.opt.unshard and not o.opt.full
   local outer = C.lt_interrupt_deferred() ~= nil -- (inside work that defers already: its end takes it)
@@ -563,7 +566,7 @@ function M.load_model(path, opts)
     if bad then error("ckpt.load_model: " .. bad, 2) end
     verified = true
   end
-  local wfile = tpck.model_files(st)[1] -- (model-tp00000 under tensor parallelism: every shard file holds the config)
+  local wfile = ppck.model_files(st)[1] -- (model-tp00000, model-pp00000...: every part's file holds the config)
   local rd_ok, reader = pcall(safetensors.open, path .. "/" .. wfile)
   if rd_ok then
     local meta_ok, meta = pcall(reader.metadata, reader)
@@ -642,18 +645,17 @@ function M.load(path, o)
   if C.lt_path_kind(path) ~= 2 then error(("ckpt.load: %s is not a checkpoint directory"):format(path), 2) end
   local st, why = read_state(path)
   if not st then error("ckpt.load: " .. why, 2) end
-  local dist = o.dist or records.group(o.model) ~= nil
+  local dist = o.dist or records.group(o.model) ~= nil or (type(o.model) == "table" and rawget(o.model, "pp") ~= nil)
   local lead = not (dist and comm.world_size() > 1) or comm.rank() == 0
   if not st.checksums and lead then io.stderr:write("lutra: ckpt.load: " .. no_checksums_note(path) .. "\n") end
   local world = o.world_size or (dist and comm.world_size()) or 1
   local saved = st.layout or { world_size = 1 }
-  local lay = tpck.layout(o.model)
+  local lay = ppck.layout(o.model)
   if not lay.ok then error("ckpt.load: " .. lay.why, 2) end
-  local mine = { world_size = world, tp = lay.tp, dp = math.floor(world / lay.tp),
-    zero = o.opt and o.opt.sharded and o.opt.stage or 0 }
+  local mine = ppck.state_layout(lay, world, o.opt and o.opt.sharded and o.opt.stage or 0)
   -- the training layout binds the optimizer state and the loaders' positions
   -- (one per rank); the weights load anywhere (assembled from any TP size)
-  local other = (o.opt or o.loader) and tpck.other_layout(saved, mine)
+  local other = (o.opt or o.loader) and ppck.other_layout(saved, mine)
   if other then error(("ckpt.load: %s/state.json: %s"):format(path, other), 2) end
   for name in pairs(o.rng or {}) do
     if not (st.rng and st.rng[name]) then
@@ -706,7 +708,7 @@ function M.load(path, o)
       end
     end
     -- this rank's file as it is (the model's TP size), else assembled at the load (load_weights)
-    direct = not tpck.vocab_rows(st, o.model) and tpck.direct_file(path, st, o.model) or nil
+    direct = not tpck.vocab_rows(st, o.model) and ppck.direct_file(path, st, o.model) or nil
     local bad = not o.verified and verify_files(path, st, { direct or "model.safetensors" })
     if bad then error("ckpt.load: " .. bad, 2) end
     if direct then
@@ -719,7 +721,7 @@ function M.load(path, o)
     local zero = st.layout and st.layout.zero or 0
     -- a job writes one file per rank; a single process (ZeRO on one rank too) one file
     local opt_file = (zero > 0 and st.files[shard_file(rank)]) and shard_file(rank) or "optimizer.safetensors"
-    if zero == 0 and lay.tp > 1 then opt_file = tpck.optimizer_file(lay.tp_rank) end
+    if zero == 0 and lay.split then opt_file = lay.optimizer_file end
     if (zero > 0) ~= (o.opt.sharded and true or false) then
       error(("ckpt.load: %s/state.json: layout.zero is %d, this job's optimizer is %s"):format(path, zero,
         o.opt.sharded and ("ZeRO stage " .. o.opt.stage) or "not sharded"), 2)
@@ -757,7 +759,7 @@ function M.load(path, o)
         err = ("%s/%s: %s"):format(path, direct, tostring(err):gsub("^.-load_state_dict: ", ""))
       end
     else
-      ok, err = pcall(tpck.load_weights, path, st, o.model)
+      ok, err = pcall(ppck.load_weights, path, st, o.model)
     end
     if not ok then
       if unsharded then o.opt:reshard() end

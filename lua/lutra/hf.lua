@@ -31,6 +31,7 @@ local capi = require "lutra.capi"
 local comm = require "lutra.dist.comm"
 local records = require "lutra.dist.tp.records"
 local tp_state = require "lutra.dist.tp.state"
+local ppck = require "lutra.dist.pp.ckpt"
 local C = capi.C
 
 local M = {}
@@ -63,6 +64,10 @@ end
 -- TP group calls it (each sharded tensor is gathered in turn,
 -- tp.full_state_dict) and the job's rank 0 (TP rank 0 of DP rank 0 in
 -- lt.dist.mesh's order) alone writes; the other DP replicas need not call it.
+-- A pipeline model (model.pp) exports whole too: every rank of the job
+-- calls it; each stage's tensors are sent to rank 0 one at a time
+-- (lutra.dist.pp.ckpt.full_state_dict: the last stage's tied head copy left
+-- out), which writes the files one process would.
 function M.export(model, dir, opts)
   opts = opts or {}
   local kind = type(model) == "table" and kind_of(model)
@@ -72,11 +77,22 @@ function M.export(model, dir, opts)
     error(("hf.export: dtype must be f32, bf16 or f16, got %s"):format(tostring(opts.dtype)), 2)
   end
   local tp_group = records.group(model)
-  local writes = not tp_group or comm.rank() == 0
-  if writes and C.lt_mkdir_p(dir) ~= 0 then error("hf.export: " .. capi.ffi.string(C.lt_last_error()), 2) end
+  local pp = rawget(model, "pp")
+  local writes = not (tp_group or pp) or comm.rank() == 0
+  local made = not writes or C.lt_mkdir_p(dir) == 0
+  local why = not made and ("hf.export: " .. capi.ffi.string(C.lt_last_error())) or nil
+  if pp then -- (every rank learns of rank 0's failure before the stages send it their tensors)
+    local bad, msg = comm.first_error(made, why)
+    if bad then error(msg, 2) end
+  elseif not made then
+    error(why, 2)
+  end
   local cfg = model.config
   local sd = model:state_dict()
-  if tp_group then -- the whole tensors (kept where they are written)
+  if pp then -- every stage's whole tensors, gathered to rank 0
+    sd = ppck.full_state_dict(model, { keep = writes })
+    if not writes then return dir end
+  elseif tp_group then -- the whole tensors (kept where they are written)
     sd = tp_state.full_state_dict(model, { keep = writes })
     if not writes then return dir end
   end

@@ -3,7 +3,7 @@
 # (the loader's also on 3; --oversubscribe: this machine may have fewer
 # cores), 3D parallelism on 8 (tests/dist/jobs/pp_3d.lua: dp=2 x tp=2 x
 # pp=2 with ZeRO 1 against one process), recipes/sample.lua on the weights
-# of a 2-rank ZeRO 3 checkpoint,
+# of a 2-rank ZeRO 3 checkpoint and of a 2-stage pipeline's,
 # recipes/gpt2.lua tensor parallel on 2 ranks (--tp=2 --sp trained,
 # checkpointed and resumed, a resume on another layout refused, its weights
 # sampled by one process, shapes that do not split refused, a Llama),
@@ -72,6 +72,15 @@ out=$(timeout 120 $MPIRUN -np 2 ./lutra tests/dist/jobs/save_checkpoint.lua --ou
       && timeout 60 ./lutra recipes/sample.lua --ckpt="$dir/job/ckpt" --prompt=The --max_tokens=4 --temperature=0 2>&1)
 if echo "$out" | grep -q 'sample: 4 tokens'; then ok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint"
 else notok "recipes/sample.lua reads the weights of a 2-rank ZeRO 3 checkpoint" "$out"; fi
+rm -rf "$dir"
+
+# the weights of a 2-stage pipeline checkpoint (model-pp<s> files), sampled by one process
+dir=$(mktemp -d /tmp/lutra-dist-sample.XXXXXX)
+out=$(timeout 120 $MPIRUN -np 2 ./lutra tests/dist/jobs/save_checkpoint.lua --out="$dir" --pp=2 --stage=0 2>&1 \
+      && timeout 60 ./lutra recipes/sample.lua --ckpt="$dir/job/ckpt" --prompt=The --max_tokens=4 --temperature=0 2>&1)
+if echo "$out" | grep -q 'sample: 4 tokens' && [ -f "$dir/job/ckpt/step_00000002/model-pp00001.safetensors" ]; then
+  ok "recipes/sample.lua reads the weights of a 2-stage pipeline checkpoint"
+else notok "recipes/sample.lua reads the weights of a 2-stage pipeline checkpoint" "$out"; fi
 rm -rf "$dir"
 
 # the main recipe tensor parallel (tiny shapes, random shards): GPT-2 with

@@ -30,16 +30,19 @@ local M = {}
 -- settings error; under ddp every rank checks the files itself and all
 -- must find the same one. A directory loads that checkpoint. The loader's,
 -- generators' (rng: name -> lt.Generator), model's and optimizer's states
--- are restored (a tensor-parallel model: each rank's own files, the same
--- layout required; lt.ckpt.load). On the lead rank a checkpoint set for another number of
+-- are restored (a tensor-parallel or pipeline model: each rank's own files,
+-- the same layout required; lt.ckpt.load; under a job a rank's failure is
+-- raised on every rank, naming that rank and its message). On the lead rank a checkpoint set for another number of
 -- steps is warned about on stderr. With ckpt_every > 0, a dir holding
 -- checkpoints past the start is another run's history: a settings error.
 -- Errors other than settings errors are raised at level (2: resume's caller).
 function M.resume(o)
   local level = o.level or 2
   local dir, ddp = o.dir, o.ddp or nil
-  -- (a tensor-parallel model is a job's too: lt.ckpt saves and loads it on every rank)
-  local lead = not (ddp or records.group(o.model)) or comm.rank() == 0
+  -- (a tensor-parallel or pipeline model is a job's too: lt.ckpt saves and loads it on every rank)
+  local job = (ddp or records.group(o.model) or (type(o.model) == "table" and rawget(o.model, "pp")))
+    and comm.world_size() > 1
+  local lead = not job or comm.rank() == 0
   local r = { start_step = o.start_step or 0, skipped = 0 }
   r.optimizer_steps = o.optimizer_steps or r.start_step
   local mode = o.mode or "none"
@@ -66,8 +69,17 @@ function M.resume(o)
       path = newest and newest.path
     end
     if path then
-      local st = ckpt.load(path, { model = o.model, opt = o.optimizer, loader = o.loader, rng = o.rng,
+      local ok, st = pcall(ckpt.load, path, { model = o.model, opt = o.optimizer, loader = o.loader, rng = o.rng,
         dist = ddp ~= nil, verified = mode == "auto" })
+      -- each rank reads (and checks) its own files: one that fails (its stage's file corrupt) fails
+      -- every rank's resume with its message, instead of the others going on to wait for it
+      local bad, why
+      if job then bad, why = comm.first_error(ok, st) end
+      if bad then
+        error(ok and ("train: rank %d cannot resume from %s: %s"):format(bad, path, why) or st, level)
+      elseif not ok then
+        error(st, level)
+      end
       r.start_step, r.optimizer_steps = st.step, st.optimizer_steps or st.step
       r.skipped = st.extra and st.extra.skipped or 0
       r.resumed_steps = st.extra and st.extra.steps

@@ -74,8 +74,10 @@ function M.check_layout(l)
       return "layout." .. k, "must be a whole number >= 1, got " .. tostring(l[k])
     end
   end
-  if l.tp and (l.dp or 1) * l.tp ~= (l.world_size or 1) then
-    return "layout", ("has dp %s x tp %d, not its world_size %s"):format(tostring(l.dp), l.tp, tostring(l.world_size))
+  if l.pp ~= nil and not whole(l.pp, 1) then return "layout.pp", "must be a whole number >= 1, got " .. tostring(l.pp) end
+  if l.tp and (l.dp or 1) * l.tp * (l.pp or 1) ~= (l.world_size or 1) then
+    return "layout", ("has dp %s x tp %d%s, not its world_size %s"):format(tostring(l.dp), l.tp,
+      l.pp and (" x pp %d"):format(l.pp) or "", tostring(l.world_size))
   end
   return nil
 end
@@ -151,13 +153,20 @@ function M.direct_file(path, st, model)
   if saved ~= n then return nil end
   if n == 1 then return "model.safetensors" end
   local file = M.model_file(g:rank())
+  return M.same_shards(path .. "/" .. file, model) and file or nil
+end
+
+--- tp.ckpt.same_shards(file, model) -> true when a TP rank's file (its
+-- metadata's shards) records the model's own dims and parts for the same
+-- tensors (the file then loads as it is); false when unreadable or other.
+function M.same_shards(file, model)
   local ok, shards = pcall(function()
-    local rd = safetensors.open(path .. "/" .. file)
+    local rd = safetensors.open(file)
     local meta = rd:metadata()
     rd:close()
     return json.decode(meta.shards)
   end)
-  if not ok or type(shards) ~= "table" then return nil end -- (load_weights names what is wrong)
+  if not ok or type(shards) ~= "table" then return false end -- (load_weights names what is wrong)
   local plan = records.plan(model)
   local function same(x, y)
     for name, a in pairs(x) do
@@ -166,7 +175,7 @@ function M.direct_file(path, st, model)
     end
     return true
   end
-  return (same(plan, shards) and same(shards, plan)) and file or nil
+  return same(plan, shards) and same(shards, plan)
 end
 
 -- the tensor entries of a safetensors file's header: {name = {dtype =, shape =}}
@@ -185,15 +194,16 @@ end
 
 local function is_float(dtype) return dtype:sub(1, 1) == "F" or dtype == "BF16" end
 
---- tp.ckpt.open_weights(path, st) -> src: the whole weights of a checkpoint
--- (path, its state.json st) one tensor at a time. src.shape[name] (the
+--- tp.ckpt.open_weights(path, st[, files]) -> src: the whole weights of a checkpoint
+-- (path, its state.json st; files: the TP ranks' files of one pipeline
+-- stage, lutra.dist.pp.ckpt, else model_files(st)) one tensor at a time. src.shape[name] (the
 -- whole shape), src.float[name] (a float dtype?), src:get(name) -> the whole
 -- CPU tensor (read from each file holding a shard of it and assembled, or
 -- from the first file when replicated), src:close(). Raises naming the file
 -- when the shard files disagree with each other or with state.json (their
 -- tp_rank, tp_size, names or shapes).
-function M.open_weights(path, st)
-  local files = M.model_files(st)
+function M.open_weights(path, st, files)
+  files = files or M.model_files(st)
   local tp = #files
   local src = { shape = {}, float = {}, readers = {}, recs = {}, path = path, files = files }
   local ok, err = pcall(function()
@@ -291,9 +301,16 @@ end
 -- any TP size (one process too). Names and whole shapes are all checked
 -- before anything is copied; errors read "<path>/<files>: missing: ...;
 -- unexpected: ...; wrong shape or dtype: name (checkpoint [..], model whole [..])".
-function M.load_weights(path, st, model)
-  local src = M.open_weights(path, st)
-  local where = path .. "/" .. (#src.files > 1 and ("model-tp*.safetensors (%d files)"):format(#src.files) or src.files[1])
+-- o (lutra.dist.pp.ckpt's): {src = (an opened source: its shape, float,
+-- get, close, files), where = (the files in messages), from = function(name)
+-- -> the source's name of the model's tensor (a pipeline stage's tied head
+-- copy is the embedding's), partial = (the model holds part of the names:
+-- the others are not unexpected)}.
+function M.load_weights(path, st, model, o)
+  o = o or {}
+  local src = o.src or M.open_weights(path, st)
+  local where = path .. "/" .. (o.where or (#src.files > 1 and ("model-tp*.safetensors (%d files)"):format(#src.files) or src.files[1]))
+  local from = o.from or function(name) return name end
   local g = records.group(model)
   local n = g and g:size() or 1
   local plan = g and records.plan(model) or {}
@@ -301,8 +318,10 @@ function M.load_weights(path, st, model)
   local missing, unexpected, shaped = {}, {}, {}
   local vocab = M.vocab_rows(st, model)
   local repad = {} -- name -> true: the vocabulary's rows, padded to another multiple in the checkpoint
+  local wanted = {} -- the source's names the model takes
   for name, t in pairs(own) do
-    local have, want = src.shape[name], state.whole_shape(t:shape(), plan[name], n)
+    wanted[from(name)] = true
+    local have, want = src.shape[from(name)], state.whole_shape(t:shape(), plan[name], n)
     if have and vocab and have[1] == vocab.saved and want[1] == vocab.model and #have == #want then
       local rest = true
       for d = 2, #want do rest = rest and have[d] == want[d] end
@@ -317,11 +336,16 @@ function M.load_weights(path, st, model)
       missing[#missing + 1] = name
     elseif tostring(setmetatable(have, getmetatable(want))) ~= tostring(want) then
       shaped[#shaped + 1] = ("%s (checkpoint %s, model whole %s)"):format(name, tostring(have), tostring(want))
-    elseif src.float[name] ~= t:is_floating_point() then
-      shaped[#shaped + 1] = ("%s (checkpoint %s, model %s)"):format(name, src.float[name] and "float" or "integer", t.dtype)
+    elseif src.float[from(name)] ~= t:is_floating_point() then
+      shaped[#shaped + 1] = ("%s (checkpoint %s, model %s)"):format(name, src.float[from(name)] and "float" or "integer",
+        t.dtype)
     end
   end
-  for name in pairs(src.shape) do if own[name] == nil then unexpected[#unexpected + 1] = name end end
+  -- (o.partial: a pipeline stage takes its part of the whole weights; the model config, checked by
+  -- lt.ckpt.load, binds the rest)
+  for name in pairs(src.shape) do
+    if not wanted[name] and not o.partial then unexpected[#unexpected + 1] = name end
+  end
   local bad = state.mismatch(missing, unexpected, shaped)
   if bad then
     src:close()
@@ -329,7 +353,7 @@ function M.load_weights(path, st, model)
   end
   local ok, err = pcall(function()
     for _, name in ipairs(model:state_dict_names()) do
-      local whole = src:get(name)
+      local whole = src:get(from(name))
       if repad[name] then whole = M.repad(whole, vocab.rows, vocab.model) end
       state.copy_whole(own[name], whole, plan[name], g)
     end
