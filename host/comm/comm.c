@@ -214,19 +214,24 @@ static lt_status refused(lt_comm *c, lt_status st) {
 
 int lt_comm_is_half(lt_dtype d) { return d == LT_DTYPE_BF16 || d == LT_DTYPE_F16; }
 
-static lt_status new_work(lt_comm *c, const char *op, int64_t numel, lt_work **out) {
+/* a work numbered by *counter (the group's collectives, or its sends and receives) */
+static lt_status alloc_work(lt_comm *c, const char *op, int64_t numel, uint64_t *counter, int peer, lt_work **out) {
   lt_work *w = calloc(1, sizeof *w);
   if (!w)
     return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
   w->comm = c;
   w->op = op;
-  w->seq = c->seq++;
+  w->seq = (*counter)++;
   w->site = lt_comm_take_site();
   w->numel = numel;
   w->scale = 1;
-  w->peer = -1;
+  w->peer = peer;
   *out = w;
   return LT_OK;
+}
+
+static lt_status new_work(lt_comm *c, const char *op, int64_t numel, lt_work **out) {
+  return alloc_work(c, op, numel, &c->seq, -1, out);
 }
 
 /* completes the conversions of a finished collective */
@@ -482,19 +487,11 @@ static lt_status p2p_start(lt_comm *c, const char *op, lt_tensor *t, int peer, i
   if (tag < 0 || tag >= LT_P2P_TAG_MAX)
     return lt_fail(LT_ERR_ARG, "%s: tag %d is outside 0..%d", op, tag, LT_P2P_TAG_MAX - 1);
   const lt_comm_impl *im = impl_for(c, t);
-  if (!(receive ? im->irecv : im->isend))
+  if (receive ? im->irecv == NULL : im->isend == NULL)
     return lt_fail(LT_ERR_UNSUPPORTED, "%s: %s has no asynchronous point-to-point for %s tensors", op, im->name,
                    on_cuda(t) ? "CUDA" : "CPU");
-  lt_work *w = calloc(1, sizeof *w);
-  if (!w)
-    return lt_fail(LT_ERR_OOM, "%s: out of memory", op);
-  w->comm = c;
-  w->op = op;
-  w->seq = c->p2p_seq++;
-  w->site = lt_comm_take_site();
-  w->numel = lt_tensor_numel(t);
-  w->scale = 1;
-  w->peer = peer;
+  lt_work *w = NULL;
+  LT_TRY(alloc_work(c, op, lt_tensor_numel(t), &c->p2p_seq, peer, &w));
   lt_status st = receive ? im->irecv(w, t, peer, tag) : im->isend(w, t, peer, tag);
   if (st != LT_OK) {
     w->done = 1;

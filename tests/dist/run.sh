@@ -151,6 +151,20 @@ if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 4 micro-batches
   ok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses"
 else notok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses" "$out
 $(paste <(losses pp-two-$$) <(losses pp-one-$$))"; fi
+# checkpointed at steps 2 and 4, then resumed from step 2 as another run: its steps 3 and 4 are the
+# uninterrupted run's, every digit metrics.jsonl holds
+out=$(timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --ckpt_every=2 --name=pp-resume-$$ 2>&1 \
+      && timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --resume="runs/pp-resume-$$/ckpt/step_00000002" \
+           --name=pp-resumed-$$ 2>&1)
+if echo "$out" | grep -q 'resuming from runs/pp-resume-.*step_00000002' \
+   && [ "$(losses pp-resumed-$$ steps | grep -E '^[34] ')" = "$(losses pp-resume-$$ steps | grep -E '^[34] ')" ] \
+   && [ -n "$(losses pp-resumed-$$ steps | grep -E '^4 ')" ]; then
+  ok "recipes/gpt2.lua --pp=2 resumed from a checkpoint logs the uninterrupted run's steps bitwise"
+else notok "recipes/gpt2.lua --pp=2 resumed from a checkpoint logs the uninterrupted run's steps bitwise" "$out
+$(paste <(losses pp-resumed-$$ steps) <(losses pp-resume-$$ steps))"; fi
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --steps=6 --resume=auto --name=pp-resume-$$ 2>&1)
+if echo "$out" | grep -q "layout is dp 1 x tp 1 x pp 2 (blocks 1+1; 2 ranks), ZeRO 0, this job.s dp 2 x tp 1"; then ok "a pp=2 checkpoint's resume as dp=2 is refused naming the layouts"
+else notok "a pp=2 checkpoint's resume as dp=2 is refused naming the layouts" "$out"; fi
 out=$(timeout 90 $MPIRUN -np 4 ./lutra $ptiny --tp=2 --pp=2 --sp --schedule_pp=gpipe --name=pp-four-$$ 2>&1)
 if echo "$out" | grep -q 'tensor parallel over 2 ranks (sequence parallel), pipeline parallel over 2 stages (gpipe' \
    && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-four-$$ pp-one-$$; then
@@ -169,7 +183,7 @@ if echo "$out" | grep -q 'tensor parallel over 2 ranks, pipeline parallel over 2
   ok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms"
 else notok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms" "$out
 $(paste <(losses pp-eight-$$ steps) <(losses pp-one-$$ steps))"; fi
-rm -rf "runs/pp-one-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "$dir"
+rm -rf "runs/pp-one-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "runs/pp-resume-$$" "runs/pp-resumed-$$" "$dir"
 
 # job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS [ARGS]]: a job (2 ranks
 # unless RANKS; the script's arguments ARGS) that must end with a non-zero

@@ -175,10 +175,7 @@ end
 -- padding's out of the softmax), y the final norm's output (B, T, C): the
 -- head and the loss as one op where the head is plain (lutra.models.head).
 function GPT:head_loss(y, targets, opts)
-  local cfg = self.config
-  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-  for k, v in pairs(opts or {}) do o[k] = v end
-  return head.loss(self.lm_head, y, targets, o)
+  return head.loss(self.lm_head, y, targets, head.with_classes(self.config, opts))
 end
 
 --- model(idx[, kv[, padded]]) -> logits (B, T, V) for ids idx (B, T), as
@@ -195,16 +192,7 @@ end
 -- vocab_size columns: the head and the loss as one op where the head is
 -- plain (lutra.models.head) and the model's forward its own (also wrapped
 -- by lt.dist.Zero's stage 3; one overridden runs as model(idx)).
-function GPT:loss(idx, targets, opts)
-  local run = head.runner(self, GPT.forward)
-  if not run then
-    local cfg = self.config
-    local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-    for k, v in pairs(opts or {}) do o[k] = v end
-    return F.cross_entropy(self(idx, nil, true), targets, o)
-  end
-  return run(function(m) return m:head_loss(m:hidden(idx), targets, opts) end)
-end
+function GPT:loss(idx, targets, opts) return head.model_loss(self, GPT.forward, idx, targets, opts) end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 GPT.loss_is_cross_entropy = GPT.loss
 

@@ -34,4 +34,25 @@ function M.runner(model, own_forward)
   end
 end
 
+--- head.with_classes(cfg, opts) -> a copy of opts (F.cross_entropy's)
+-- with classes = cfg.vocab_size where the model's vocabulary is padded
+-- (cfg.padded_vocab_size rows: the padding's columns out of the softmax);
+-- opts' own classes win.
+function M.with_classes(cfg, opts)
+  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return o
+end
+
+--- head.model_loss(model, own_forward, idx, targets, opts) -> the loss of a
+-- language model of lt.models (GPT-2's, Llama's model:loss):
+-- model:head_loss(model:hidden(idx), ...) run as the model's forward runs
+-- (M.runner), or, where the forward is another, F.cross_entropy of its
+-- padded logits over the vocabulary's columns.
+function M.model_loss(model, own_forward, idx, targets, opts)
+  local run = M.runner(model, own_forward)
+  if not run then return F.cross_entropy(model(idx, nil, true), targets, M.with_classes(model.config, opts)) end
+  return run(function(m) return m:head_loss(m:hidden(idx), targets, opts) end)
+end
+
 return M

@@ -133,10 +133,7 @@ end
 -- targets, opts)'s results over the vocab_size columns, y the final norm's
 -- output (B, T, dim) (the head and the loss as one op where it is plain).
 function Llama:head_loss(y, targets, opts)
-  local cfg = self.config
-  local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-  for k, v in pairs(opts or {}) do o[k] = v end
-  return head.loss(self.lm_head, y, targets, o)
+  return head.loss(self.lm_head, y, targets, head.with_classes(self.config, opts))
 end
 
 --- model(idx[, kv[, padded]]) -> logits (B, T, V), as model:hidden
@@ -153,16 +150,7 @@ end
 -- the head is plain (lutra.models.head) and the model's forward its own
 -- (also wrapped by lt.dist.Zero's stage 3; one overridden runs as
 -- model(idx)).
-function Llama:loss(idx, targets, opts)
-  local run = head.runner(self, Llama.forward)
-  if not run then
-    local cfg = self.config
-    local o = { classes = cfg.padded_vocab_size ~= cfg.vocab_size and cfg.vocab_size or nil }
-    for k, v in pairs(opts or {}) do o[k] = v end
-    return F.cross_entropy(self(idx, nil, true), targets, o)
-  end
-  return run(function(m) return m:head_loss(m:hidden(idx), targets, opts) end)
-end
+function Llama:loss(idx, targets, opts) return head.model_loss(self, Llama.forward, idx, targets, opts) end
 -- (lt.train computes the loss with it: it is F.cross_entropy(model(idx), targets, opts))
 Llama.loss_is_cross_entropy = Llama.loss
 
