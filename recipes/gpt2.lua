@@ -43,7 +43,7 @@ local cfg = lt.config {
   eval_every = 250, eval_batches = 0, sample_every = 500, sample_tokens = 64, temperature = 1,
   top_k = 0, top_p = 1, prompt = "This module provides", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
   schedule = "linear", zero = 0, tp = 1, sp = false, log_all_ranks = false,
-  pp = 1, micro_batches = 0, schedule_pp = "1f1b", virtual_stages = 1, pp_stages = "",
+  pp = 1, micro_batches = 0, schedule_pp = "1f1b", virtual_stages = 1, pp_stages = "", print_schedule = false,
   model = "gpt2", n_kv_head = 0, ffn = 0,
   threads = 0,
   _help = {
@@ -73,6 +73,7 @@ local cfg = lt.config {
       .. "the same setting as --accum, named for the pipeline: give one of the two (0: --accum)",
     schedule_pp = "with --pp: gpipe (m micro-batches of activations a stage), 1f1b (at most pp) or interleaved (with --virtual_stages)",
     virtual_stages = "with --schedule_pp=interleaved: model chunks per rank (the bubble is 1/V of 1F1B's; --micro_batches a multiple of --pp)",
+    print_schedule = "with --pp: print each rank's forwards and backwards in order (lt.dist.pp.timeline) and the schedule's bubble before training",
     pp_stages = "with --pp: blocks per virtual stage, comma-separated (pp x virtual_stages entries summing to --n_layer; empty: even)",
     model = "gpt2, or llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, untied head)",
     n_kv_head = "llama: key/value heads (0: n_head / 2, or n_head when odd)", ffn = "llama: the MLP's hidden units (0: Llama's 8/3 n_embd rounded up to 64)",
@@ -286,6 +287,16 @@ if dp_world > 1 then layout[#layout + 1] = ("data parallel over %d ranks"):forma
 if cfg.zero > 0 then
   layout[#layout + 1] = dp_world > 1 and ("ZeRO stage %d"):format(cfg.zero)
     or ("ZeRO stage %d on one data-parallel rank (nothing to shard)"):format(cfg.zero)
+end
+if cfg.print_schedule and cfg.pp > 1 then
+  local pp = lt.dist.pp
+  local s = cfg.schedule_pp == "gpipe" and pp.gpipe(cfg.pp, micro)
+    or cfg.schedule_pp == "1f1b" and pp.one_f_one_b(cfg.pp, micro) or pp.interleaved(cfg.pp, micro, cfg.virtual_stages)
+  local sim = pp.simulate(s)
+  say(pp.timeline(s))
+  say(("schedule: bubble %.3f of a step (simulated with a backward twice a forward; (p-1)/(v m+p-1) = %.3f), "
+    .. "at most %s micro-batch chunks in flight on ranks 0..%d"):format(sim.bubble,
+    pp.bubble_fraction(cfg.pp, micro, cfg.virtual_stages), table.concat(sim.in_flight, "/"), cfg.pp - 1))
 end
 local n_params = lt.train.log.num_parameters(model) -- (the whole model's; every rank calls it: a pipeline's stages sum theirs)
 say(("model: %s with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(

@@ -145,11 +145,12 @@ same_losses() {
 }
 out=$(timeout 60 ./lutra $ptiny --name=pp-one-$$ 2>&1)
 if [ $? -ne 0 ]; then notok "recipes/gpt2.lua on one process (the pipeline jobs' reference)" "$out"; fi
-out=$(timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --name=pp-two-$$ 2>&1)
+out=$(timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --print_schedule --name=pp-two-$$ 2>&1)
 if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 4 micro-batches)' && echo "$out" | grep -q '^note: --pp=2: no samples' \
+   && echo "$out" | grep -q '^rank 0: F1 F2 B1 F3 B2 F4 B3 B4$' && echo "$out" | grep -q '^schedule: bubble 0.200 of a step' \
    && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-two-$$ pp-one-$$; then
-  ok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses"
-else notok "recipes/gpt2.lua --pp=2 on 2 ranks logs one process's losses, norms and validation losses" "$out
+  ok "recipes/gpt2.lua --pp=2 on 2 ranks prints its schedule and logs one process's losses, norms and validation losses"
+else notok "recipes/gpt2.lua --pp=2 on 2 ranks prints its schedule and logs one process's losses, norms and validation losses" "$out
 $(paste <(losses pp-two-$$) <(losses pp-one-$$))"; fi
 # checkpointed at steps 2 and 4, then resumed from step 2 as another run: its steps 3 and 4 are the
 # uninterrupted run's, every digit metrics.jsonl holds
