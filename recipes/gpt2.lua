@@ -167,8 +167,8 @@ if cfg.pp_stages ~= "" then
   end
 end
 if cfg.pp == 1 then
-  for _, k in ipairs { "virtual_stages", "schedule_pp", "pp_stages" } do
-    local default = ({ virtual_stages = 1, schedule_pp = "1f1b", pp_stages = "" })[k]
+  for _, k in ipairs { "virtual_stages", "schedule_pp", "pp_stages", "print_schedule" } do
+    local default = ({ virtual_stages = 1, schedule_pp = "1f1b", pp_stages = "", print_schedule = false })[k]
     if cfg[k] ~= default then fail(("--%s=%s is a pipeline setting: it needs --pp > 1"):format(k, tostring(cfg[k]))) end
   end
 else

@@ -91,6 +91,7 @@ describe("the lutra executable", function()
       { "schedule_pp=zb", '--schedule_pp must be one of gpipe, 1f1b, interleaved, got "zb"' },
       { "virtual_stages=2", "--virtual_stages=2 is a pipeline setting: it needs --pp > 1" },
       { "pp_stages=1,x", '--pp_stages=1,x: "x" is not a whole number of blocks >= 1' },
+      { "print_schedule", "--print_schedule=true is a pipeline setting: it needs --pp > 1" },
     }
     local script = {}
     for i, c in ipairs(cases) do
