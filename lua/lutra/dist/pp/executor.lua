@@ -110,6 +110,7 @@ function M.run(model, actions, xs, ys, total, o)
   end
   for i, a in ipairs(actions) do
     post_ahead(i)
+    if a.op == "fwd" or a.op == "bwd" then L:progress() end -- (MPI moves data inside its calls only)
     local vs = chunk_of[a.chunk]
     local k = a.mb .. ":" .. a.chunk
     if a.op == "recv_fwd" then

@@ -129,6 +129,15 @@ function Recv:wait_value()
   return t
 end
 
+--- L:progress(): one poll of every transfer of this link in flight. MPI
+-- moves a message's data only inside its calls (a large one needs the
+-- receiver's too), so the executor polls between its actions: a message
+-- then moves between one computation and the next, not only at the wait.
+function Link:progress()
+  for _, h in ipairs(self.pending) do h:test() end
+  for r in pairs(posted) do if r.L == self and r.h then r.h:test() end end
+end
+
 --- L:finish(): waits for every send still in flight (their buffers are then free).
 function Link:finish()
   for i, h in ipairs(self.pending) do
