@@ -15,6 +15,8 @@
 --     backwards, observed while lt.train.step runs 1F1B, GPipe and
 --     interleaved, in the order of lt.dist.pp.timeline's line for that rank
 --     (the timelines printed as "# " lines)
+--   - receives posted ahead: each stage after the first has posted the
+--     receive of micro-batch k + 1's activation before its forward of k
 --   - lt.dist.pp.simulate's activations in flight per rank equal the
 --     executor's real peak of live stage outputs (held weakly, a full
 --     collection before each count: outputs the executor still holds)
@@ -142,6 +144,49 @@ if world == 4 then
     assert(#fails == 0, table.concat(fails, "; "))
   end)
 end
+
+-- receives posted ahead (lutra.dist.pp.executor's prefetch): in the second
+-- 1F1B step of 4 micro-batches (the shapes known from the first), each rank
+-- after the first has posted the receive of micro-batch k + 1's activation
+-- before its forward of micro-batch k starts (k < 4), so that message can
+-- land while the stage computes; without the prefetch it is posted only
+-- when the schedule reaches its recv action, after that forward
+H.test("1F1B: each stage posts the next micro-batch's activation receive before its forward of this one", function()
+  local m = 4
+  local model = P.gpt2 { pp = lt.dist.mesh { pp = world }.pp }
+  local opt = lt.optim.AdamW(model:parameters(), { lr = LR })
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, pp_schedule = "1f1b" }
+  local data = batches(2, m)
+  for i, d in ipairs(data) do d[2]:narrow(1, 1, 1):narrow(2, 1, 1):fill_((i - 1) % m + 1) end
+  local step, posted, late = 0, {}, {}
+  local irecv, forward = lt.dist.irecv, pipeline.stage_forward
+  lt.dist.irecv = function(t, src, o) -- (lt.dist is lutra.dist.comm's table: the link calls this one)
+    -- the link's tags: kind + 2 (direction + 2 (virtual stage + stages * micro-batch)); data: kind 1, forward: 0
+    local tag = o and o.tag or 0
+    if step == 2 and tag % 2 == 1 and math.floor(tag / 2) % 2 == 0 then
+      posted[math.floor(tag / (4 * world))] = true
+    end
+    return irecv(t, src, o)
+  end
+  pipeline.stage_forward = function(mdl, c, input, targets, ...)
+    local k = targets:narrow(1, 1, 1):narrow(2, 1, 1):item()
+    if step == 2 and rank > 0 and k < m and not posted[k + 1] then late[#late + 1] = k + 1 end
+    return forward(mdl, c, input, targets, ...)
+  end
+  local ok, err = pcall(function()
+    for s = 1, 2 do
+      step = s
+      S:run(s, function()
+        local d = table.remove(data, 1)
+        return d[1], d[2]
+      end)
+    end
+  end)
+  lt.dist.irecv, pipeline.stage_forward = irecv, forward
+  if not ok then error(err, 0) end
+  assert(#late == 0, ("rank %d: the activation of micro-batch(es) %s received only after the forward before it began")
+    :format(rank, table.concat(late, ",")))
+end)
 
 -- one real step of schedule kind with m micro-batches: the order this rank ran its forwards and
 -- backwards in (timeline notation) and its peak of live stage outputs
