@@ -45,6 +45,10 @@ end
 
 local function dir_code(dir) return dir == "fwd" and 0 or 1 end
 
+--- L:tag(kind, dir, vs, mb) -> the message's tag: kind (0 the shape
+-- header, 1 the data) + 2 (direction (0 "fwd", 1 "bwd") + 2 (target
+-- virtual stage vs + p v mb)). Raises when it reaches lt.dist's limit
+-- (2^20), naming the micro-batches and virtual stages.
 function Link:tag(kind, dir, vs, mb)
   local t = kind + 2 * (dir_code(dir) + 2 * (vs + self.S * mb))
   if t >= TAG_LIMIT then
