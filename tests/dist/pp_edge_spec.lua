@@ -9,6 +9,8 @@
 --     gradient left for the optimizer (one process runs no backward: its
 --     AdamW skips the step, weight decay included), the weights one
 --     process's after
+--   - a step's ignore_index other than -100: one process's losses (the
+--     last stage leaves those targets out as one process does)
 --   - fewer micro-batches than stages under 1F1B (m = 1 with pp = 2; m = 1
 --     and 2 with pp = 4)
 --   - the executor runs the schedule it was given: each rank's forwards and
@@ -51,9 +53,10 @@ end
 
 -- trains model for steps steps of m micro-batches; returns the results of S:run and, per step,
 -- whether any gradient was non-zero (nil: none present), any weight not finite
-local function train(model, data, steps, m, schedule)
+local function train(model, data, steps, m, schedule, ignore_index)
   local opt = lt.optim.AdamW(model:parameters(), { lr = LR, weight_decay = WD })
-  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, clip = CLIP, pp_schedule = schedule }
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, clip = CLIP, pp_schedule = schedule,
+    ignore_index = ignore_index }
   local i, rs = 0, {}
   for s = 1, steps do
     rs[s] = S:run(s, function()
@@ -72,12 +75,13 @@ local function train(model, data, steps, m, schedule)
 end
 
 -- the whole model's and the stage's runs compared: loss, norm per step and this stage's weights
-local function compare(steps, m, ignored, schedule)
-  local data = batches(steps, m, ignored)
+-- (ignore_index: the step's setting, for both; data: the micro-batches, else batches(steps, m, ignored))
+local function compare(steps, m, ignored, schedule, ignore_index, data)
+  data = data or batches(steps, m, ignored)
   local ref = P.gpt2 {}
-  local want = train(ref, data, steps, m)
+  local want = train(ref, data, steps, m, nil, ignore_index)
   local model = P.gpt2 { pp = lt.dist.mesh { pp = world }.pp }
-  local got = train(model, data, steps, m, schedule)
+  local got = train(model, data, steps, m, schedule, ignore_index)
   local fails = {}
   for s = 1, steps do
     local a, b = got[s], want[s]
@@ -130,6 +134,16 @@ H.test("a step whose every target is ignored, and a step with one such micro-bat
   assert(got[2].grad_max == nil or got[2].grad_max == 0,
     ("rank %d: a gradient of %g in the empty step"):format(rank, got[2].grad_max or 0))
   assert(got[3].grad_norm > 0 and got[3].loss > 0, "step 3 (one micro-batch ignored) had no loss or gradient")
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+-- a step's own ignore_index (not -100) reaches the last stage's loss: the
+-- first 3 of each row's 8 targets are that id (5), which one process leaves
+-- out of the loss and its count
+H.test("ignore_index = 5 (lt.train.step's setting) on the last stage: one process's losses and weights", function()
+  local data = batches(3, 4)
+  for _, d in ipairs(data) do d[2]:narrow(2, 1, 3):fill_(5) end
+  local fails = compare(3, 4, nil, "1f1b", 5, data)
   assert(#fails == 0, table.concat(fails, "; "))
 end)
 
