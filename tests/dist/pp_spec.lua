@@ -12,7 +12,8 @@
 -- embedding's two copies (first and last stage) are bitwise equal after
 -- training. Bad settings raise on every rank: more stages than blocks, a
 -- block list that does not sum, an interleaved schedule with micro-batches
--- that are not a multiple of the stages, ZeRO 3, model(x) on a stage.
+-- that are not a multiple of the stages, ZeRO 3, model(x) on a stage,
+-- stages fed different batches.
 -- (dp=2 x tp=2 x pp=2 on 8 ranks: tests/dist/jobs/pp_3d.lua, in run.sh.)
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
@@ -101,6 +102,15 @@ H.test("bad settings raise on every rank, naming what is wrong", function()
     "multiple of the stages")
   H.raises(function() lt.train.step.new { model = two, optimizer = opt2, accum = world, pp_schedule = "1f1b" } end,
     "need the interleaved schedule")
+  -- the stages share one batch stream: a rank fed other batches is refused on every rank before the schedule runs
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = 2 }
+  local g = lt.Generator(20 + lt.dist.rank())
+  H.raises(function()
+    S:run(1, function()
+      local x = lt.randint(0, 37, { 2, 8 }, { generator = g, dtype = "i64" })
+      return x, x
+    end)
+  end, "the pipeline ranks read different batches", "lt.data.shards{rank = mesh.coords.dp")
 end)
 
 H.test("evaluation: model:loss on every stage is one process's loss", function()
