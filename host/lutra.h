@@ -727,8 +727,14 @@ lt_status lt_comm_send(lt_comm *c, const lt_tensor *t, int dst);
 lt_status lt_comm_recv(lt_comm *c, lt_tensor *t, int src);
 /* Asynchronous point to point without a header: the transfer starts, *work
    completes it (t must stay alive and, for isend, unchanged until then).
-   Messages between two ranks match by tag (0 <= tag < 2^20); an irecv's
-   wait fails naming both sizes when the message's bytes differ from t's. */
+   t: contiguous (else LT_ERR_ARG), f32, f64, bf16, f16, i32, i64 or u8; on
+   the CPU through MPI (an implementation without point to point, NCCL's for
+   CUDA tensors, refuses: LT_ERR_UNSUPPORTED); sizes are t's bytes. Messages
+   between two ranks match by tag (0 <= tag < 2^20). Fails (LT_ERR_ARG) for
+   a peer that is not another rank of c, an empty tensor, a tag out of range
+   or a message over 2 GiB; an irecv's wait fails (LT_ERR_SHAPE) naming both
+   sizes when the message's bytes differ from t's. The watchdog covers the
+   wait (the peer named). MPI moves the data only inside its calls. */
 lt_status lt_comm_isend(lt_comm *c, const lt_tensor *t, int dst, int tag, lt_work **work);
 lt_status lt_comm_irecv(lt_comm *c, lt_tensor *t, int src, int tag, lt_work **work);
 lt_status lt_work_wait(lt_work *w);

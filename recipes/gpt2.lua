@@ -72,7 +72,7 @@ local cfg = lt.config {
     micro_batches = "micro-batches per optimizer step: the pipeline's m under --pp (the bubble is (pp-1)/(m+pp-1)); "
       .. "the same setting as --accum, named for the pipeline: give one of the two (0: --accum)",
     schedule_pp = "with --pp: gpipe (m micro-batches of activations a stage), 1f1b (at most pp) or interleaved (with --virtual_stages)",
-    virtual_stages = "with --schedule_pp=interleaved: model chunks per rank (the bubble is 1/V of 1F1B's; --micro_batches a multiple of --pp)",
+    virtual_stages = "with --schedule_pp=interleaved: model chunks per rank (the bubble time is 1/V of 1F1B's: (pp-1)/(V m+pp-1) of a step; --micro_batches a multiple of --pp)",
     print_schedule = "with --pp: print each rank's forwards and backwards in order (lt.dist.pp.timeline) and the schedule's bubble before training",
     pp_stages = "with --pp: blocks per virtual stage, comma-separated (pp x virtual_stages entries summing to --n_layer; empty: even)",
     model = "gpt2, or llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, untied head)",

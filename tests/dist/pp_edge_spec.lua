@@ -9,12 +9,16 @@
 --     gradient left for the optimizer (one process runs no backward: its
 --     AdamW skips the step, weight decay included), the weights one
 --     process's after
+--   - a step's ignore_index other than -100: one process's losses (the
+--     last stage leaves those targets out as one process does)
 --   - fewer micro-batches than stages under 1F1B (m = 1 with pp = 2; m = 1
 --     and 2 with pp = 4)
 --   - the executor runs the schedule it was given: each rank's forwards and
 --     backwards, observed while lt.train.step runs 1F1B, GPipe and
 --     interleaved, in the order of lt.dist.pp.timeline's line for that rank
 --     (the timelines printed as "# " lines)
+--   - receives posted ahead: each stage after the first has posted the
+--     receive of micro-batch k + 1's activation before its forward of k
 --   - lt.dist.pp.simulate's activations in flight per rank equal the
 --     executor's real peak of live stage outputs (held weakly, a full
 --     collection before each count: outputs the executor still holds)
@@ -49,9 +53,10 @@ end
 
 -- trains model for steps steps of m micro-batches; returns the results of S:run and, per step,
 -- whether any gradient was non-zero (nil: none present), any weight not finite
-local function train(model, data, steps, m, schedule)
+local function train(model, data, steps, m, schedule, ignore_index)
   local opt = lt.optim.AdamW(model:parameters(), { lr = LR, weight_decay = WD })
-  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, clip = CLIP, pp_schedule = schedule }
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, clip = CLIP, pp_schedule = schedule,
+    ignore_index = ignore_index }
   local i, rs = 0, {}
   for s = 1, steps do
     rs[s] = S:run(s, function()
@@ -70,12 +75,13 @@ local function train(model, data, steps, m, schedule)
 end
 
 -- the whole model's and the stage's runs compared: loss, norm per step and this stage's weights
-local function compare(steps, m, ignored, schedule)
-  local data = batches(steps, m, ignored)
+-- (ignore_index: the step's setting, for both; data: the micro-batches, else batches(steps, m, ignored))
+local function compare(steps, m, ignored, schedule, ignore_index, data)
+  data = data or batches(steps, m, ignored)
   local ref = P.gpt2 {}
-  local want = train(ref, data, steps, m)
+  local want = train(ref, data, steps, m, nil, ignore_index)
   local model = P.gpt2 { pp = lt.dist.mesh { pp = world }.pp }
-  local got = train(model, data, steps, m, schedule)
+  local got = train(model, data, steps, m, schedule, ignore_index)
   local fails = {}
   for s = 1, steps do
     local a, b = got[s], want[s]
@@ -131,6 +137,16 @@ H.test("a step whose every target is ignored, and a step with one such micro-bat
   assert(#fails == 0, table.concat(fails, "; "))
 end)
 
+-- a step's own ignore_index (not -100) reaches the last stage's loss: the
+-- first 3 of each row's 8 targets are that id (5), which one process leaves
+-- out of the loss and its count
+H.test("ignore_index = 5 (lt.train.step's setting) on the last stage: one process's losses and weights", function()
+  local data = batches(3, 4)
+  for _, d in ipairs(data) do d[2]:narrow(2, 1, 3):fill_(5) end
+  local fails = compare(3, 4, nil, "1f1b", 5, data)
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
 H.test("1F1B with fewer micro-batches than stages (m = 1) equals one process", function()
   local fails = compare(3, 1, nil, "1f1b")
   assert(#fails == 0, table.concat(fails, "; "))
@@ -142,6 +158,49 @@ if world == 4 then
     assert(#fails == 0, table.concat(fails, "; "))
   end)
 end
+
+-- receives posted ahead (lutra.dist.pp.executor's prefetch): in the second
+-- 1F1B step of 4 micro-batches (the shapes known from the first), each rank
+-- after the first has posted the receive of micro-batch k + 1's activation
+-- before its forward of micro-batch k starts (k < 4), so that message can
+-- land while the stage computes; without the prefetch it is posted only
+-- when the schedule reaches its recv action, after that forward
+H.test("1F1B: each stage posts the next micro-batch's activation receive before its forward of this one", function()
+  local m = 4
+  local model = P.gpt2 { pp = lt.dist.mesh { pp = world }.pp }
+  local opt = lt.optim.AdamW(model:parameters(), { lr = LR })
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = m, pp_schedule = "1f1b" }
+  local data = batches(2, m)
+  for i, d in ipairs(data) do d[2]:narrow(1, 1, 1):narrow(2, 1, 1):fill_((i - 1) % m + 1) end
+  local step, posted, late = 0, {}, {}
+  local irecv, forward = lt.dist.irecv, pipeline.stage_forward
+  lt.dist.irecv = function(t, src, o) -- (lt.dist is lutra.dist.comm's table: the link calls this one)
+    -- the link's tags: kind + 2 (direction + 2 (virtual stage + stages * micro-batch)); data: kind 1, forward: 0
+    local tag = o and o.tag or 0
+    if step == 2 and tag % 2 == 1 and math.floor(tag / 2) % 2 == 0 then
+      posted[math.floor(tag / (4 * world))] = true
+    end
+    return irecv(t, src, o)
+  end
+  pipeline.stage_forward = function(mdl, c, input, targets, ...)
+    local k = targets:narrow(1, 1, 1):narrow(2, 1, 1):item()
+    if step == 2 and rank > 0 and k < m and not posted[k + 1] then late[#late + 1] = k + 1 end
+    return forward(mdl, c, input, targets, ...)
+  end
+  local ok, err = pcall(function()
+    for s = 1, 2 do
+      step = s
+      S:run(s, function()
+        local d = table.remove(data, 1)
+        return d[1], d[2]
+      end)
+    end
+  end)
+  lt.dist.irecv, pipeline.stage_forward = irecv, forward
+  if not ok then error(err, 0) end
+  assert(#late == 0, ("rank %d: the activation of micro-batch(es) %s received only after the forward before it began")
+    :format(rank, table.concat(late, ",")))
+end)
 
 -- one real step of schedule kind with m micro-batches: the order this rank ran its forwards and
 -- backwards in (timeline notation) and its peak of live stage outputs

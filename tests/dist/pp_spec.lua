@@ -7,11 +7,13 @@
 -- to 1e-5 relative and every final weight of every stage (TP shards
 -- gathered) to 1e-5. np=2: pp=2 with 1F1B, GPipe and interleaved (v = 2),
 -- a Llama; np=4: pp=4 with 1F1B and GPipe, dp=2 x pp=2 with ZeRO 1 and 2,
--- tp=2 x pp=2 with sequence parallelism, interleaved with dp=2. The tied
+-- tp=2 x pp=2 with sequence parallelism, interleaved with dp=2; under SP a
+-- stage's messages are B T C / tp elements (B T C without). The tied
 -- embedding's two copies (first and last stage) are bitwise equal after
 -- training. Bad settings raise on every rank: more stages than blocks, a
 -- block list that does not sum, an interleaved schedule with micro-batches
--- that are not a multiple of the stages, ZeRO 3, model(x) on a stage.
+-- that are not a multiple of the stages, ZeRO 3, model(x) on a stage,
+-- stages fed different batches.
 -- (dp=2 x tp=2 x pp=2 on 8 ranks: tests/dist/jobs/pp_3d.lua, in run.sh.)
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
@@ -45,6 +47,40 @@ elseif world == 4 then
   check_layout("dp=2 x pp=2 interleaved (v = 2)", { pp = 2, v = 2, schedule = "interleaved" })
 end
 
+-- under TP with sequence parallelism only this rank's 1/tp of the rows
+-- crosses between stages (issue 26, point 3): every activation and
+-- gradient message (the data, not the shape headers: i64) is B T C / tp
+-- elements; without SP the whole B T C
+if world == 4 then
+  H.test("tp=2 x pp=2: a stage sends B T C / tp elements a message under sequence parallelism, B T C without", function()
+    local mesh = lt.dist.mesh { tp = 2, pp = 2 }
+    local Bm, Tm, Cm = 2, 8, 16 -- (P.gpt2's n_embd, block_size)
+    for _, sp in ipairs { true, false } do
+      local model = P.gpt2 { pp = mesh.pp, tp = mesh.tp, sequence_parallel = sp }
+      local opt = lt.optim.AdamW(model:parameters(), { lr = 1e-3 })
+      local S = lt.train.step.new { model = model, optimizer = opt, accum = 2,
+        ddp = lt.dist.DataParallel(model, { group = mesh.dp }) }
+      local sizes, isend = {}, lt.dist.isend
+      lt.dist.isend = function(t, ...) -- (lt.dist is lutra.dist.comm's table: the link calls this one)
+        if t.dtype ~= "i64" then sizes[#sizes + 1] = t:numel() end
+        return isend(t, ...)
+      end
+      local g = lt.Generator(1)
+      local ok, err = pcall(S.run, S, 1, function()
+        local x = lt.randint(0, 37, { Bm, Tm }, { generator = g, dtype = "i64" })
+        return x, x
+      end)
+      lt.dist.isend = isend
+      if not ok then error(err, 0) end
+      local want = Bm * Tm * Cm / (sp and 2 or 1)
+      assert(#sizes == 2, ("sp=%s: %d messages sent, 2 expected (2 micro-batches, one way each)"):format(tostring(sp), #sizes))
+      for _, n in ipairs(sizes) do
+        assert(n == want, ("sp=%s: a message of %d elements, %d expected"):format(tostring(sp), n, want))
+      end
+    end
+  end)
+end
+
 H.test("bad settings raise on every rank, naming what is wrong", function()
   local mesh = lt.dist.mesh { pp = world }
   H.raises(function() P.gpt2 { n_layer = 1, pp = mesh.pp } end, world .. " stages for 1 blocks")
@@ -66,6 +102,15 @@ H.test("bad settings raise on every rank, naming what is wrong", function()
     "multiple of the stages")
   H.raises(function() lt.train.step.new { model = two, optimizer = opt2, accum = world, pp_schedule = "1f1b" } end,
     "need the interleaved schedule")
+  -- the stages share one batch stream: a rank fed other batches is refused on every rank before the schedule runs
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = 2 }
+  local g = lt.Generator(20 + lt.dist.rank())
+  H.raises(function()
+    S:run(1, function()
+      local x = lt.randint(0, 37, { 2, 8 }, { generator = g, dtype = "i64" })
+      return x, x
+    end)
+  end, "the pipeline ranks read different batches", "lt.data.shards{rank = mesh.coords.dp")
 end)
 
 H.test("evaluation: model:loss on every stage is one process's loss", function()

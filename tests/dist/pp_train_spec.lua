@@ -10,10 +10,12 @@
 -- step, on every rank: no ddp, sampling, an unknown pp_schedule, a
 -- pp_schedule for a model that is not split. After model:to("bf16") the
 -- tied weight the pipeline sums (model.pp.tied, .copy) is the model's.
+-- lt.train's pp_schedule is the kind the step's executor builds.
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
 local P = require "pp_layouts"
+local executor = require "lutra.dist.pp.executor"
 
 lt.dist.init()
 lt.dist.set_timeout(120)
@@ -127,6 +129,33 @@ H.test("after model:to(\"bf16\") the tied weight the pipeline sums is the model'
   if P_.first or P_.last then assert(P_.tied and holds[P_.tied], "model.pp.tied is not a parameter of the model") end
   if P_.last then assert(P_.copy and holds[P_.copy], "model.pp.copy is not a parameter of the model") end
   if not (P_.first or P_.last) then assert(P_.tied == nil and P_.copy == nil, "a middle stage holds a tied weight") end
+end)
+
+-- lt.train hands pp_schedule to the step's executor (the schedules give the
+-- same numbers, so the losses above cannot tell whether it did): the kind
+-- the executor builds, for each setting (none: 1F1B)
+H.test("lt.train runs the pp_schedule it is given (the executor builds that kind)", function()
+  local mesh = lt.dist.mesh { pp = world }
+  local make = executor.make_schedule
+  for _, kind in ipairs { "gpipe", "1f1b", false } do
+    local model = P.gpt2 { pp = mesh.pp }
+    local opt = lt.optim.AdamW(model:parameters(), { lr = 1e-3 })
+    local built = {}
+    executor.make_schedule = function(k, ...)
+      built[#built + 1] = k
+      return make(k, ...)
+    end
+    local ok, err = pcall(lt.train, { model = model, optimizer = opt, train = rows(data(1, 11), 1, B), steps = 1,
+      accum = M, quiet = true, out_dir = root, name = "schedule-" .. tostring(kind), pp_schedule = kind or nil,
+      ddp = lt.dist.DataParallel(model, { group = mesh.dp }) })
+    executor.make_schedule = make
+    if not ok then error(err, 0) end
+    local want = kind or "1f1b"
+    assert(#built > 0, "no schedule built")
+    for _, k in ipairs(built) do
+      assert(k == want, ("pp_schedule = %s: the executor built %s"):format(tostring(kind), tostring(k)))
+    end
+  end
 end)
 
 H.test("lt.train refuses a pipeline without ddp, sampling, a bad pp_schedule, before any step", function()

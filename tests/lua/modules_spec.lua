@@ -3,7 +3,9 @@
 -- graph fails there: Lua's require reports the loop), without the umbrella
 -- "lutra" (which only assembles the public lt table from the others), and
 -- every require sits at the top level of its module (none inside a
--- function to break a loop at run time).
+-- function to break a loop at run time). ARCHITECTURE.md's Lua layer table
+-- lists every module, and each requires only modules of the layers above
+-- it or before it in its row.
 local sh = require("tests.lua.helpers").sh
 
 -- module names from the files: lua/lutra/nn/init.lua -> lutra.nn
@@ -73,5 +75,66 @@ describe("the Lua library's modules", function()
     assert.are.equal(require "lutra.optim", lt.optim)
     assert.are.equal(require "lutra.train", lt.train)
     assert.are.equal(require("lutra.tensor").zeros, lt.zeros)
+  end)
+end)
+
+-- ARCHITECTURE.md's Lua layer table ("| layer | modules | provides |"): each
+-- module's position, (layer, entry, place in its "a → b" chain); a module
+-- may require those of lower layers and those before it in its own row
+local function layer_table()
+  local h = assert(io.open("ARCHITECTURE.md"))
+  local text = h:read("*a")
+  h:close()
+  local pos, in_table = {}, false
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    if line:find("^| layer | modules |") then
+      in_table = true
+    elseif in_table and not line:find("^|") then
+      break
+    elseif in_table and line:find("^| %d") then
+      local n, mods = line:match("^| (%d+) | ([^|]*) |")
+      local e = 0
+      for entry in (mods .. ","):gmatch("([^,]*),") do
+        e = e + 1
+        local c = 0
+        for name in entry:gmatch("`([^`]+)`") do
+          c = c + 1
+          pos[name] = { tonumber(n), e, c }
+        end
+      end
+    end
+  end
+  return pos
+end
+
+local function before(a, b) -- a strictly before b in the table's order
+  for i = 1, 3 do
+    if a[i] ~= b[i] then return a[i] < b[i] end
+  end
+  return false
+end
+
+describe("ARCHITECTURE.md's Lua layer table", function()
+  it("lists every module, each requiring only modules above it or before it in its row", function()
+    local pos, bad = layer_table(), {}
+    assert.truthy(next(pos) ~= nil, "no layer table found in ARCHITECTURE.md")
+    for _, m in ipairs(modules()) do
+      local short = m.name == "lutra" and "lutra" or m.name:gsub("^lutra%.", "")
+      local at = pos[short]
+      if not at then
+        bad[#bad + 1] = short .. " (" .. m.path .. ") is in no layer of the table"
+      else
+        for line in io.lines(m.path) do
+          local code = line:gsub("%-%-.*$", "")
+          for req in code:gmatch("require%s*%(?%s*[\"']lutra%.([%w_.]+)[\"']") do
+            local to = pos[req]
+            if to and not before(to, at) then
+              bad[#bad + 1] = ("%s (layer %d) requires %s (layer %d), not above it"):format(short, at[1], req, to[1])
+            end
+          end
+        end
+      end
+    end
+    assert.are.equal("", table.concat(bad, "\n"))
   end)
 end)

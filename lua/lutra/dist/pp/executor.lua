@@ -11,8 +11,10 @@
 -- before is a leaf that requires grad; its backward (output:backward with
 -- the gradient the next stage sent) leaves the gradient to send back in
 -- that leaf. The sends go out without waiting and the receives of the
--- next actions are posted ahead (prefetch), so a stage computes while the
--- next micro-batch's activation arrives. Activations are kept from a
+-- next actions are posted ahead (prefetch), so a message that comes while
+-- the stage computes finds its buffer (MPI delivers a small one at once; a
+-- larger one moves inside the ranks' later MPI calls: lutra.dist.pp.link).
+-- Activations are kept from a
 -- forward to its backward only: at most the schedule's in-flight count
 -- (1F1B: p - r on rank r; GPipe: m).
 --

@@ -8,8 +8,12 @@
 -- keeps; every later message of that kind is the bare data, received into
 -- a buffer of that shape posted ahead of time. Each message has a tag of
 -- its own (direction, target virtual stage, micro-batch), so receives
--- posted early match their sends in any order. Sends complete in the
--- background; finish() waits for them (the end of a step). A tensor on a
+-- posted early match their sends in any order. A send does not wait for
+-- its receiver; finish() waits for the sends still in flight (the end of
+-- a step). MPI moves a message only inside MPI calls (nothing polls while
+-- a stage computes): one within MPI's eager limit lands at once in the
+-- receive posted ahead, a larger one while the two ranks are in later
+-- calls (their waits, the next sends and receives, collectives). A tensor on a
 -- device other than the CPU travels through a CPU copy (the NCCL path has
 -- no point to point yet).
 --
@@ -41,6 +45,10 @@ end
 
 local function dir_code(dir) return dir == "fwd" and 0 or 1 end
 
+--- L:tag(kind, dir, vs, mb) -> the message's tag: kind (0 the shape
+-- header, 1 the data) + 2 (direction (0 "fwd", 1 "bwd") + 2 (target
+-- virtual stage vs + p v mb)). Raises when it reaches lt.dist's limit
+-- (2^20), naming the micro-batches and virtual stages.
 function Link:tag(kind, dir, vs, mb)
   local t = kind + 2 * (dir_code(dir) + 2 * (vs + self.S * mb))
   if t >= TAG_LIMIT then
