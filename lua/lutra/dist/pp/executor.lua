@@ -13,7 +13,9 @@
 -- that leaf. The sends go out without waiting and the receives of the
 -- next actions are posted ahead (prefetch), so a message that comes while
 -- the stage computes finds its buffer (MPI delivers a small one at once; a
--- larger one moves inside the ranks' later MPI calls: lutra.dist.pp.link).
+-- larger one moves inside the ranks' later MPI calls, among them the poll
+-- of every transfer in flight before each forward and backward:
+-- lutra.dist.pp.link's progress).
 -- Activations are kept from a
 -- forward to its backward only: at most the schedule's in-flight count
 -- (1F1B: p - r on rank r; GPipe: m).

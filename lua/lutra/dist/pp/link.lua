@@ -10,10 +10,11 @@
 -- its own (direction, target virtual stage, micro-batch), so receives
 -- posted early match their sends in any order. A send does not wait for
 -- its receiver; finish() waits for the sends still in flight (the end of
--- a step). MPI moves a message only inside MPI calls (nothing polls while
--- a stage computes): one within MPI's eager limit lands at once in the
--- receive posted ahead, a larger one while the two ranks are in later
--- calls (their waits, the next sends and receives, collectives). A tensor on a
+-- a step). MPI moves a message only inside MPI calls: one within MPI's
+-- eager limit lands at once in the receive posted ahead, a larger one
+-- while the two ranks are in later calls (progress(), which the executor
+-- calls between its computations, their waits, the next sends and
+-- receives, collectives), not while a stage computes. A tensor on a
 -- device other than the CPU travels through a CPU copy (the NCCL path has
 -- no point to point yet).
 --
