@@ -301,6 +301,10 @@ if cfg.print_schedule and cfg.pp > 1 then
     .. "at most %s micro-batch chunks in flight on stages 0..%d"):format(sim.bubble,
     pp.bubble_fraction(cfg.pp, micro, cfg.virtual_stages), table.concat(sim.in_flight, "/"), cfg.pp - 1))
 end
+if cfg.pp > 1 and cfg.schedule_pp == "interleaved" and cfg.virtual_stages == 1 then
+  say("note: --schedule_pp=interleaved with --virtual_stages=1 (one chunk a rank) runs 1F1B's order; "
+    .. "--virtual_stages=V > 1 interleaves V chunks a rank")
+end
 if cfg.pp > 1 and micro < cfg.pp then
   -- (fewer micro-batches than stages: the pipeline never fills, the stages mostly take turns)
   say(("note: --pp=%d with %d micro-batch%s a step: each stage idles %.2f of a step ((p-1)/(m+p-1)); "

@@ -185,6 +185,11 @@ if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 1 micro-batch),
    && echo "$out" | grep -q 'step     1/1 | loss'; then
   ok "recipes/gpt2.lua --pp=2 --pp_stages=1,2 with one micro-batch names its stages' blocks and notes the idle pipeline"
 else notok "recipes/gpt2.lua --pp=2 --pp_stages=1,2 with one micro-batch names its stages' blocks and notes the idle pipeline" "$out"; fi
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --schedule_pp=interleaved --micro_batches=2 --steps=1 --name=pp-one-mb-$$ 2>&1)
+if echo "$out" | grep -q '^note: --schedule_pp=interleaved with --virtual_stages=1 (one chunk a rank) runs 1F1B.s order' \
+   && echo "$out" | grep -q 'step     1/1 | loss'; then
+  ok "recipes/gpt2.lua --schedule_pp=interleaved without --virtual_stages notes that it runs 1F1B's order"
+else notok "recipes/gpt2.lua --schedule_pp=interleaved without --virtual_stages notes that it runs 1F1B's order" "$out"; fi
 # 3D on 8 ranks: dp=2 x tp=2 x pp=2 with ZeRO 1, 2 micro-batches a data-parallel rank: the one
 # process's 4 micro-batches of a step (its validation loss is rank 0's batches': steps only)
 out=$(timeout 120 $MPIRUN -np 8 ./lutra $ptiny --tp=2 --pp=2 --zero=1 --micro_batches=2 --name=pp-eight-$$ 2>&1)
