@@ -280,8 +280,11 @@ model:to(device, cfg.dtype)
 local layout = {}
 if cfg.tp > 1 then layout[#layout + 1] = ("tensor parallel over %d ranks%s"):format(cfg.tp, cfg.sp and " (sequence parallel)" or "") end
 if cfg.pp > 1 then
-  layout[#layout + 1] = ("pipeline parallel over %d stages (%s, %d micro-batches%s)"):format(cfg.pp, cfg.schedule_pp,
-    micro, cfg.virtual_stages > 1 and (", %d virtual stages a rank"):format(cfg.virtual_stages) or "")
+  -- (the blocks each stage holds, as the checkpoints' layout names them: "blocks 1+3 per stage")
+  layout[#layout + 1] = ("pipeline parallel over %d stages (%s, %d micro-batch%s%s), blocks %s per %sstage"):format(
+    cfg.pp, cfg.schedule_pp, micro, micro == 1 and "" or "es",
+    cfg.virtual_stages > 1 and (", %d virtual stages a rank"):format(cfg.virtual_stages) or "",
+    table.concat(model.pp.counts, "+"), cfg.virtual_stages > 1 and "virtual " or "")
 end
 if dp_world > 1 then layout[#layout + 1] = ("data parallel over %d ranks"):format(dp_world) end
 if cfg.zero > 0 then
@@ -295,8 +298,18 @@ if cfg.print_schedule and cfg.pp > 1 then
   local sim = pp.simulate(s)
   say(pp.timeline(s))
   say(("schedule: bubble %.3f of a step (simulated with a backward twice a forward; (p-1)/(v m+p-1) = %.3f), "
-    .. "at most %s micro-batch chunks in flight on ranks 0..%d"):format(sim.bubble,
+    .. "at most %s micro-batch chunks in flight on stages 0..%d"):format(sim.bubble,
     pp.bubble_fraction(cfg.pp, micro, cfg.virtual_stages), table.concat(sim.in_flight, "/"), cfg.pp - 1))
+end
+if cfg.pp > 1 and cfg.schedule_pp == "interleaved" and cfg.virtual_stages == 1 then
+  say("note: --schedule_pp=interleaved with --virtual_stages=1 (one chunk a rank) runs 1F1B's order; "
+    .. "--virtual_stages=V > 1 interleaves V chunks a rank")
+end
+if cfg.pp > 1 and micro < cfg.pp then
+  -- (fewer micro-batches than stages: the pipeline never fills, the stages mostly take turns)
+  say(("note: --pp=%d with %d micro-batch%s a step: each stage idles %.2f of a step ((p-1)/(m+p-1)); "
+    .. "--micro_batches=M (a few times --pp) fills the pipeline"):format(cfg.pp, micro, micro == 1 and "" or "es",
+    lt.dist.pp.bubble_fraction(cfg.pp, micro, cfg.virtual_stages)))
 end
 local n_params = lt.train.log.num_parameters(model) -- (the whole model's; every rank calls it: a pipeline's stages sum theirs)
 say(("model: %s with %d layers, %d heads, %d wide, context %d: %.1fM parameters on %s in %s%s"):format(
@@ -340,8 +353,25 @@ local summary = lt.train {
 
 local mem = lt.dist.memory_bytes(model, opt, ddp)
 local mib = lt.train.format_bytes
-say(("memory per rank: parameters %s, gradients %s, optimizer state %s%s"):format(mib(mem.params), mib(mem.grads),
-  mib(mem.optimizer), mem.buffers > 0 and (", all-reduce buckets %s"):format(mib(mem.buffers)) or ""))
+local function bytes(key) return mib(mem[key]) end
+local per = "per rank"
+if cfg.pp > 1 and not summary.interrupted then
+  -- the stages hold different parts (the first the embedding, the last the head): each stage's numbers, in
+  -- stage order, from this rank's pipeline group (every rank calls it; rank 0 prints its group's)
+  local keys = { "params", "grads", "optimizer", "buffers" }
+  local mine = lt.tensor({ mem.params, mem.grads, mem.optimizer, mem.buffers }, { dtype = "f64" }):view(1, 4)
+  local stages = lt.dist.all_gather(mine, { group = mesh.pp }):totable()
+  bytes = function(key)
+    local j, parts = 0, {}
+    for i, k in ipairs(keys) do if k == key then j = i end end
+    for s = 1, #stages do parts[s] = mib(stages[s][j]) end
+    return table.concat(parts, " / ")
+  end
+  for s = 1, #stages do mem.buffers = math.max(mem.buffers, stages[s][4]) end -- (any stage's buckets: the column)
+  per = ("per rank, stages 0..%d"):format(cfg.pp - 1)
+end
+say(("memory %s: parameters %s, gradients %s, optimizer state %s%s"):format(per, bytes("params"), bytes("grads"),
+  bytes("optimizer"), mem.buffers > 0 and (", all-reduce buckets %s"):format(bytes("buffers")) or ""))
 local vl = summary.val_loss
 -- (an interrupted run's last evaluation may be an earlier step's, even step 0's: say which)
 local at = vl and summary.val_step and (summary.interrupted or summary.preempted)

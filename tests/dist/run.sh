@@ -146,7 +146,8 @@ same_losses() {
 out=$(timeout 60 ./lutra $ptiny --name=pp-one-$$ 2>&1)
 if [ $? -ne 0 ]; then notok "recipes/gpt2.lua on one process (the pipeline jobs' reference)" "$out"; fi
 out=$(timeout 90 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --print_schedule --name=pp-two-$$ 2>&1)
-if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 4 micro-batches)' && echo "$out" | grep -q '^note: --pp=2: no samples' \
+if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 4 micro-batches), blocks 1+1 per stage' && echo "$out" | grep -q '^note: --pp=2: no samples' \
+   && echo "$out" | grep -q '^memory per rank, stages 0..1: parameters [0-9.]* [KM]iB / [0-9.]* [KM]iB, gradients' \
    && echo "$out" | grep -q '^rank 0: F1 F2 B1 F3 B2 F4 B3 B4$' && echo "$out" | grep -q '^schedule: bubble 0.200 of a step' \
    && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-two-$$ pp-one-$$; then
   ok "recipes/gpt2.lua --pp=2 on 2 ranks prints its schedule and logs one process's losses, norms and validation losses"
@@ -180,15 +181,28 @@ out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --zero=3 --steps=1 2>&1)
 if echo "$out" | grep -q '^\[rank [01]\] lutra: --zero=3 with --pp is not supported: each micro-batch'; then
   ok "recipes/gpt2.lua --pp=2 --zero=3 is refused, saying why"
 else notok "recipes/gpt2.lua --pp=2 --zero=3 is refused, saying why" "$out"; fi
+# uneven stages and one micro-batch a step: the model line names the blocks per stage, and a note says
+# the pipeline never fills
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --n_layer=3 --pp=2 --pp_stages=1,2 --micro_batches=1 --steps=1 --name=pp-one-mb-$$ 2>&1)
+if echo "$out" | grep -q 'pipeline parallel over 2 stages (1f1b, 1 micro-batch), blocks 1+2 per stage' \
+   && echo "$out" | grep -q '^note: --pp=2 with 1 micro-batch a step: each stage idles 0.50 of a step' \
+   && echo "$out" | grep -q 'step     1/1 | loss'; then
+  ok "recipes/gpt2.lua --pp=2 --pp_stages=1,2 with one micro-batch names its stages' blocks and notes the idle pipeline"
+else notok "recipes/gpt2.lua --pp=2 --pp_stages=1,2 with one micro-batch names its stages' blocks and notes the idle pipeline" "$out"; fi
+out=$(timeout 60 $MPIRUN -np 2 ./lutra $ptiny --pp=2 --schedule_pp=interleaved --micro_batches=2 --steps=1 --name=pp-one-mb-$$ 2>&1)
+if echo "$out" | grep -q '^note: --schedule_pp=interleaved with --virtual_stages=1 (one chunk a rank) runs 1F1B.s order' \
+   && echo "$out" | grep -q 'step     1/1 | loss'; then
+  ok "recipes/gpt2.lua --schedule_pp=interleaved without --virtual_stages notes that it runs 1F1B's order"
+else notok "recipes/gpt2.lua --schedule_pp=interleaved without --virtual_stages notes that it runs 1F1B's order" "$out"; fi
 # 3D on 8 ranks: dp=2 x tp=2 x pp=2 with ZeRO 1, 2 micro-batches a data-parallel rank: the one
 # process's 4 micro-batches of a step (its validation loss is rank 0's batches': steps only)
 out=$(timeout 120 $MPIRUN -np 8 ./lutra $ptiny --tp=2 --pp=2 --zero=1 --micro_batches=2 --name=pp-eight-$$ 2>&1)
-if echo "$out" | grep -q 'tensor parallel over 2 ranks, pipeline parallel over 2 stages (1f1b, 2 micro-batches), data parallel over 2 ranks, ZeRO stage 1' \
+if echo "$out" | grep -q 'tensor parallel over 2 ranks, pipeline parallel over 2 stages (1f1b, 2 micro-batches), blocks 1+1 per stage, data parallel over 2 ranks, ZeRO stage 1' \
    && echo "$out" | grep -q 'step     4/4 | loss' && same_losses pp-eight-$$ pp-one-$$ steps; then
   ok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms"
 else notok "recipes/gpt2.lua --tp=2 --pp=2 --zero=1 (dp=2 x tp=2 x pp=2) on 8 ranks logs one process's losses and norms" "$out
 $(paste <(losses pp-eight-$$ steps) <(losses pp-one-$$ steps))"; fi
-rm -rf "runs/pp-one-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "runs/pp-resume-$$" "runs/pp-resumed-$$" "$dir"
+rm -rf "runs/pp-one-$$" "runs/pp-one-mb-$$" "runs/pp-two-$$" "runs/pp-four-$$" "runs/pp-eight-$$" "runs/pp-resume-$$" "runs/pp-resumed-$$" "$dir"
 
 # job NAME PATTERN MAX_SECONDS DESCRIPTION [RANKS [ARGS]]: a job (2 ranks
 # unless RANKS; the script's arguments ARGS) that must end with a non-zero

@@ -65,6 +65,13 @@ describe("lt.dist.pp schedules", function()
     local t = pp.timeline(pp.one_f_one_b(2, 3))
     assert.are.equal("1f1b: 2 stages, 3 micro-batches\nrank 0: F1 F2 B1 F3 B2 B3\nrank 1: F1 B1 F2 B2 F3 B3", t)
     assert.truthy(pp.timeline(pp.interleaved(2, 2, 2)):find("rank 0: F1.1 F2.1 F1.2", 1, true))
+    -- interleaved with one chunk a rank is 1F1B's order (README, the recipe's note)
+    for _, pm in ipairs { { 2, 4 }, { 3, 6 }, { 4, 8 } } do
+      local rows = function(t) return (t:gsub("^[^\n]*\n", "")) end
+      assert.are.equal(rows(pp.timeline(pp.one_f_one_b(pm[1], pm[2]))), rows(pp.timeline(pp.interleaved(pm[1], pm[2], 1))))
+    end
+    -- one micro-batch is "1 micro-batch" (was "1 micro-batches")
+    assert.are.equal("gpipe: 2 stages, 1 micro-batch\nrank 0: F1 B1\nrank 1: F1 B1", pp.timeline(pp.gpipe(2, 1)))
   end)
   it("name a schedule that cannot run, and refuse bad arguments", function()
     local s = pp.one_f_one_b(2, 2)

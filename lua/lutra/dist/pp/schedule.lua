@@ -234,7 +234,8 @@ end
 -- "F3.2": chunk 2), for reading a schedule, e.g.
 --   rank 0: F1 F2 F3 B1 F4 B2 B3 B4
 function M.timeline(s)
-  local lines = { ("%s: %d stages, %d micro-batches%s"):format(s.name, s.stages, s.micro_batches,
+  local lines = { ("%s: %d stages, %d micro-batch%s%s"):format(s.name, s.stages, s.micro_batches,
+    s.micro_batches == 1 and "" or "es",
     s.chunks > 1 and (", %d chunks a rank"):format(s.chunks) or "") }
   for r = 1, s.stages do
     local parts = {}
