@@ -31,6 +31,7 @@
 -- every file, so bytes altered at the same size are refused, naming the
 -- file. Checkpoints saved before checksums (no 'checksums' field) load,
 -- checked by size only, with a note on stderr.
+local config = require "lutra.config"
 local tensor = require "lutra.tensor"
 local models = require "lutra.models"
 local safetensors = require "lutra.safetensors"
@@ -656,7 +657,7 @@ function M.load(path, o)
   -- the training layout binds the optimizer state and the loaders' positions
   -- (one per rank); the weights load anywhere (assembled from any TP size)
   local other = (o.opt or o.loader) and ppck.other_layout(saved, mine)
-  if other then error(("ckpt.load: %s/state.json: %s"):format(path, other), 2) end
+  if other then config.fail(("ckpt.load: %s/state.json: %s"):format(path, other)) end -- (the user's: no traceback)
   for name in pairs(o.rng or {}) do
     if not (st.rng and st.rng[name]) then
       error(("ckpt.load: %s/state.json: rng.%s is missing"):format(path, name), 2)

@@ -32,6 +32,11 @@ function M.fail(message)
   error(message, 0)
 end
 
+--- lt.config.is_fail(message) -> whether message was raised by
+-- lt.config.fail (a settings error: code that catches and raises it again
+-- keeps it one with lt.config.fail(message)).
+function M.is_fail(message) return type(message) == "string" and registry[PLAIN][message] == true end
+
 -- edit distance with adjacent transpositions (optimal string alignment)
 local function distance(a, b)
   local d = {}

@@ -170,6 +170,21 @@ describe("lt.train", function()
     assert(type(lines[4].sample) == "string" and lines[4].sample:sub(1, 1) == "a")
   end)
 
+  it("records a sample holding a NUL byte (which JSON lines cannot hold as such) with U+2400 in its place", function()
+    local gpt = lt.tokenizer.load("data/gpt2.tiktoken")
+    local tok = { eot = gpt.eot, encode = function(_, t) return gpt:encode(t) end,
+      decode = function(_, ids, o) return gpt:decode(ids, o) .. "\0!" end }
+    local m = tiny(4)
+    local name = "specnul" .. tostring(os.time())
+    lt.train { model = m, optimizer = lt.optim.AdamW(m, { lr = 1e-3 }), train = list_loader(batches(1, 2, 8)), steps = 1,
+      sample_every = 1, sample = { tokenizer = tok, prompt = "a", tokens = 2 }, out_dir = OUT, name = name, quiet = true }
+    local f = assert(io.open(OUT .. "/" .. name .. "/metrics.jsonl"))
+    local sample
+    for line in f:lines() do sample = lt.json.decode(line).sample or sample end
+    f:close()
+    assert(sample and sample:sub(-4) == "\226\144\128!", "the sample's end: " .. tostring(sample and sample:sub(-4)))
+  end)
+
   it("stops with an error naming the metrics file when a line cannot be written (a full disk)", function()
     local dir = OUT .. "/full"
     os.execute("mkdir -p " .. dir .. " && ln -sf /dev/full " .. dir .. "/metrics.jsonl")

@@ -75,6 +75,7 @@ function M.resume(o)
       -- every rank's resume with its message, instead of the others going on to wait for it
       local bad, why
       if job then bad, why = comm.first_error(ok, st) end
+      if not ok and config.is_fail(st) then config.fail(st) end -- (a layout refused: the user's, no traceback)
       if bad then
         error(ok and ("train: rank %d cannot resume from %s: %s"):format(bad, path, why) or st, level)
       elseif not ok then

@@ -465,7 +465,8 @@ function M.run(settings)
         top_k = s.top_k, top_p = s.top_p, generator = s.generator, device = device })
       if lead then
         local text = s.tokenizer:decode(ids, { errors = "replace" }) -- (valid UTF-8 in the log and the JSON)
-        record({ step = step, sample = text })
+        -- (a sampled NUL byte, which the JSON writer cannot hold, recorded as U+2400, the symbol for null)
+        record({ step = step, sample = (text:gsub("%z", "\226\144\128")) })
         say(("---- sample at step %d ----\n%s\n----"):format(step, text))
       end
     end

@@ -82,27 +82,6 @@ function M.check_layout(l)
   return nil
 end
 
---- tp.ckpt.other_layout(saved, mine) -> nil when a checkpoint's layout
--- (state.json's) is this job's for a resume (world size and TP size; the
--- ZeRO stage lt.ckpt.load checks against the optimizer), else the refusal:
--- "layout.world_size is 4, this job has 8 ranks (the checkpoint's layout is
--- ..., this job's ...; ...)" or "the checkpoint's layout is dp 2 x tp 2 (4
--- ranks), ZeRO 0, this job's dp 1 x tp 4 (4 ranks), ZeRO 0 (...)".
-function M.other_layout(saved, mine)
-  local hint = "resuming on another layout is not supported yet; the weights alone load anywhere: "
-    .. "lt.ckpt.load(path, {model = m}), lt.ckpt.load_weights or lt.ckpt.load_model"
-  local sw = saved.world_size or 1
-  if sw ~= mine.world_size then
-    return ("layout.world_size is %d, this job has %d ranks (the checkpoint's layout is %s, this job's %s; %s)"):format(
-      sw, mine.world_size, M.describe(saved), M.describe(mine), hint)
-  end
-  if (saved.tp or 1) ~= mine.tp then
-    return ("the checkpoint's layout is %s, this job's %s (another tensor-parallel size: %s)"):format(M.describe(saved),
-      M.describe(mine), hint)
-  end
-  return nil
-end
-
 --- tp.ckpt.files(layout, {opt =, sharded =, world =}) -> the names of the
 -- weights' and optimizer's files a job of this layout writes.
 function M.files(l, o)
