@@ -81,6 +81,24 @@ describe("GPT-2 and Llama shapes", function()
     assert.is_true((ga - padded.transformer.wte.weight.grad):abs():max():item() <= 1e-6)
     assert.are.same({ 1, 4, 512 }, padded(idx, nil, true):shape())
   end)
+  it("a model's own config (padded vocabulary and all) builds the same model again", function()
+    for _, make in ipairs { lt.models.gpt2, lt.models.llama } do
+      local a = make(make == lt.models.gpt2 and "gpt2-tiny" or "llama-tiny",
+        { vocab_size = 97, pad_vocab = 64, generator = lt.Generator(3) })
+      assert.are.equal(128, a.config.padded_vocab_size)
+      local cfg = {}
+      for k, v in pairs(a.config) do cfg[k] = v end
+      cfg.generator = lt.Generator(3)
+      local b = make(cfg)
+      local pa, pb = a:named_parameters(), b:named_parameters()
+      assert.are.equal(#pa, #pb)
+      for i = 1, #pa do
+        assert.are.equal(pa[i][1], pb[i][1])
+        assert((pa[i][2] - pb[i][2]):abs():max():item() == 0, pa[i][1])
+      end
+    end
+  end)
+
   it("blocks fuse the GELU and the residual add only into modules whose forward takes them", function()
     local nn = lt.nn
     local cfg = { n_layer = 1, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16 }
