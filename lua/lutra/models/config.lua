@@ -10,7 +10,9 @@ local OPTS = { dtype = true, device = true, generator = true, tp = true, sequenc
 -- named base config (configs[name]) or the given table, with overrides on
 -- top; dtype, device, generator, tp (a tensor-parallel group),
 -- sequence_parallel, pp (a pipeline group), pp_stages and virtual_stages go to opts (with init = false: the constructors set
--- every weight), the rest to cfg (what a checkpoint records of the model). Neither argument is
+-- every weight), the rest to cfg (what a checkpoint records of the model),
+-- but padded_vocab_size, which the constructors derive (so a model's own
+-- config, model.config, builds the model again). Neither argument is
 -- changed. Raises "<family>: unknown config '<name>' (known: ...)" at the
 -- constructor's caller.
 function M.resolve(family, configs, name, overrides)
@@ -30,7 +32,7 @@ function M.resolve(family, configs, name, overrides)
   for k, v in pairs(overrides or {}) do merged[k] = v end
   local cfg, opts = {}, { init = false }
   for k, v in pairs(merged) do
-    if OPTS[k] then opts[k] = v else cfg[k] = v end
+    if OPTS[k] then opts[k] = v elseif k ~= "padded_vocab_size" then cfg[k] = v end
   end
   return cfg, opts
 end
