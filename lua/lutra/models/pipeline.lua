@@ -199,6 +199,41 @@ function M.stage_forward(model, c, input, targets, opts, B, T)
   return x
 end
 
+--- pipeline.check_shapes(model, xs, ys, who) -> B, T: raises on every rank
+-- of the pipeline group unless every micro-batch x of xs (and its targets
+-- ys[k]) on every rank of the group is the same B x T. The link agrees a
+-- message's shape once per (B, T) and each receiver posts its buffer from
+-- its own micro-batch's shape, so a micro-batch of another shape within a
+-- step, or a rank holding another shape than its neighbours, would leave a
+-- receive waiting until the watchdog aborts the job. One all_reduce (max)
+-- of five numbers over the group; who names the caller in the message.
+function M.check_shapes(model, xs, ys, who)
+  local P = model.pp
+  local B, T = xs[1]:size(1), xs[1]:dim() > 1 and xs[1]:size(2) or 1
+  local bad
+  for k = 1, #xs do
+    for _, t in ipairs { xs[k], ys[k] } do
+      if not bad and (t:dim() ~= 2 or t:size(1) ~= B or t:size(2) ~= T) then
+        bad = ("micro-batch %d is %s (%s), micro-batch 1's ids are %dx%d"):format(k,
+          table.concat(t:shape(), "x"), t == xs[k] and "ids" or "targets", B, T)
+      end
+    end
+  end
+  local v = tensor.tensor({ B, T, -B, -T, bad and P.rank + 1 or 0 }, { dtype = "f64" })
+  comm.all_reduce(v, { op = "max", group = P.group })
+  local m = v:totable()
+  if m[5] > 0 then
+    error(("%s: under pipeline parallelism every micro-batch of a step must have one shape (B x T): on pipeline "
+      .. "rank %d %s"):format(who, m[5] - 1, bad or "one does not"), 0)
+  end
+  if m[1] ~= -m[3] or m[2] ~= -m[4] then
+    error(("%s: the pipeline's ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this rank "
+      .. "%dx%d): every rank of a pipeline group must read the same batches"):format(who, -m[3], m[1], -m[4], m[2],
+      B, T), 0)
+  end
+  return B, T
+end
+
 --- pipeline.link(model, device) -> the stage's link to its neighbours
 -- (lutra.dist.pp.link), one per model so that shapes are agreed once per
 -- run, its device set to device (where activations arrive).
@@ -224,7 +259,7 @@ function M.loss(model, idx, targets, opts)
   local lo = {}
   for k, v in pairs(opts) do lo[k] = v end
   lo.reduction, lo.count = "sum", true
-  local B, T = idx:size(1), idx:size(2)
+  local B, T = M.check_shapes(model, { idx }, { targets }, "pipeline: loss")
   local L = M.link(model, idx.device)
   local sum, count = 0, 0
   autograd.no_grad(function()

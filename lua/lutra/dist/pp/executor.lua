@@ -130,7 +130,10 @@ function M.run(model, actions, xs, ys, total, o)
       saved[k].grad = received(a)
     elseif a.op == "bwd" then
       local s = saved[k]
-      if vs == last_vs then
+      if not s.out.requires_grad then
+        -- (only the first stage's output can be without a graph: no parameter of it requires grad, and
+        -- it has no input from a stage before; one process's backward stops there too)
+      elseif vs == last_vs then
         -- (divided as lt.train.step's own loop divides; with no target counted, zero gradients still flow back)
         if total > 0 then (s.out / total):backward() else (s.out * 0):backward() end
       else

@@ -134,7 +134,9 @@ end
 -- dp = 1 a group of one rank). group nil stands for the world, which a
 -- TP model's data parallelism never is. Three small all_reduces, the last
 -- over the world so that every rank learns of a group wrong anywhere.
-function M.check_dp_group(tp, group, who, level)
+-- kind "pipeline": tp is a pipeline group (model.pp.group), the same check
+-- for a pipeline's data parallelism (every rank of group at one stage).
+function M.check_dp_group(tp, group, who, level, kind)
   local g = group
   if g == nil then g = comm.new_group(0) end -- (the world, as a group every rank makes)
   local hi1, lo1 = spread({ tp:rank() }, g)
@@ -142,6 +144,12 @@ function M.check_dp_group(tp, group, who, level)
   local bad = (hi1[1] ~= lo1[1] or hi2[1] ~= lo2[1]) and 1 or 0
   local t = tensor.tensor({ bad }, { dtype = "f64" })
   comm.all_reduce(t, { op = "max" })
+  if t:item() > 0 and kind == "pipeline" then
+    error(("%s: the model is split into %d pipeline stages, and the %s (%d ranks) holds ranks of one pipeline "
+      .. "group: data parallelism of a pipeline runs over the data-parallel group, group = "
+      .. "lt.dist.mesh{dp =, pp = %d}.dp"):format(who, tp:size(), group == nil and "group (the world)" or "group",
+      g:size(), tp:size()), (level or 2) + 1)
+  end
   if t:item() > 0 then
     error(("%s: the model is tensor-parallel over %d ranks, and the %s (%d ranks) holds ranks of one tensor-parallel "
       .. "group: data parallelism of a TP model runs over the data-parallel group, "
