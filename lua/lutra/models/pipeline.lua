@@ -210,12 +210,13 @@ end
 function M.check_shapes(model, xs, ys, who)
   local P = model.pp
   local B, T = xs[1]:size(1), xs[1]:dim() > 1 and xs[1]:size(2) or 1
-  local bad
+  local bad -- {micro-batch, 1 ids / 2 targets, dims, sizes...}
   for k = 1, #xs do
-    for _, t in ipairs { xs[k], ys[k] } do
+    for w, t in ipairs { xs[k], ys[k] } do
       if not bad and (t:dim() ~= 2 or t:size(1) ~= B or t:size(2) ~= T) then
-        bad = ("micro-batch %d is %s (%s), micro-batch 1's ids are %dx%d"):format(k,
-          table.concat(t:shape(), "x"), t == xs[k] and "ids" or "targets", B, T)
+        bad = { k, w, math.min(t:dim(), 4) }
+        for d = 1, 4 do bad[3 + d] = d <= t:dim() and t:size(d) or 0 end
+        bad[8], bad[9] = B, T
       end
     end
   end
@@ -223,8 +224,16 @@ function M.check_shapes(model, xs, ys, who)
   comm.all_reduce(v, { op = "max", group = P.group })
   local m = v:totable()
   if m[5] > 0 then
+    -- (the details of the highest such rank, summed from it alone: every rank names them)
+    local mine = m[5] - 1 == P.rank
+    local d = tensor.tensor(mine and bad or { 0, 0, 0, 0, 0, 0, 0, 0, 0 }, { dtype = "f64" })
+    comm.all_reduce(d, { group = P.group })
+    local b = d:totable()
+    local dims = {}
+    for i = 1, b[3] do dims[i] = ("%d"):format(b[3 + i]) end
     error(("%s: under pipeline parallelism every micro-batch of a step must have one shape (B x T): on pipeline "
-      .. "rank %d %s"):format(who, m[5] - 1, bad or "one does not"), 0)
+      .. "rank %d micro-batch %d is %s (%s), micro-batch 1's ids are %dx%d"):format(who, m[5] - 1, b[1],
+      table.concat(dims, "x"), b[2] == 1 and "ids" or "targets", b[8], b[9]), 0)
   end
   if m[1] ~= -m[3] or m[2] ~= -m[4] then
     error(("%s: the pipeline's ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this rank "

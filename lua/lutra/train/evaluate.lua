@@ -6,6 +6,22 @@ local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local records = require "lutra.dist.tp.records"
 local tpnorm = require "lutra.dist.tp.norm"
+local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
+
+-- under a pipeline (or tensor parallelism) the ranks of group g must run
+-- out of batches together: one that stops while another calls model:loss
+-- would leave that one waiting for it (a receive, a collective) until the
+-- watchdog. Raises on every rank of g when some have a batch i and some not.
+local function agree_more(g, have, i, kind)
+  local t = tensor.tensor({ have and 1 or 0, have and 0 or 1 }, { dtype = "f64" })
+  comm.all_reduce(t, { op = "max", group = g })
+  local v = t:totable()
+  if v[1] > 0 and v[2] > 0 then
+    error(("train: the %s ranks' validation loaders ran out at different batches (batch %d: this rank %s): every "
+      .. "rank of a %s group must read the same batches"):format(kind, i, have and "has one" or "has none", kind), 0)
+  end
+end
 
 --- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu", own_loss = false}])
 -- -> the mean token loss (cross-entropy of model(x) against y, summed over
@@ -27,6 +43,9 @@ local tpnorm = require "lutra.dist.tp.norm"
 -- A pipeline stage model (model.pp) computes it with model:loss, the
 -- forward-only pipeline: every rank of the pipeline calls it on the same
 -- batches (checked on the first, as under TP) and gets the whole model's loss.
+-- Under a pipeline or TP the group's ranks agree at each batch that they
+-- all have one (one all_reduce of two numbers): a loader that runs out on
+-- some ranks only raises on every rank of the group instead of a hang.
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
@@ -39,8 +58,9 @@ local function evaluate(model, loader, opts)
   local ppg, pp_checked = pp and pp.group, false
   model:eval()
   autograd.no_grad(function()
-    for _ = 1, n do
+    for i = 1, n do
       local x, y = loader:next()
+      if ppg then agree_more(ppg, x ~= nil, i, "pipeline") elseif tpg then agree_more(tpg, x ~= nil, i, "tensor-parallel") end
       if not x then break end
       if block and x:size(x:dim()) > block then
         error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")

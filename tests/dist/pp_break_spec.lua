@@ -1,0 +1,215 @@
+-- tests/dist/pp_break_spec.lua: pipeline parallelism given bad inputs and
+-- odd layouts (pp = the job's ranks; np=2 and np=4). Every training result
+-- is checked against the whole model trained by lt.train.step in this
+-- rank on the same micro-batches (f32; losses and norms to 1e-5 relative,
+-- weights to 1e-5 absolute, as tests/dist/pp_spec.lua); every refusal
+-- raises on every rank, naming what was wrong, instead of a hang (the
+-- watchdog is set to 60 s: a hang fails the job):
+--   - a first stage with nothing to train (its embedding and blocks frozen,
+--     an untied head: its optimizer has no parameter) and a frozen block
+--     in the middle train as one process
+--   - micro-batches whose B and T change between steps (the link agrees a
+--     shape per B x T) train as one process
+--   - a step whose micro-batches differ in shape, and a rank holding
+--     another shape than its neighbours (at step 2, after the first step's
+--     batch check): refused on every rank; the pipeline trains on after
+--   - DataParallel and Zero over the world (or the pipeline group) of a
+--     pipeline model: refused on every rank, naming mesh.dp
+--   - validation loaders that run out at different batches on the ranks:
+--     refused on every rank; those that run out together: one process's loss
+--   - model:loss (evaluation) with another batch shape on one rank: refused
+--   - a Llama with tied embeddings (the head on the last stage)
+local lt = require "lutra"
+package.path = "tests/dist/?.lua;" .. package.path
+local H = require "harness"
+local P = require "pp_layouts"
+
+lt.dist.init()
+lt.dist.set_timeout(60)
+local world, rank = lt.dist.world_size(), lt.dist.rank()
+local V, LR = 37, 1e-3
+local mesh = lt.dist.mesh { pp = world }
+
+-- a micro-batch of B x T ids and their next-token targets from generator g
+local function mb(g, B, T)
+  local x = lt.randint(0, V, { B, T + 1 }, { generator = g, dtype = "i64" })
+  return x:narrow(2, 1, T):contiguous(), x:narrow(2, 2, T):contiguous()
+end
+
+-- trains model for #shapes steps of 2 micro-batches (step s of shapes[s] = {B, T}) from seed 3, with
+-- AdamW over its parameters that require grad; freeze(model) first. Returns the losses and norms.
+local function train(model, shapes, freeze)
+  if freeze then freeze(model) end
+  local ps = {}
+  for _, p in ipairs(model:parameters()) do if p.requires_grad then ps[#ps + 1] = p end end
+  local opt = lt.optim.AdamW(ps, { lr = LR, weight_decay = 0.1 })
+  local S = lt.train.step.new { model = model, optimizer = opt, accum = 2, clip = 0.05 }
+  local g = lt.Generator(3)
+  local losses, norms = {}, {}
+  for s, sh in ipairs(shapes) do
+    local r = S:run(s, function() return mb(g, sh[1], sh[2]) end)
+    losses[s], norms[s] = r.loss, r.grad_norm
+  end
+  return losses, norms, #ps
+end
+
+-- the stage's and the whole model's runs: losses, norms and this stage's weights (the last stage's
+-- tied copy under the embedding's name); a frozen weight must not have moved
+local function compare(cfg, shapes, freeze)
+  local ref = P.gpt2(cfg)
+  local start = {}
+  for _, np in ipairs(ref:named_parameters()) do start[np[1]] = np[2]:clone() end
+  local rl, rn = train(ref, shapes, freeze)
+  local c = { pp = mesh.pp }
+  for k, v in pairs(cfg) do c[k] = v end
+  local model = P.gpt2(c)
+  local l, n, trained = train(model, shapes, freeze)
+  local fails = {}
+  for s = 1, #shapes do
+    if not (math.abs(l[s] - rl[s]) <= 1e-5 * rl[s] and math.abs(n[s] - rn[s]) <= 1e-5 * rn[s]) then
+      fails[#fails + 1] = ("step %d: loss %.8f vs %.8f, norm %.6f vs %.6f"):format(s, l[s], rl[s], n[s], rn[s])
+    end
+  end
+  local whole = {}
+  for _, np in ipairs(ref:named_parameters()) do whole[np[1]] = np[2] end
+  for _, np in ipairs(model:named_parameters()) do
+    local name = np[1] == "lm_head.weight" and model.pp.copy and "transformer.wte.weight" or np[1]
+    local d = (np[2]:to("f64") - whole[name]:to("f64")):abs():max():item()
+    if not (d <= 1e-5) then fails[#fails + 1] = ("%s differs by %g"):format(name, d) end
+    if not np[2].requires_grad and (np[2]:to("f64") - start[name]:to("f64")):abs():max():item() ~= 0 then
+      fails[#fails + 1] = ("%s is frozen and moved"):format(name)
+    end
+  end
+  return fails, trained
+end
+
+local function frozen(match)
+  return function(m)
+    for _, np in ipairs(m:named_parameters()) do if match(np[1]) then np[2].requires_grad = false end end
+  end
+end
+
+H.test("a first stage with nothing to train (embedding and its blocks frozen, no parameter in its optimizer) "
+  .. "trains as one process", function()
+  -- the first stage holds blocks 0 .. 4/world - 1 (an even split of 4): every one of them frozen, and the embeddings
+  local per = 4 / world
+  local fails, trained = compare({ tie_embeddings = false }, { { 2, 8 }, { 2, 8 }, { 2, 8 } }, frozen(function(name)
+    local b = tonumber(name:match("^transformer%.h%.(%d+)%."))
+    return name:match("^transformer%.w[tp]e%.") or (b and b < per)
+  end))
+  if rank == 0 then assert(trained == 0, ("the first stage trains %d parameters"):format(trained)) end
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+H.test("a frozen block in the middle and a frozen position embedding (tied head) train as one process", function()
+  local fails = compare({}, { { 2, 8 }, { 2, 8 } }, frozen(function(name)
+    return name:match("^transformer%.h%.1%.") or name:match("^transformer%.wpe%.")
+  end))
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+H.test("micro-batches whose B and T change between steps train as one process", function()
+  local fails = compare({}, { { 2, 8 }, { 3, 8 }, { 2, 5 }, { 1, 1 }, { 2, 8 } })
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+-- a pipeline model's step; step 1 on 2 x 8 micro-batches, then next(k) gives step 2's micro-batch k
+local function stage_step(next2)
+  local model = P.gpt2 { pp = mesh.pp }
+  local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model:parameters(), { lr = LR }), accum = 2 }
+  local g = lt.Generator(3)
+  S:run(1, function() return mb(g, 2, 8) end)
+  local k = 0
+  local ok, err = pcall(S.run, S, 2, function()
+    k = k + 1
+    return next2(g, k)
+  end)
+  -- the pipeline trains on after the refusal (nothing was sent)
+  local r = S:run(3, function() return mb(g, 2, 8) end)
+  assert(r.loss > 0 and r.loss == r.loss, "the step after the refusal has no loss")
+  return ok, err
+end
+
+H.test("a step whose micro-batches differ in shape is refused on every rank, naming the micro-batch", function()
+  local ok, err = stage_step(function(g, k) return mb(g, 2, k == 1 and 8 or 6) end)
+  assert(not ok, "a step of 2x8 and 2x6 micro-batches ran")
+  for _, part in ipairs { "train: step 2", "one shape", "micro-batch 2 is 2x6 (ids), micro-batch 1's ids are 2x8" } do
+    assert(tostring(err):find(part, 1, true), ("the message %q does not say %q"):format(tostring(err), part))
+  end
+end)
+
+H.test("targets of another shape than their ids are refused on every rank", function()
+  local ok, err = stage_step(function(g, k)
+    local x, y = mb(g, 2, 8)
+    if k == 2 and rank == world - 1 then y = y:narrow(2, 1, 7):contiguous() end
+    return x, y
+  end)
+  assert(not ok, "targets of 2x7 ran")
+  assert(tostring(err):find(("on pipeline rank %d micro-batch 2 is 2x7 (targets)"):format(world - 1), 1, true),
+    tostring(err))
+end)
+
+H.test("a rank holding another batch shape than its neighbours (step 2) is refused on every rank", function()
+  local ok, err = stage_step(function(g) return mb(g, rank == 1 and 3 or 2, 8) end)
+  assert(not ok, "ranks of 2x8 and 3x8 micro-batches ran")
+  for _, part in ipairs { "train: step 2", "different shapes (B 2 to 3, T 8 to 8", "read the same batches" } do
+    assert(tostring(err):find(part, 1, true), ("the message %q does not say %q"):format(tostring(err), part))
+  end
+end)
+
+H.test("DataParallel and Zero over the world or the pipeline group of a pipeline model are refused on every rank",
+  function()
+  local model = P.gpt2 { pp = mesh.pp }
+  H.raises(function() lt.dist.DataParallel(model) end, "DataParallel: the model is split into " .. world
+    .. " pipeline stages", "the group (the world)", "lt.dist.mesh{dp =, pp = " .. world .. "}.dp")
+  H.raises(function() lt.dist.DataParallel(model, { group = mesh.pp }) end, "holds ranks of one pipeline group")
+  H.raises(function() lt.dist.Zero(model, { stage = 1, lr = LR }) end, "Zero: the model is split into")
+  -- mesh.dp (here a group of one rank) is the data-parallel group
+  local ddp = lt.dist.DataParallel(model, { group = mesh.dp })
+  assert(ddp.group == mesh.dp)
+end)
+
+if world == 4 then
+  H.test("dp=2 x pp=2: DataParallel over the world refused, over mesh.dp taken", function()
+    local m2 = lt.dist.mesh { pp = 2 }
+    local model = P.gpt2 { pp = m2.pp }
+    H.raises(function() lt.dist.DataParallel(model) end, "split into 2 pipeline stages", "(4 ranks)")
+    H.raises(function() lt.dist.DataParallel(model, { group = m2.pp }) end, "holds ranks of one pipeline group")
+    lt.dist.DataParallel(model, { group = m2.dp })
+  end)
+end
+
+-- n validation batches of 2 x 8 from seed 5
+local function val(n)
+  local g, out = lt.Generator(5), {}
+  for i = 1, n do out[i] = { mb(g, 2, 8) } end
+  return out
+end
+
+H.test("validation loaders that run out at different batches are refused on every rank; together: one "
+  .. "process's loss", function()
+  local model = P.gpt2 { pp = mesh.pp }
+  H.raises(function() lt.train.evaluate(model, H.loader(val(rank == 1 and 2 or 3)), { batches = 5 }) end,
+    "the pipeline ranks' validation loaders ran out at different batches (batch 3", "read the same batches")
+  local got = lt.train.evaluate(model, H.loader(val(3)), { batches = 5 })
+  local want = lt.train.evaluate(P.gpt2 {}, H.loader(val(3)), { batches = 5 })
+  assert(math.abs(got - want) <= 1e-5 * want, ("validation loss %.8f, one process %.8f"):format(got, want))
+end)
+
+H.test("model:loss with another batch shape on one rank is refused on every rank", function()
+  local model = P.gpt2 { pp = mesh.pp }
+  local x, y = mb(lt.Generator(5), rank == world - 1 and 1 or 2, 8)
+  H.raises(function() model:loss(x, y) end, "pipeline: loss: the pipeline's ranks hold micro-batches of different "
+    .. "shapes (B 1 to 2, T 8 to 8")
+  local x2, y2 = mb(lt.Generator(5), 2, 8)
+  local got = model:loss(x2, y2):item()
+  local want = P.gpt2 {}:loss(x2, y2):item()
+  assert(math.abs(got - want) <= 1e-5 * want, ("loss %.8f, one process %.8f"):format(got, want))
+end)
+
+H.test("a Llama with tied embeddings trains as one process (the head's copy on the last stage)", function()
+  local fails = P.compare { pp = world, family = "llama", config = { tie_embeddings = true } }
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+H.run("tests/dist/pp_break_spec.lua")
