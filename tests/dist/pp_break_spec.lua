@@ -19,6 +19,9 @@
 --     refused on every rank; those that run out together: one process's loss
 --   - model:loss (evaluation) with another batch shape on one rank: refused
 --   - a Llama with tied embeddings (the head on the last stage)
+--   - dropout: the stages drew the same masks (each rank's default
+--     generator alike): now each draws its own, and the ranks' generators
+--     agree after each step
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -210,6 +213,51 @@ end)
 H.test("a Llama with tied embeddings trains as one process (the head's copy on the last stage)", function()
   local fails = P.compare { pp = world, family = "llama", config = { tie_embeddings = true } }
   assert(#fails == 0, table.concat(fails, "; "))
+end)
+
+H.test("dropout: each stage draws masks of its own (not another stage's), the ranks' generators agree after "
+  .. "each step, and a rerun repeats the losses", function()
+  local random = require "lutra.random"
+  local function run()
+    local model = P.gpt2 { pp = mesh.pp, dropout = 0.2 }
+    local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model:parameters(), { lr = LR }),
+      accum = 2 }
+    local g, rand, draws, losses = lt.Generator(3), random.rand, {}, {}
+    lt.manual_seed(1)
+    random.rand = function(shape, o)
+      local t = rand(shape, o)
+      draws[#draws + 1] = t:sum():item()
+      return t
+    end
+    local ok, err = pcall(function()
+      for s = 1, 2 do
+        losses[s] = S:run(s, function() return mb(g, 2, 8) end).loss
+        local st = lt.default_generator():state()
+        local v = lt.tensor({ st.seed, st.offset, -st.seed, -st.offset }, { dtype = "f64" })
+        lt.dist.all_reduce(v, { op = "max", group = mesh.pp })
+        local m = v:totable()
+        assert(m[1] == -m[3] and m[2] == -m[4] and st.offset > 0, ("step %d: rank %d's generator is %s, the "
+          .. "pipeline's from (%d, %d) to (%d, %d)"):format(s, rank, tostring(lt.default_generator()), -m[3], -m[4],
+          m[1], m[2]))
+      end
+    end)
+    random.rand = rand
+    if not ok then error(err, 0) end
+    return draws, losses
+  end
+  local draws, losses = run()
+  assert(#draws > 0, "no dropout mask drawn")
+  -- the first mask of every rank against every other rank's masks of the step
+  local all = lt.dist.all_gather(lt.tensor({ { draws[1], draws[2] } }, { dtype = "f64" })):totable()
+  for r = 1, world do
+    if r ~= rank + 1 then
+      for _, d in ipairs(draws) do
+        assert(d ~= all[r][1] and d ~= all[r][2], ("rank %d draws a mask of rank %d's (sum %.6f)"):format(rank, r - 1, d))
+      end
+    end
+  end
+  local _, again = run()
+  for s = 1, 2 do assert(again[s] == losses[s], ("a rerun's step %d loss %.8f, first %.8f"):format(s, again[s], losses[s])) end
 end)
 
 H.run("tests/dist/pp_break_spec.lua")
