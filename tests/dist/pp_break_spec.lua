@@ -19,6 +19,9 @@
 --     refused on every rank; those that run out together: one process's loss
 --   - model:loss (evaluation) with another batch shape on one rank: refused
 --   - a Llama with tied embeddings (the head on the last stage)
+--   - bf16 and f16 models: one process's losses and norms to 1e-3; a model
+--     turned from f32 to bf16 between steps (the link's agreed messages
+--     were f32: the receivers waited for f32 buffers) trains on
 --   - dropout: the stages drew the same masks (each rank's default
 --     generator alike): now each draws its own, and the ranks' generators
 --     agree after each step
@@ -258,6 +261,49 @@ H.test("dropout: each stage draws masks of its own (not another stage's), the ra
   end
   local _, again = run()
   for s = 1, 2 do assert(again[s] == losses[s], ("a rerun's step %d loss %.8f, first %.8f"):format(s, again[s], losses[s])) end
+end)
+
+for _, dt in ipairs { "bf16", "f16" } do
+  H.test(dt .. " weights and activations through the pipeline: one process's losses and norms (to 1e-3 relative: "
+    .. "the tied gradient's two halves are summed in f32 then rounded, one process adds them in " .. dt .. ")", function()
+    local function run(m)
+      local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m:parameters(), { lr = LR }), accum = 2,
+        clip = 0.05 }
+      local g, out = lt.Generator(3), {}
+      for s = 1, 3 do
+        local r = S:run(s, function() return mb(g, 2, 8) end)
+        out[s] = { r.loss, r.grad_norm }
+      end
+      return out
+    end
+    local want = run(P.gpt2 { dtype = dt })
+    local model = P.gpt2 { dtype = dt, pp = mesh.pp }
+    for _, p in ipairs(model:parameters()) do assert(p.dtype == dt, "a stage parameter is " .. p.dtype) end
+    local got = run(model)
+    for s = 1, 3 do
+      for i, what in ipairs { "loss", "norm" } do
+        local a, b = got[s][i], want[s][i]
+        assert(math.abs(a - b) <= 1e-3 * math.abs(b), ("step %d: %s %.8f, one process %.8f"):format(s, what, a, b))
+      end
+    end
+  end)
+end
+
+H.test("a model turned to bf16 between steps (the link agreed f32 messages): the next steps are one process's", function()
+  local function run(m)
+    local g, out = lt.Generator(3), {}
+    local S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m:parameters(), { lr = LR }), accum = 2 }
+    out[1] = S:run(1, function() return mb(g, 2, 8) end).loss
+    m:to("bf16")
+    S = lt.train.step.new { model = m, optimizer = lt.optim.AdamW(m:parameters(), { lr = LR }), accum = 2 }
+    for s = 2, 3 do out[s] = S:run(s, function() return mb(g, 2, 8) end).loss end
+    return out
+  end
+  local want, got = run(P.gpt2 {}), run(P.gpt2 { pp = mesh.pp })
+  for s = 1, 3 do
+    assert(math.abs(got[s] - want[s]) <= 1e-3 * want[s], ("step %d: loss %.8f, one process %.8f"):format(s, got[s],
+      want[s]))
+  end
 end)
 
 H.run("tests/dist/pp_break_spec.lua")

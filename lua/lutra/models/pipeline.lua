@@ -245,10 +245,17 @@ end
 
 --- pipeline.link(model, device) -> the stage's link to its neighbours
 -- (lutra.dist.pp.link), one per model so that shapes are agreed once per
--- run, its device set to device (where activations arrive).
+-- run, its device set to device (where activations arrive). A model whose
+-- parameters changed dtype since (model:to("bf16") between steps: every
+-- stage does) gets a new link, whose first messages agree the shapes and
+-- dtype again (the old one's receivers would post buffers of the old dtype).
 function M.link(model, device)
   local P = model.pp
+  local first = model:parameters()[1]
+  local dtype = first and first.dtype or "f32"
+  if P.link and P.link.dtype ~= dtype then P.link = nil end
   P.link = P.link or link.new(P.group, P.chunks, device)
+  P.link.dtype = dtype
   P.link.device = device
   return P.link
 end
