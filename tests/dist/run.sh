@@ -15,7 +15,9 @@
 # another line fails at once naming both; a rank that skips a collective
 # is reported by the watchdog, which names the ranks that never arrived;
 # a pipeline stage's rank that raises or is killed mid-step (pp=2 and 4)
-# ends the job within seconds.
+# ends the job within seconds; SIGINT to one rank of lt.train's pipeline
+# ends the job naming it, SIGTERM stops every rank after the same step and
+# saves it (tests/dist/jobs/pp_signal.lua).
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -240,6 +242,21 @@ for np in 2 4; do
         "pp=$np: $where rank $r killed (SIGKILL) in its $part ends the job" "$np" "--how=kill --at=$at --rank=$r"
     done
   done
+done
+
+# a signal to one rank of a pipeline trained by lt.train (tests/dist/jobs/pp_signal.lua, pp = the ranks):
+# SIGINT ends the job within seconds naming the rank (the others waited for it until the watchdog);
+# SIGTERM stops every rank after the same step, the checkpoint of that step saved, status 0
+for np in 2 4; do
+  job pp_signal "^\[rank 1\] lutra: train: interrupted (SIGINT) on rank 1 during step 3: the job's other ranks" 15 \
+    "pp=$np: SIGINT to rank 1 of lt.train's pipeline ends the job naming the rank" "$np" "--sig=INT"
+  dir=$(mktemp -d /tmp/lutra-dist-ppsig.XXXXXX)
+  out=$(timeout 60 $MPIRUN -np "$np" ./lutra tests/dist/jobs/pp_signal.lua --sig=TERM --dir="$dir" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -c '^rank [0-9]* stopped after step 3, preempted SIGTERM$')" -eq "$np" ] \
+     && [ -f "$dir/pp-signal/ckpt/step_00000003/state.json" ] && [ ! -e "$dir/pp-signal/ckpt/step_00000004" ]; then
+    ok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it"
+  else notok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it (status $rc)" "$out"; fi
+  rm -rf "$dir"
 done
 
 echo "dist: $passed passed, $failed failed"

@@ -27,7 +27,10 @@
 -- progress is dropped with its partial gradients, except that an update
 -- once begun is finished and recorded first (lt_interrupt_defer), and so
 -- is a checkpoint being saved (the loop then stops after that step). lutra then
--- exits with status 130 when the script ends. Each evaluation
+-- exits with status 130 when the script ends. Under a job (ddp, several
+-- ranks) a Ctrl-C taken on one rank raises instead, "train: interrupted
+-- (SIGINT) on rank R ...", ending the job (the other ranks would wait for
+-- it until the watchdog); SIGTERM is the signal that stops a job cleanly. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare; a run that starts
 -- afresh evaluates once before its first step too (step 0; eval_at_start =
