@@ -6,15 +6,16 @@
 -- raises on every rank, naming what was wrong, instead of a hang (the
 -- watchdog is set to 60 s: a hang fails the job):
 --   - a first stage with nothing to train (its embedding and blocks frozen,
---     an untied head: its optimizer has no parameter) and a frozen block
---     in the middle train as one process
+--     an untied head: its optimizer has no parameter), a last stage with
+--     nothing to train and a frozen block in the middle train as one process
 --   - micro-batches whose B and T change between steps (the link agrees a
 --     shape per B x T) train as one process
 --   - a step whose micro-batches differ in shape, and a rank holding
 --     another shape than its neighbours (at step 2, after the first step's
 --     batch check): refused on every rank; the pipeline trains on after
---   - DataParallel and Zero over the world (or the pipeline group) of a
---     pipeline model: refused on every rank, naming mesh.dp
+--   - DataParallel and Zero over the world (or the pipeline group, or at
+--     dp = 2 a group of one rank) of a pipeline model: refused on every
+--     rank, naming mesh.dp
 --   - validation loaders that run out at different batches on the ranks:
 --     refused on every rank; those that run out together: one process's loss
 --   - model:loss (evaluation) with another batch shape on one rank: refused
@@ -107,6 +108,17 @@ H.test("a first stage with nothing to train (embedding and its blocks frozen, no
   assert(#fails == 0, table.concat(fails, "; "))
 end)
 
+H.test("a last stage with nothing to train (its blocks, final norm and untied head frozen) trains as one process",
+  function()
+  local per = 4 / world
+  local fails, trained = compare({ tie_embeddings = false }, { { 2, 8 }, { 2, 8 } }, frozen(function(name)
+    local b = tonumber(name:match("^transformer%.h%.(%d+)%."))
+    return name:match("^transformer%.ln_f%.") or name:match("^lm_head%.") or (b and b >= 4 - per)
+  end))
+  if rank == world - 1 then assert(trained == 0, ("the last stage trains %d parameters"):format(trained)) end
+  assert(#fails == 0, table.concat(fails, "; "))
+end)
+
 H.test("a frozen block in the middle and a frozen position embedding (tied head) train as one process", function()
   local fails = compare({}, { { 2, 8 }, { 2, 8 } }, frozen(function(name)
     return name:match("^transformer%.h%.1%.") or name:match("^transformer%.wpe%.")
@@ -176,12 +188,17 @@ H.test("DataParallel and Zero over the world or the pipeline group of a pipeline
 end)
 
 if world == 4 then
-  H.test("dp=2 x pp=2: DataParallel over the world refused, over mesh.dp taken", function()
+  H.test("dp=2 x pp=2: DataParallel and Zero over the world or a group of one rank refused, over mesh.dp taken", function()
     local m2 = lt.dist.mesh { pp = 2 }
     local model = P.gpt2 { pp = m2.pp }
     H.raises(function() lt.dist.DataParallel(model) end, "split into 2 pipeline stages", "(4 ranks)")
     H.raises(function() lt.dist.DataParallel(model, { group = m2.pp }) end, "holds ranks of one pipeline group")
+    -- (mesh.tp: a group of one rank at one stage; the two replicas would never be synchronised)
+    H.raises(function() lt.dist.DataParallel(model, { group = m2.tp }) end, "the model's replicas span 2 ranks (tp x pp)"
+      .. " of the job's 4, so its data-parallel group holds 2 ranks; the group holds 1 here")
+    H.raises(function() lt.dist.Zero(model, { stage = 1, lr = LR, group = m2.tp }) end, "Zero: the model's replicas span 2")
     lt.dist.DataParallel(model, { group = m2.dp })
+    lt.dist.Zero(model, { stage = 1, lr = LR, group = m2.dp })
   end)
 end
 
