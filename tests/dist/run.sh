@@ -17,7 +17,9 @@
 # a pipeline stage's rank that raises or is killed mid-step (pp=2 and 4)
 # ends the job within seconds; SIGINT to one rank of lt.train's pipeline
 # ends the job naming it, SIGTERM stops every rank after the same step and
-# saves it (tests/dist/jobs/pp_signal.lua).
+# saves it (tests/dist/jobs/pp_signal.lua); a pipeline rank killed while
+# writing a checkpoint leaves none half-written for resume = auto
+# (tests/dist/jobs/pp_kill_save.lua).
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -256,6 +258,28 @@ for np in 2 4; do
      && [ -f "$dir/pp-signal/ckpt/step_00000003/state.json" ] && [ ! -e "$dir/pp-signal/ckpt/step_00000004" ]; then
     ok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it"
   else notok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it (status $rc)" "$out"; fi
+  rm -rf "$dir"
+done
+
+# a pipeline rank killed (SIGKILL) while writing its part of the step-4 checkpoint
+# (tests/dist/jobs/pp_kill_save.lua): no half-written checkpoint is taken; resume = "auto"
+# continues from step 2 and logs the never-killed run's steps 3 to 6 bitwise
+for spec in "2 1" "4 2"; do
+  set -- $spec
+  dir=$(mktemp -d /tmp/lutra-dist-ppkill.XXXXXX)
+  whole=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/whole" 2>&1 | grep '^step ')
+  killed=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --kill=4 --rank="$2" 2>&1); rc=$?
+  left=$(LC_ALL=C ls -A "$dir/run/pp-kill-save/ckpt" | tr '\n' ' ') # (step 2, latest and the killed save's hidden .tmp-step_00000004-*)
+  out=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --resume 2>&1)
+  if [ $rc -ne 0 ] && echo "$killed" | grep -q "exited on signal 9" && echo "$left" | grep -q '^\.tmp-step_00000004-[0-9]* latest step_00000002 $' \
+     && echo "$out" | grep -q "^resumed from .*/step_00000002$" \
+     && [ "$(echo "$out" | grep '^step ')" = "$(echo "$whole" | grep -E '^step [3-6] ')" ] \
+     && [ "$(echo "$whole" | grep -c '^step ')" -eq 6 ]; then
+    ok "pp=$1: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise"
+  else notok "pp=$1: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise" \
+    "$left
+$killed
+$out"; fi
   rm -rf "$dir"
 done
 
