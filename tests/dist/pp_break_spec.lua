@@ -25,7 +25,8 @@
 --     were f32: the receivers waited for f32 buffers) trains on
 --   - dropout: the stages drew the same masks (each rank's default
 --     generator alike): now each draws its own, and the ranks' generators
---     agree after each step
+--     agree after each step (also with 2 virtual stages a rank, and under
+--     tp=2 x pp=2 with and without SP, where a stage's TP ranks draw alike)
 local lt = require "lutra"
 package.path = "tests/dist/?.lua;" .. package.path
 local H = require "harness"
@@ -279,6 +280,46 @@ H.test("dropout: each stage draws masks of its own (not another stage's), the ra
   local _, again = run()
   for s = 1, 2 do assert(again[s] == losses[s], ("a rerun's step %d loss %.8f, first %.8f"):format(s, again[s], losses[s])) end
 end)
+
+-- the default generator's (seed, offset) the same on every rank of the job?
+local function generators_agree(what)
+  local st = lt.default_generator():state()
+  local v = lt.tensor({ st.seed, st.offset, -st.seed, -st.offset }, { dtype = "f64" })
+  lt.dist.all_reduce(v, { op = "max" })
+  local m = v:totable()
+  assert(m[1] == -m[3] and m[2] == -m[4], ("%s: rank %d's generator is %s, the job's from (%d, %d) to (%d, %d)")
+    :format(what, rank, tostring(lt.default_generator()), -m[3], -m[4], m[1], m[2]))
+end
+
+H.test("dropout with 2 virtual stages a rank (interleaved): the generators agree after each step", function()
+  local model = P.gpt2 { pp = mesh.pp, virtual_stages = 2, n_layer = 2 * world, dropout = 0.2 }
+  local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model:parameters(), { lr = LR }),
+    accum = world }
+  local g = lt.Generator(3)
+  lt.manual_seed(1)
+  for s = 1, 2 do
+    local r = S:run(s, function() return mb(g, 2, 8) end)
+    assert(r.loss == r.loss and r.loss > 0, "no loss")
+    generators_agree("step " .. s)
+  end
+end)
+
+if world == 4 then
+  H.test("tp=2 x pp=2 with dropout, with and without SP: the TP ranks draw alike (their replicated weights stay "
+    .. "bitwise the same) and the generators agree", function()
+    local m4 = lt.dist.mesh { tp = 2, pp = 2 }
+    for _, sp in ipairs { false, true } do
+      local model = P.gpt2 { pp = m4.pp, tp = m4.tp, sequence_parallel = sp, dropout = 0.2 }
+      local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model:parameters(), { lr = 1e-2 }),
+        accum = 2, ddp = lt.dist.DataParallel(model, { group = m4.dp }) }
+      local g = lt.Generator(3)
+      lt.manual_seed(1)
+      for s = 1, 3 do S:run(s, function() return mb(g, 2, 8) end) end
+      lt.dist.tp.check_replicated(model)
+      generators_agree(sp and "SP" or "TP")
+    end
+  end)
+end
 
 for _, dt in ipairs { "bf16", "f16" } do
   H.test(dt .. " weights and activations through the pipeline: one process's losses and norms (to 1e-3 relative: "
