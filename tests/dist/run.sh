@@ -263,20 +263,22 @@ done
 
 # a pipeline rank killed (SIGKILL) while writing its part of the step-4 checkpoint
 # (tests/dist/jobs/pp_kill_save.lua): no half-written checkpoint is taken; resume = "auto"
-# continues from step 2 and logs the never-killed run's steps 3 to 6 bitwise
-for spec in "2 1" "4 2"; do
+# continues from step 2 and logs the never-killed run's steps 3 to 6 bitwise (also with dropout:
+# the stages' masks come from the default generator, the same on every rank after each step)
+for spec in "2 1 0" "4 2 0" "2 1 0.2"; do
   set -- $spec
   dir=$(mktemp -d /tmp/lutra-dist-ppkill.XXXXXX)
-  whole=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/whole" 2>&1 | grep '^step ')
-  killed=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --kill=4 --rank="$2" 2>&1); rc=$?
+  whole=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/whole" --dropout="$3" 2>&1 | grep '^step ')
+  killed=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --kill=4 --rank="$2" \
+    --dropout="$3" 2>&1); rc=$?
   left=$(LC_ALL=C ls -A "$dir/run/pp-kill-save/ckpt" | tr '\n' ' ') # (step 2, latest and the killed save's hidden .tmp-step_00000004-*)
-  out=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --resume 2>&1)
+  out=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --resume --dropout="$3" 2>&1)
   if [ $rc -ne 0 ] && echo "$killed" | grep -q "exited on signal 9" && echo "$left" | grep -q '^\.tmp-step_00000004-[0-9]* latest step_00000002 $' \
      && echo "$out" | grep -q "^resumed from .*/step_00000002$" \
      && [ "$(echo "$out" | grep '^step ')" = "$(echo "$whole" | grep -E '^step [3-6] ')" ] \
      && [ "$(echo "$whole" | grep -c '^step ')" -eq 6 ]; then
-    ok "pp=$1: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise"
-  else notok "pp=$1: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise" \
+    ok "pp=$1, dropout $3: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise"
+  else notok "pp=$1, dropout $3: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise" \
     "$left
 $killed
 $out"; fi

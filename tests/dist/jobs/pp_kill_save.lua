@@ -6,12 +6,14 @@
 --               runs): the job ends, the step-4 checkpoint never complete
 --   --resume    resume = "auto" from --dir: the newest complete checkpoint
 --               (step 2), its steps 3 to 6 those of a run never killed
+--   --dropout=p  the model's dropout (the stages' masks drawn from the
+--               default generator that the checkpoint restores)
 -- Each rank 0 prints "step S loss L" (%.17g) for every step it ran.
 local lt = require "lutra"
 local ffi = require "ffi"
 local safetensors = require "lutra.safetensors"
 
-local cfg = lt.config { kill = 0, rank = 1, resume = false, dir = "" }
+local cfg = lt.config { kill = 0, rank = 1, resume = false, dir = "", dropout = 0 }
 if cfg.dir == "" then error("pp_kill_save: --dir is required") end
 local rank, world = lt.dist.init()
 lt.dist.set_timeout(20)
@@ -32,7 +34,8 @@ end
 
 local mesh = lt.dist.mesh { pp = world }
 local model = lt.models.gpt2 { n_layer = world, n_head = 2, n_embd = 16, block_size = 8, vocab_size = 37,
-  generator = lt.Generator(7), pp = mesh.pp }
+  generator = lt.Generator(7), pp = mesh.pp, dropout = cfg.dropout }
+lt.manual_seed(5)
 local opt = lt.optim.AdamW(model:parameters(), { lr = 1e-3 })
 local ddp = lt.dist.DataParallel(model, { group = mesh.dp })
 local loader = { i = 0 } -- micro-batch i from seed 11 + i
