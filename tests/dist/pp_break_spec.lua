@@ -16,8 +16,9 @@
 --   - DataParallel and Zero over the world (or the pipeline group, or at
 --     dp = 2 a group of one rank) of a pipeline model: refused on every
 --     rank, naming mesh.dp
---   - validation loaders that run out at different batches on the ranks:
---     refused on every rank; those that run out together: one process's loss
+--   - validation loaders that run out at different batches on the ranks
+--     (also one TP rank's under tp=2 x pp=2): refused on every rank; those
+--     that run out together: one process's loss
 --   - model:loss (evaluation) with another batch shape on one rank: refused
 --   - a Llama with tied embeddings (the head on the last stage)
 --   - bf16 and f16 models: one process's losses and norms to 1e-3; a model
@@ -318,6 +319,17 @@ if world == 4 then
       lt.dist.tp.check_replicated(model)
       generators_agree(sp and "SP" or "TP")
     end
+  end)
+
+  H.test("tp=2 x pp=2: a validation loader that runs out early on one rank is refused on every rank", function()
+    local m4 = lt.dist.mesh { tp = 2, pp = 2 }
+    local model = P.gpt2 { pp = m4.pp, tp = m4.tp }
+    -- rank 1: TP rank 1 of the first stage (its pipeline: ranks 1 and 3; its TP group: 0 and 1)
+    H.raises(function() lt.train.evaluate(model, H.loader(val(rank == 1 and 1 or 2)), { batches = 3, own_loss = true })
+    end, "ran out at different batches (batch 2", "read the same batches")
+    local got = lt.train.evaluate(model, H.loader(val(2)), { batches = 3, own_loss = true })
+    local want = lt.train.evaluate(P.gpt2 {}, H.loader(val(2)), { batches = 3 })
+    assert(math.abs(got - want) <= 1e-5 * want, ("validation loss %.8f, one process %.8f"):format(got, want))
   end)
 end
 

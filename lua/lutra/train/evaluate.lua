@@ -12,14 +12,16 @@ local comm = require "lutra.dist.comm"
 -- under a pipeline (or tensor parallelism) the ranks of group g must run
 -- out of batches together: one that stops while another calls model:loss
 -- would leave that one waiting for it (a receive, a collective) until the
--- watchdog. Raises on every rank of g when some have a batch i and some not.
-local function agree_more(g, have, i, kind)
+-- watchdog. Returns the message for every rank of g when some have a batch
+-- i and some not (the caller raises once both groups have been asked: a
+-- rank raising after the first would leave the second group waiting).
+local function differs(g, have, i, kind)
   local t = tensor.tensor({ have and 1 or 0, have and 0 or 1 }, { dtype = "f64" })
   comm.all_reduce(t, { op = "max", group = g })
   local v = t:totable()
   if v[1] > 0 and v[2] > 0 then
-    error(("train: the %s ranks' validation loaders ran out at different batches (batch %d: this rank %s): every "
-      .. "rank of a %s group must read the same batches"):format(kind, i, have and "has one" or "has none", kind), 0)
+    return ("train: the %s ranks' validation loaders ran out at different batches (batch %d: this rank %s): every "
+      .. "rank of a %s group must read the same batches"):format(kind, i, have and "has one" or "has none", kind)
   end
 end
 
@@ -60,7 +62,20 @@ local function evaluate(model, loader, opts)
   autograd.no_grad(function()
     for i = 1, n do
       local x, y = loader:next()
-      if ppg then agree_more(ppg, x ~= nil, i, "pipeline") elseif tpg then agree_more(tpg, x ~= nil, i, "tensor-parallel") end
+      local bad_pp = ppg and differs(ppg, x ~= nil, i, "pipeline")
+      local bad_tp = tpg and differs(tpg, x ~= nil, i, "tensor-parallel")
+      local bad = bad_pp or bad_tp
+      if ppg and tpg then
+        -- (tp x pp: the pipeline check flagged every stage of the rank that differs; each stage's TP
+        -- group then learns of it, so every rank of the model raises)
+        local t = tensor.tensor({ bad and 1 or 0 }, { dtype = "f64" })
+        comm.all_reduce(t, { op = "max", group = tpg })
+        if t:item() > 0 and not bad then
+          bad = ("train: the validation loaders of the model's tensor-parallel x pipeline ranks ran out at different "
+            .. "batches (batch %d, on another stage): every rank must read the same batches"):format(i)
+        end
+      end
+      if bad then error(bad, 0) end
       if not x then break end
       if block and x:size(x:dim()) > block then
         error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")
