@@ -321,6 +321,20 @@ if world == 4 then
     end
   end)
 
+  H.test("tp=2 x pp=2: one rank's micro-batches of another shape at step 2 refused on every rank (its TP partner "
+    .. "and the other stage's too); the model trains on", function()
+    local m4 = lt.dist.mesh { tp = 2, pp = 2 }
+    local model = P.gpt2 { pp = m4.pp, tp = m4.tp }
+    local S = lt.train.step.new { model = model, optimizer = lt.optim.AdamW(model:parameters(), { lr = LR }), accum = 2,
+      ddp = lt.dist.DataParallel(model, { group = m4.dp }) }
+    local g = lt.Generator(3)
+    S:run(1, function() return mb(g, 2, 8) end)
+    H.raises(function() S:run(2, function() return mb(g, rank == 1 and 3 or 2, 8) end) end, "train: step 2: ",
+      "different shapes")
+    local r = S:run(3, function() return mb(g, 2, 8) end)
+    assert(r.loss > 0 and r.loss == r.loss, "the step after the refusal has no loss")
+  end)
+
   H.test("tp=2 x pp=2: a validation loader that runs out early on one rank is refused on every rank", function()
     local m4 = lt.dist.mesh { tp = 2, pp = 2 }
     local model = P.gpt2 { pp = m4.pp, tp = m4.tp }

@@ -32,6 +32,7 @@ local autograd = require "lutra.autograd"
 local residual = require "lutra.models.residual"
 local parallel = require "lutra.models.parallel"
 local link = require "lutra.dist.pp.link"
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -206,7 +207,9 @@ end
 -- its own micro-batch's shape, so a micro-batch of another shape within a
 -- step, or a rank holding another shape than its neighbours, would leave a
 -- receive waiting until the watchdog aborts the job. One all_reduce (max)
--- of five numbers over the group; who names the caller in the message.
+-- of five numbers over the group (and under tensor parallelism one over the
+-- stage's TP group, whose ranks must agree too and learn of a refusal in
+-- another pipeline); who names the caller in the message.
 function M.check_shapes(model, xs, ys, who)
   local P = model.pp
   local B, T = xs[1]:size(1), xs[1]:dim() > 1 and xs[1]:size(2) or 1
@@ -223,6 +226,7 @@ function M.check_shapes(model, xs, ys, who)
   local v = tensor.tensor({ B, T, -B, -T, bad and P.rank + 1 or 0 }, { dtype = "f64" })
   comm.all_reduce(v, { op = "max", group = P.group })
   local m = v:totable()
+  local msg
   if m[5] > 0 then
     -- (the details of the highest such rank, summed from it alone: every rank names them)
     local mine = m[5] - 1 == P.rank
@@ -231,15 +235,30 @@ function M.check_shapes(model, xs, ys, who)
     local b = d:totable()
     local dims = {}
     for i = 1, b[3] do dims[i] = ("%d"):format(b[3 + i]) end
-    error(("%s: under pipeline parallelism every micro-batch of a step must have one shape (B x T): on pipeline "
+    msg = ("%s: under pipeline parallelism every micro-batch of a step must have one shape (B x T): on pipeline "
       .. "rank %d micro-batch %d is %s (%s), micro-batch 1's ids are %dx%d"):format(who, m[5] - 1, b[1],
-      table.concat(dims, "x"), b[2] == 1 and "ids" or "targets", b[8], b[9]), 0)
-  end
-  if m[1] ~= -m[3] or m[2] ~= -m[4] then
-    error(("%s: the pipeline's ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this rank "
+      table.concat(dims, "x"), b[2] == 1 and "ids" or "targets", b[8], b[9])
+  elseif m[1] ~= -m[3] or m[2] ~= -m[4] then
+    msg = ("%s: the pipeline's ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this rank "
       .. "%dx%d): every rank of a pipeline group must read the same batches"):format(who, -m[3], m[1], -m[4], m[2],
-      B, T), 0)
+      B, T)
   end
+  local tp = records.group(model)
+  if tp and tp:size() > 1 then
+    -- (tp x pp: a stage's TP ranks must hold one shape too, and learn of a pipeline that refused: the
+    -- others would wait for them in the stage's collectives)
+    local w = tensor.tensor({ msg and 1 or 0, B, T, -B, -T }, { dtype = "f64" })
+    comm.all_reduce(w, { op = "max", group = tp })
+    local q = w:totable()
+    if not msg and q[1] > 0 then
+      msg = ("%s: micro-batches of different shapes in the pipeline of another of this stage's tensor-parallel "
+        .. "ranks (refused there; this rank %dx%d)"):format(who, B, T)
+    elseif not msg and (q[2] ~= -q[4] or q[3] ~= -q[5]) then
+      msg = ("%s: the tensor-parallel ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this "
+        .. "rank %dx%d): every rank of a TP group must read the same batches"):format(who, -q[4], q[2], -q[5], q[3], B, T)
+    end
+  end
+  if msg then error(msg, 0) end
   return B, T
 end
 
