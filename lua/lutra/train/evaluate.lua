@@ -46,8 +46,9 @@ end
 -- forward-only pipeline: every rank of the pipeline calls it on the same
 -- batches (checked on the first, as under TP) and gets the whole model's loss.
 -- Under a pipeline or TP the group's ranks agree at each batch that they
--- all have one (one all_reduce of two numbers): a loader that runs out on
--- some ranks only raises on every rank of the group instead of a hang.
+-- all have one (one all_reduce of two numbers a group; under tp x pp one
+-- more over TP): a loader that runs out on some ranks only raises on every
+-- rank of the model instead of a hang.
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
