@@ -15,7 +15,11 @@
 # another line fails at once naming both; a rank that skips a collective
 # is reported by the watchdog, which names the ranks that never arrived;
 # a pipeline stage's rank that raises or is killed mid-step (pp=2 and 4)
-# ends the job within seconds.
+# ends the job within seconds; SIGINT to one rank of lt.train's pipeline
+# ends the job naming it, SIGTERM stops every rank after the same step and
+# saves it (tests/dist/jobs/pp_signal.lua); a pipeline rank killed while
+# writing a checkpoint leaves none half-written for resume = auto
+# (tests/dist/jobs/pp_kill_save.lua).
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -258,6 +262,45 @@ for np in 2 4; do
         "pp=$np: $where rank $r killed (SIGKILL) in its $part ends the job" "$np" "--how=kill --at=$at --rank=$r"
     done
   done
+done
+
+# a signal to one rank of a pipeline trained by lt.train (tests/dist/jobs/pp_signal.lua, pp = the ranks):
+# SIGINT ends the job within seconds naming the rank (the others waited for it until the watchdog);
+# SIGTERM stops every rank after the same step, the checkpoint of that step saved, status 0
+for np in 2 4; do
+  job pp_signal "^\[rank 1\] lutra: train: interrupted (SIGINT) on rank 1 during step 3: the job's other ranks" 15 \
+    "pp=$np: SIGINT to rank 1 of lt.train's pipeline ends the job naming the rank" "$np" "--sig=INT"
+  dir=$(mktemp -d /tmp/lutra-dist-ppsig.XXXXXX)
+  out=$(timeout 60 $MPIRUN -np "$np" ./lutra tests/dist/jobs/pp_signal.lua --sig=TERM --dir="$dir" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && [ "$(echo "$out" | grep -c '^rank [0-9]* stopped after step 3, preempted SIGTERM$')" -eq "$np" ] \
+     && [ -f "$dir/pp-signal/ckpt/step_00000003/state.json" ] && [ ! -e "$dir/pp-signal/ckpt/step_00000004" ]; then
+    ok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it"
+  else notok "pp=$np: SIGTERM to rank 1 of lt.train's pipeline stops every rank after step 3 and saves it (status $rc)" "$out"; fi
+  rm -rf "$dir"
+done
+
+# a pipeline rank killed (SIGKILL) while writing its part of the step-4 checkpoint
+# (tests/dist/jobs/pp_kill_save.lua): no half-written checkpoint is taken; resume = "auto"
+# continues from step 2 and logs the never-killed run's steps 3 to 6 bitwise (also with dropout:
+# the stages' masks come from the default generator, the same on every rank after each step)
+for spec in "2 1 0" "4 2 0" "2 1 0.2"; do
+  set -- $spec
+  dir=$(mktemp -d /tmp/lutra-dist-ppkill.XXXXXX)
+  whole=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/whole" --dropout="$3" 2>&1 | grep '^step ')
+  killed=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --kill=4 --rank="$2" \
+    --dropout="$3" 2>&1); rc=$?
+  left=$(LC_ALL=C ls -A "$dir/run/pp-kill-save/ckpt" | tr '\n' ' ') # (step 2, latest and the killed save's hidden .tmp-step_00000004-*)
+  out=$(timeout 60 $MPIRUN -np "$1" ./lutra tests/dist/jobs/pp_kill_save.lua --dir="$dir/run" --resume --dropout="$3" 2>&1)
+  if [ $rc -ne 0 ] && echo "$killed" | grep -q "exited on signal 9" && echo "$left" | grep -q '^\.tmp-step_00000004-[0-9]* latest step_00000002 $' \
+     && echo "$out" | grep -q "^resumed from .*/step_00000002$" \
+     && [ "$(echo "$out" | grep '^step ')" = "$(echo "$whole" | grep -E '^step [3-6] ')" ] \
+     && [ "$(echo "$whole" | grep -c '^step ')" -eq 6 ]; then
+    ok "pp=$1, dropout $3: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise"
+  else notok "pp=$1, dropout $3: rank $2 killed writing the step-4 checkpoint: resume = auto takes step 2 and repeats steps 3-6 bitwise" \
+    "$left
+$killed
+$out"; fi
+  rm -rf "$dir"
 done
 
 echo "dist: $passed passed, $failed failed"

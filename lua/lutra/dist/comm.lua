@@ -323,7 +323,8 @@ end
 -- irecv's wait naming both). Messages between two ranks match by tag
 -- (0 <= tag < 2^20), so several may be in flight in any order. t must stay
 -- unchanged (isend) or unread (irecv) until wait(); the handle keeps it
--- alive. handle:test() polls. The watchdog covers the wait (a peer that
+-- alive (a handle dropped without wait() completes when it is collected:
+-- the collection waits for its peer). handle:test() polls. The watchdog covers the wait (a peer that
 -- never comes is named). CPU tensors through MPI; a tensor on another
 -- device raises unless its implementation has point to point.
 function M.isend(t, dst, opts)

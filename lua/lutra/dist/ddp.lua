@@ -45,6 +45,9 @@ function M.DataParallel(what, opts)
   end
   local tp = type(what) == "table" and what.parameters and records.group(what) or nil
   if tp then tpnorm.check_dp_group(tp, opts.group, "DataParallel", 2) end
+  local pp = type(what) == "table" and rawget(what, "pp")
+  if pp and pp.size > 1 then tpnorm.check_dp_group(pp.group, opts.group, "DataParallel", 2, "pipeline",
+    pp.size * (tp and tp:size() or 1)) end
   local bucket_mb = opts.bucket_mb or 25
   if type(bucket_mb) ~= "number" or not (bucket_mb > 0) then error("DataParallel: bucket_mb must be > 0", 2) end
   local mode = opts.gradients or "all_reduce"

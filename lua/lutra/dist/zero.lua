@@ -73,6 +73,9 @@ function M.Zero(model, opts)
     error("Zero: stage 3 with pipeline parallelism is not supported: each micro-batch of the schedule would gather "
       .. "every parameter of its stage again (DeepSpeed refuses the pair too); use stage 1 or 2", 2)
   end
+  local pp = type(model) == "table" and rawget(model, "pp")
+  if pp and pp.size > 1 then tpnorm.check_dp_group(pp.group, opts.group, "Zero", 2, "pipeline",
+    pp.size * (tp and tp:size() or 1)) end
   if stage == 3 then return zero3.new(Zero, model, opts, settings, kind) end
   local group = opts.group
   local size = group and group:size() or comm.world_size()

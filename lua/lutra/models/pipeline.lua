@@ -32,6 +32,7 @@ local autograd = require "lutra.autograd"
 local residual = require "lutra.models.residual"
 local parallel = require "lutra.models.parallel"
 local link = require "lutra.dist.pp.link"
+local records = require "lutra.dist.tp.records"
 
 local M = {}
 
@@ -199,12 +200,81 @@ function M.stage_forward(model, c, input, targets, opts, B, T)
   return x
 end
 
+--- pipeline.check_shapes(model, xs, ys, who) -> B, T: raises on every rank
+-- of the pipeline group unless every micro-batch x of xs (and its targets
+-- ys[k]) on every rank of the group is the same B x T. The link agrees a
+-- message's shape once per (B, T) and each receiver posts its buffer from
+-- its own micro-batch's shape, so a micro-batch of another shape within a
+-- step, or a rank holding another shape than its neighbours, would leave a
+-- receive waiting until the watchdog aborts the job. One all_reduce (max)
+-- of five numbers over the group (and under tensor parallelism one over the
+-- stage's TP group, whose ranks must agree too and learn of a refusal in
+-- another pipeline); who names the caller in the message.
+function M.check_shapes(model, xs, ys, who)
+  local P = model.pp
+  local B, T = xs[1]:size(1), xs[1]:dim() > 1 and xs[1]:size(2) or 1
+  local bad -- {micro-batch, 1 ids / 2 targets, dims, sizes...}
+  for k = 1, #xs do
+    for w, t in ipairs { xs[k], ys[k] } do
+      if not bad and (t:dim() ~= 2 or t:size(1) ~= B or t:size(2) ~= T) then
+        bad = { k, w, math.min(t:dim(), 4) }
+        for d = 1, 4 do bad[3 + d] = d <= t:dim() and t:size(d) or 0 end
+        bad[8], bad[9] = B, T
+      end
+    end
+  end
+  local v = tensor.tensor({ B, T, -B, -T, bad and P.rank + 1 or 0 }, { dtype = "f64" })
+  comm.all_reduce(v, { op = "max", group = P.group })
+  local m = v:totable()
+  local msg
+  if m[5] > 0 then
+    -- (the details of the highest such rank, summed from it alone: every rank names them)
+    local mine = m[5] - 1 == P.rank
+    local d = tensor.tensor(mine and bad or { 0, 0, 0, 0, 0, 0, 0, 0, 0 }, { dtype = "f64" })
+    comm.all_reduce(d, { group = P.group })
+    local b = d:totable()
+    local dims = {}
+    for i = 1, b[3] do dims[i] = ("%d"):format(b[3 + i]) end
+    msg = ("%s: under pipeline parallelism every micro-batch of a step must have one shape (B x T): on pipeline "
+      .. "rank %d micro-batch %d is %s (%s), micro-batch 1's ids are %dx%d"):format(who, m[5] - 1, b[1],
+      table.concat(dims, "x"), b[2] == 1 and "ids" or "targets", b[8], b[9])
+  elseif m[1] ~= -m[3] or m[2] ~= -m[4] then
+    msg = ("%s: the pipeline's ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this rank "
+      .. "%dx%d): every rank of a pipeline group must read the same batches"):format(who, -m[3], m[1], -m[4], m[2],
+      B, T)
+  end
+  local tp = records.group(model)
+  if tp and tp:size() > 1 then
+    -- (tp x pp: a stage's TP ranks must hold one shape too, and learn of a pipeline that refused: the
+    -- others would wait for them in the stage's collectives)
+    local w = tensor.tensor({ msg and 1 or 0, B, T, -B, -T }, { dtype = "f64" })
+    comm.all_reduce(w, { op = "max", group = tp })
+    local q = w:totable()
+    if not msg and q[1] > 0 then
+      msg = ("%s: micro-batches of different shapes in the pipeline of another of this stage's tensor-parallel "
+        .. "ranks (refused there; this rank %dx%d)"):format(who, B, T)
+    elseif not msg and (q[2] ~= -q[4] or q[3] ~= -q[5]) then
+      msg = ("%s: the tensor-parallel ranks hold micro-batches of different shapes (B %d to %d, T %d to %d; this "
+        .. "rank %dx%d): every rank of a TP group must read the same batches"):format(who, -q[4], q[2], -q[5], q[3], B, T)
+    end
+  end
+  if msg then error(msg, 0) end
+  return B, T
+end
+
 --- pipeline.link(model, device) -> the stage's link to its neighbours
 -- (lutra.dist.pp.link), one per model so that shapes are agreed once per
--- run, its device set to device (where activations arrive).
+-- run, its device set to device (where activations arrive). A model whose
+-- parameters changed dtype since (model:to("bf16") between steps: every
+-- stage does) gets a new link, whose first messages agree the shapes and
+-- dtype again (the old one's receivers would post buffers of the old dtype).
 function M.link(model, device)
   local P = model.pp
+  local first = model:parameters()[1]
+  local dtype = first and first.dtype or "f32"
+  if P.link and P.link.dtype ~= dtype then P.link = nil end
   P.link = P.link or link.new(P.group, P.chunks, device)
+  P.link.dtype = dtype
   P.link.device = device
   return P.link
 end
@@ -224,7 +294,7 @@ function M.loss(model, idx, targets, opts)
   local lo = {}
   for k, v in pairs(opts) do lo[k] = v end
   lo.reduction, lo.count = "sum", true
-  local B, T = idx:size(1), idx:size(2)
+  local B, T = M.check_shapes(model, { idx }, { targets }, "pipeline: loss")
   local L = M.link(model, idx.device)
   local sum, count = 0, 0
   autograd.no_grad(function()

@@ -146,6 +146,7 @@ function Optimizer.new(cls, what, opts)
   local self = setmetatable({ kind = kind, step_count = 0, state = {} }, cls)
   self.groups = build_groups(what, opts, defaults)
   for _, g in ipairs(self.groups) do self:check_group(g) end
+  self.lr = opts.lr or defaults.lr -- (the rate reported where no group is left: a pipeline stage with nothing to train)
   return self
 end
 
@@ -246,6 +247,7 @@ function Optimizer:set_lr(lr)
     error("set_lr: the learning rate must be a number >= 0, got " .. tostring(lr), 2)
   end
   for _, g in ipairs(self.groups) do g.lr = lr end
+  self.lr = lr
 end
 
 --- opt:parameters() -> every parameter, in group order.

@@ -6,6 +6,24 @@ local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local records = require "lutra.dist.tp.records"
 local tpnorm = require "lutra.dist.tp.norm"
+local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
+
+-- under a pipeline (or tensor parallelism) the ranks of group g must run
+-- out of batches together: one that stops while another calls model:loss
+-- would leave that one waiting for it (a receive, a collective) until the
+-- watchdog. Returns the message for every rank of g when some have a batch
+-- i and some not (the caller raises once both groups have been asked: a
+-- rank raising after the first would leave the second group waiting).
+local function differs(g, have, i, kind)
+  local t = tensor.tensor({ have and 1 or 0, have and 0 or 1 }, { dtype = "f64" })
+  comm.all_reduce(t, { op = "max", group = g })
+  local v = t:totable()
+  if v[1] > 0 and v[2] > 0 then
+    return ("train: the %s ranks' validation loaders ran out at different batches (batch %d: this rank %s): every "
+      .. "rank of a %s group must read the same batches"):format(kind, i, have and "has one" or "has none", kind)
+  end
+end
 
 --- lt.train.evaluate(model, loader[, {batches = 20, ignore_index = -100, device = "cpu", own_loss = false}])
 -- -> the mean token loss (cross-entropy of model(x) against y, summed over
@@ -27,6 +45,10 @@ local tpnorm = require "lutra.dist.tp.norm"
 -- A pipeline stage model (model.pp) computes it with model:loss, the
 -- forward-only pipeline: every rank of the pipeline calls it on the same
 -- batches (checked on the first, as under TP) and gets the whole model's loss.
+-- Under a pipeline or TP the group's ranks agree at each batch that they
+-- all have one (one all_reduce of two numbers a group; under tp x pp one
+-- more over TP): a loader that runs out on some ranks only raises on every
+-- rank of the model instead of a hang.
 local function evaluate(model, loader, opts)
   opts = opts or {}
   local n, ignore_index, device = opts.batches or 20, opts.ignore_index or -100, opts.device or "cpu"
@@ -39,8 +61,22 @@ local function evaluate(model, loader, opts)
   local ppg, pp_checked = pp and pp.group, false
   model:eval()
   autograd.no_grad(function()
-    for _ = 1, n do
+    for i = 1, n do
       local x, y = loader:next()
+      local bad_pp = ppg and differs(ppg, x ~= nil, i, "pipeline")
+      local bad_tp = tpg and differs(tpg, x ~= nil, i, "tensor-parallel")
+      local bad = bad_pp or bad_tp
+      if ppg and tpg then
+        -- (tp x pp: the pipeline check flagged every stage of the rank that differs; each stage's TP
+        -- group then learns of it, so every rank of the model raises)
+        local t = tensor.tensor({ bad and 1 or 0 }, { dtype = "f64" })
+        comm.all_reduce(t, { op = "max", group = tpg })
+        if t:item() > 0 and not bad then
+          bad = ("train: the validation loaders of the model's tensor-parallel x pipeline ranks ran out at different "
+            .. "batches (batch %d, on another stage): every rank must read the same batches"):format(i)
+        end
+      end
+      if bad then error(bad, 0) end
       if not x then break end
       if block and x:size(x:dim()) > block then
         error(("train: the validation batches' sequence length %d is longer than the model's context (block_size %d)")

@@ -27,7 +27,10 @@
 -- progress is dropped with its partial gradients, except that an update
 -- once begun is finished and recorded first (lt_interrupt_defer), and so
 -- is a checkpoint being saved (the loop then stops after that step). lutra then
--- exits with status 130 when the script ends. Each evaluation
+-- exits with status 130 when the script ends. Under a job (ddp, several
+-- ranks) a Ctrl-C taken on one rank raises instead, "train: interrupted
+-- (SIGINT) on rank R ...", ending the job (the other ranks would wait for
+-- it until the watchdog); SIGTERM is the signal that stops a job cleanly. Each evaluation
 -- reads the same eval_batches batches of val (a loader with state and
 -- load_state is restarted), so evaluations compare; a run that starts
 -- afresh evaluates once before its first step too (step 0; eval_at_start =
@@ -377,6 +380,18 @@ function M.run(settings)
   local t_loop = t_start -- (when the first step starts)
   local interval_sum, interval_n = 0, 0 -- the finite losses since the last printed line
 
+  -- a Ctrl-C (SIGINT) taken on one rank of a job: the others would wait for
+  -- it in their next collective or pipeline message until the watchdog; the
+  -- job ends at once instead, naming the rank (a preemption signal to one
+  -- rank, SIGTERM or SIGUSR1, is agreed by every rank: they stop after the
+  -- same step and save)
+  local function job_interrupted(when)
+    if ddp and comm.world_size() > 1 then
+      error(("train: interrupted (SIGINT) on rank %d %s: the job's other ranks would wait for it, so the job ends "
+        .. "(SIGTERM or SIGUSR1 to a rank stops every rank after the same step and saves)"):format(comm.rank(), when), 0)
+    end
+  end
+
   local function save(step)
     local t0 = runtime.clock()
     local path, stop = checkpoint.save { dir = ckpt_dir, model = model, optimizer = opt, loader = o.train, step = step,
@@ -386,6 +401,7 @@ function M.run(settings)
     say(("step %5d/%d | saved %s in %.1f s"):format(step, o.steps, path, runtime.clock() - t0))
     if o.on_checkpoint then o.on_checkpoint(path, step) end
     if stop then
+      job_interrupted(("during step %d's checkpoint (%s, complete)"):format(step, path))
       summary.interrupted = true
       say(("train: interrupted after step %d (loss %.4f) during its checkpoint, which was completed first; metrics in %s")
         :format(step, summary.loss, metrics_path))
@@ -486,6 +502,7 @@ function M.run(settings)
       if unsharded then opt:reshard() end
       if not ok then
         if not tostring(err):find("interrupted", 1, true) then error(err, 0) end
+        job_interrupted("during the evaluation before step 1")
         summary.interrupted = true
         say(("train: interrupted before step 1; metrics in %s/metrics.jsonl"):format(dir))
         return
@@ -499,6 +516,7 @@ function M.run(settings)
         if tostring(err):find("interrupted!", 1, true) then
           -- Ctrl-C: the step in progress is dropped, with its partial gradients
           -- (one that was updated and recorded counts: it stopped in its evaluation or sample)
+          job_interrupted(("during step %d"):format(step))
           summary.interrupted = true
           local last = start_step + summary.steps
           if last < step then opt:zero_grad() end

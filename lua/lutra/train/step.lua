@@ -204,6 +204,8 @@ function Step:batches(next_batch)
     self.pp_batches_checked = true
     tpnorm.check_same_batch(self.pp.group, xs[1], ys[1], "train", "batches", "micro-batches", "pipeline")
   end
+  -- (every step: a shape that differs within the step or between the stages would hang a receive)
+  if self.pp then pipeline.check_shapes(self.model, xs, ys, ("train: step %s"):format(self.step_number or "?")) end
   -- data parallel: every rank divides by the global batch's count, and the
   -- summed gradients are those of the global batch
   if self.ddp then total = self.ddp:reduce_number(total) end
@@ -240,6 +242,7 @@ function Step:run(step, next_batch, opts)
   local keep = opts and opts.keep_deferred
   local t0 = runtime.clock()
   local opt, ddp = self.optimizer, self.ddp
+  self.step_number = step
   local xs, ys, total = self:batches(next_batch)
   opt:zero_grad()
   local loss_sum, tokens = self.micro_batches(self, xs, ys, total)
@@ -352,7 +355,7 @@ function Step:update(step, finite, loss, norm)
   end
   if self.grad_scale ~= 1 then opt:step { grad_scale = self.grad_scale } else opt:step() end
   self.grad_scale = 1
-  return lr or opt.groups[1].lr
+  return lr or (opt.groups[1] and opt.groups[1].lr) or opt.lr -- (no group: a stage with no parameter to train)
 end
 
 M.Step = Step

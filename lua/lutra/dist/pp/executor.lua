@@ -20,10 +20,24 @@
 -- forward to its backward only: at most the schedule's in-flight count
 -- (1F1B: p - r on rank r; GPipe: m).
 --
+-- Dropout (a GPT-2 with dropout > 0, in training mode): every rank starts
+-- from the same default generator, so stages drawing from it would draw
+-- the same masks (stage 1's first blocks those of stage 0's embedding and
+-- first block). Each virtual stage vs draws instead from its own Philox key,
+-- seed + vs 2^32 (mod 2^53), at the step's offset, its forwards in schedule
+-- order; after the step the default generator is the step's (seed, offset)
+-- advanced by every stage's draws (one all_reduce over the pipeline group),
+-- the same on every rank, so a checkpoint's generator (rank 0's) resumes
+-- every stage. The masks are not one process's (whose stream runs through
+-- the stages micro-batch by micro-batch); TP ranks of a stage draw alike.
+--
 --   local run = executor.new(model, { schedule = "1f1b" })
 --   local S = lt.train.step.new { model = model, ..., micro_batches = run }
 local schedule = require "lutra.dist.pp.schedule"
 local pipeline = require "lutra.models.pipeline"
+local random = require "lutra.random"
+local tensor = require "lutra.tensor"
+local comm = require "lutra.dist.comm"
 
 local M = {}
 
@@ -91,6 +105,13 @@ function M.run(model, actions, xs, ys, total, o)
   local saved, recvs, sums = {}, {}, nil
   local tokens = 0
   local function rkey(a) return a.op .. " " .. a.mb .. " " .. a.chunk end
+  -- dropout: a stream per virtual stage (see the top of this file)
+  local gen, base, streams = nil, nil, nil
+  if model.training ~= false and ((model.config or {}).dropout or 0) > 0 then
+    gen = random.default_generator()
+    base, streams = gen:state(), {}
+    for c = 1, P.chunks do streams[c] = { seed = (base.seed + P.vstage[c] * 2 ^ 32) % 2 ^ 53, offset = base.offset } end
+  end
   -- receives posted ahead: for the next `prefetch` receive actions whose shapes are known
   local posted_to = 0
   local function post_ahead(i)
@@ -123,7 +144,9 @@ function M.run(model, actions, xs, ys, total, o)
       local s = saved[k] or {}
       saved[k] = s
       local input = vs == 0 and xs[a.mb] or s.input
+      if gen then gen:set_state(streams[a.chunk]) end
       s.out = pipeline.stage_forward(model, a.chunk, input, ys[a.mb], lo, B, T)
+      if gen then streams[a.chunk] = gen:state() end
       if vs == last_vs then
         local ld = s.out:detach():to("f64")
         sums = sums and sums + ld or ld
@@ -135,7 +158,10 @@ function M.run(model, actions, xs, ys, total, o)
       saved[k].grad = received(a)
     elseif a.op == "bwd" then
       local s = saved[k]
-      if vs == last_vs then
+      if not s.out.requires_grad then
+        -- (only the first stage's output can be without a graph: no parameter of it requires grad, and
+        -- it has no input from a stage before; one process's backward stops there too)
+      elseif vs == last_vs then
         -- (divided as lt.train.step's own loop divides; with no target counted, zero gradients still flow back)
         if total > 0 then (s.out / total):backward() else (s.out * 0):backward() end
       else
@@ -150,6 +176,13 @@ function M.run(model, actions, xs, ys, total, o)
     end
   end
   L:finish()
+  if gen then
+    local drawn = 0
+    for c = 1, P.chunks do drawn = drawn + (streams[c].offset - base.offset) end
+    local t = tensor.tensor({ drawn }, { dtype = "f64" })
+    comm.all_reduce(t, { group = P.group })
+    gen:set_state { seed = base.seed, offset = base.offset + t:item() }
+  end
   for j = 1, #xs do xs[j], ys[j] = nil, nil end
   return sums and sums:item() or 0, tokens
 end

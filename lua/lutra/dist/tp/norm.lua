@@ -134,15 +134,34 @@ end
 -- dp = 1 a group of one rank). group nil stands for the world, which a
 -- TP model's data parallelism never is. Three small all_reduces, the last
 -- over the world so that every rank learns of a group wrong anywhere.
-function M.check_dp_group(tp, group, who, level)
+-- kind "pipeline": tp is a pipeline group (model.pp.group), the same check
+-- for a pipeline's data parallelism (every rank of group at one stage), and
+-- model_ranks (the ranks one replica spans, tp x pp) given: the group must
+-- also hold world / model_ranks ranks (a smaller group, as mesh.tp of a
+-- pipeline without TP, would leave the replicas unsynchronised).
+function M.check_dp_group(tp, group, who, level, kind, model_ranks)
   local g = group
   if g == nil then g = comm.new_group(0) end -- (the world, as a group every rank makes)
   local hi1, lo1 = spread({ tp:rank() }, g)
   local hi2, lo2 = spread({ g:rank() }, tp)
   local bad = (hi1[1] ~= lo1[1] or hi2[1] ~= lo2[1]) and 1 or 0
-  local t = tensor.tensor({ bad }, { dtype = "f64" })
+  local world = comm.world_size()
+  local short = model_ranks and g:size() * model_ranks ~= world and 1 or 0
+  local t = tensor.tensor({ bad, short }, { dtype = "f64" })
   comm.all_reduce(t, { op = "max" })
-  if t:item() > 0 then
+  local v = t:totable()
+  if v[1] == 0 and v[2] > 0 then
+    error(("%s: the model's replicas span %d ranks (tp x pp) of the job's %d, so its data-parallel group holds %d ranks; "
+      .. "the %s holds %d here: group = lt.dist.mesh{dp =, tp =, pp =}.dp"):format(who, model_ranks, world,
+      world / model_ranks, group == nil and "group (the world)" or "group", g:size()), (level or 2) + 1)
+  end
+  if v[1] > 0 and kind == "pipeline" then
+    error(("%s: the model is split into %d pipeline stages, and the %s (%d ranks) holds ranks of one pipeline "
+      .. "group: data parallelism of a pipeline runs over the data-parallel group, group = "
+      .. "lt.dist.mesh{dp =, pp = %d}.dp"):format(who, tp:size(), group == nil and "group (the world)" or "group",
+      g:size(), tp:size()), (level or 2) + 1)
+  end
+  if v[1] > 0 then
     error(("%s: the model is tensor-parallel over %d ranks, and the %s (%d ranks) holds ranks of one tensor-parallel "
       .. "group: data parallelism of a TP model runs over the data-parallel group, "
       .. "group = lt.dist.mesh{dp =, tp = %d}.dp (a group of one rank when dp = 1)"):format(who, tp:size(), group == nil and "group (the world)" or "group",
