@@ -44,7 +44,7 @@ local cfg = lt.config {
   top_k = 0, top_p = 1, prompt = "This module provides", seed = 1337, log_every = 25, ckpt_every = 0, keep_last = 2, resume = "none",
   schedule = "linear", zero = 0, tp = 1, sp = false, log_all_ranks = false,
   pp = 1, micro_batches = 0, schedule_pp = "1f1b", virtual_stages = 1, pp_stages = "", print_schedule = false,
-  model = "gpt2", n_kv_head = 0, ffn = 0,
+  model = "gpt2", n_kv_head = 0, ffn = 0, recompute = "none",
   threads = 0,
   _help = {
     data = "token shards: a directory with train_*.bin and val_*.bin (make data)",
@@ -75,6 +75,7 @@ local cfg = lt.config {
     virtual_stages = "with --schedule_pp=interleaved: model chunks per rank (the bubble time is 1/V of 1F1B's: (pp-1)/(V m+pp-1) of a step; --micro_batches a multiple of --pp)",
     print_schedule = "with --pp: print each rank's forwards and backwards in order (lt.dist.pp.timeline) and the schedule's bubble before training",
     pp_stages = "with --pp: blocks per virtual stage, comma-separated (pp x virtual_stages entries summing to --n_layer; empty: even)",
+    recompute = "activations recomputed in backward instead of kept: none, full (every block), every:k or selective (the attention core)",
     model = "gpt2, or llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, untied head)",
     n_kv_head = "llama: key/value heads (0: n_head / 2, or n_head when odd)", ffn = "llama: the MLP's hidden units (0: Llama's 8/3 n_embd rounded up to 64)",
     threads = "CPU threads for kernels and BLAS, per rank (0: the cores it may use, or OMP_NUM_THREADS)",
@@ -260,12 +261,14 @@ local ok, model = pcall(function()
     return lt.models.llama { dim = cfg.n_embd, n_layers = cfg.n_layer, n_heads = cfg.n_head, n_kv_heads = kv,
       ffn_dim = ffn, vocab_size = tok.n_vocab, max_seq_len = cfg.seq, pad_vocab = pad,
       generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp,
-      pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil }
+      pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil,
+    recompute = cfg.recompute }
   end
   return lt.models.gpt2 { n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd,
     block_size = cfg.seq, vocab_size = tok.n_vocab, pad_vocab = pad,
     generator = lt.Generator(cfg.seed), tp = tp_group, sequence_parallel = cfg.sp,
-    pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil }
+    pp = pp_group, pp_stages = pp_stages, virtual_stages = pp_group and cfg.virtual_stages or nil,
+    recompute = cfg.recompute }
 end)
 if not ok then
   local why = tostring(model):gsub("^.-: (%w+: )", "%1") -- (from "recipes/gpt2.lua:175: gpt2: n_head ...")
@@ -287,6 +290,7 @@ if cfg.pp > 1 then
     table.concat(model.pp.counts, "+"), cfg.virtual_stages > 1 and "virtual " or "")
 end
 if dp_world > 1 then layout[#layout + 1] = ("data parallel over %d ranks"):format(dp_world) end
+if cfg.recompute ~= "none" then layout[#layout + 1] = ("activations recomputed (%s)"):format(cfg.recompute) end
 if cfg.zero > 0 then
   layout[#layout + 1] = dp_world > 1 and ("ZeRO stage %d"):format(cfg.zero)
     or ("ZeRO stage %d on one data-parallel rank (nothing to shard)"):format(cfg.zero)

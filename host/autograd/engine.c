@@ -454,6 +454,22 @@ static lt_status add_to_buffer(lt_node *n, int slot, lt_tensor *g) {
   return LT_OK;
 }
 
+/* The stamps of the backward passes running now, outermost first: a
+   backward run from inside another (lt.checkpoint's recompute, from a
+   custom function's backward) must not reach a node of the outer one's
+   graph, whose dependency count it would reset (a leaf used both inside
+   and outside a checkpointed function: its gradient would be lost). */
+enum { LT_BACKWARD_DEPTH = 16 };
+static _Thread_local uint64_t active_stamps[LT_BACKWARD_DEPTH];
+static _Thread_local int active_depth;
+
+static int stamp_active(uint64_t s) {
+  for (int i = 0; i < active_depth; i++)
+    if (active_stamps[i] == s)
+      return 1;
+  return 0;
+}
+
 static void drop_saved(lt_node *n) {
   for (int k = 0; k < n->nsaved; k++) {
     lt_tensor_release(n->saved[k]);
@@ -517,6 +533,9 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
   uint64_t stamp = next_stamp++;
   node_vec all = {0}, work = {0}, ready = {0}, ran = {0};
   lt_status st = LT_OK;
+  if (active_depth >= LT_BACKWARD_DEPTH)
+    return lt_fail(LT_ERR_ARG, "backward: more than %d backward passes run inside one another", LT_BACKWARD_DEPTH);
+  active_stamps[active_depth++] = stamp;
   start->stamp = stamp;
   start->deps = 0;
   if (!vec_push(&all, start) || !vec_push(&work, start))
@@ -534,6 +553,12 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
       if (!c)
         continue;
       if (c->stamp != stamp) {
+        if (active_depth > 1 && stamp_active(c->stamp)) {
+          st = lt_fail(LT_ERR_ARG, "backward: %s belongs to the graph of the backward this one runs inside (a tensor "
+                       "used both inside and outside an lt.checkpoint function, e.g. a shared weight): not supported",
+                       c->ops->name);
+          break;
+        }
         c->stamp = stamp;
         c->deps = 0;
         if (!vec_push(&all, c) || !vec_push(&work, c)) {
@@ -624,6 +649,7 @@ lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_grap
   free(work.items);
   free(ready.items);
   lt_tensor_release(g0);
+  active_depth--;
   return st;
 }
 

@@ -4,7 +4,7 @@
 -- (tests/lua/modules_spec.lua keeps that true): tensor creation and math
 -- (lt.tensor, lt.zeros, lt.matmul, ...: lutra.tensor), random numbers
 -- (lt.manual_seed, lt.rand: lutra.random), autograd (lt.no_grad,
--- lt.autograd), process controls (lt.clock, lt.num_threads,
+-- lt.autograd, lt.checkpoint: lutra.recompute), process controls (lt.clock, lt.num_threads,
 -- lt.memory_stats: lutra.runtime), lt.cuda, lt.json, lt.F, lt.nn,
 -- lt.models, lt.optim, lt.data, lt.train, lt.ckpt, lt.hf, lt.generate,
 -- lt.dist, and the dtype names as constants.
@@ -41,6 +41,8 @@ lt.json = require "lutra.json"
 
 lt.autograd = autograd
 lt.no_grad = autograd.no_grad
+lt.recompute = require "lutra.recompute"
+lt.checkpoint = lt.recompute.checkpoint
 lt.F = require "lutra.nn.functional"
 lt.safetensors = require "lutra.safetensors"
 lt.save, lt.load = lt.safetensors.save, lt.safetensors.load

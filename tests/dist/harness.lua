@@ -41,6 +41,8 @@ function H.run(file)
   local passed, failed = 0, 0
   for i, t in ipairs(H.tests) do
     local ok, err = pcall(t[2], rank, world)
+    -- (H_DEBUG=1: each failure printed at once, before the ranks agree: for one that hangs the agreement)
+    if not ok and os.getenv("H_DEBUG") then io.stderr:write(("[rank %d] early: %s\n"):format(rank, tostring(err))) end
     local flag = lt.tensor({ ok and 0 or 1 }, { dtype = "i32" })
     lt.dist.all_reduce(flag, { op = "max" })
     -- every rank reports its message in turn, so failures name the rank

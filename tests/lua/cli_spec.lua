@@ -92,6 +92,7 @@ describe("the lutra executable", function()
       { "virtual_stages=2", "--virtual_stages=2 is a pipeline setting: it needs --pp > 1" },
       { "pp_stages=1,x", '--pp_stages=1,x: "x" is not a whole number of blocks >= 1' },
       { "print_schedule", "--print_schedule=true is a pipeline setting: it needs --pp > 1" },
+      { "recompute=some", "gpt2: recompute must be none, full, selective or every:k (k >= 1: every k-th block), got some" },
     }
     local script = {}
     for i, c in ipairs(cases) do

@@ -4,12 +4,13 @@ local M = {}
 
 -- the settings that say how to build the model, not what it is
 local OPTS = { dtype = true, device = true, generator = true, tp = true, sequence_parallel = true, pp = true,
-  pp_stages = true, virtual_stages = true }
+  pp_stages = true, virtual_stages = true, recompute = true }
 
 --- M.resolve(family, configs, name_or_table, overrides) -> cfg, opts: the
 -- named base config (configs[name]) or the given table, with overrides on
 -- top; dtype, device, generator, tp (a tensor-parallel group),
--- sequence_parallel, pp (a pipeline group), pp_stages and virtual_stages go to opts (with init = false: the constructors set
+-- sequence_parallel, pp (a pipeline group), pp_stages, virtual_stages and
+-- recompute go to opts (with init = false: the constructors set
 -- every weight), the rest to cfg (what a checkpoint records of the model),
 -- but padded_vocab_size, which the constructors derive (so a model's own
 -- config, model.config, builds the model again). Neither argument is

@@ -15,6 +15,8 @@ local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
+local recompute = require "lutra.recompute"
+local CAUSAL = { causal = true }
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
 local parallel = require "lutra.models.parallel"
@@ -47,7 +49,7 @@ function Attention:forward(x, kv)
   local q, k, v = qkv:chunk(3, 3)
   q, k, v = heads(q), heads(k), heads(v)
   if kv then k, v = kv:append(self, k, v) end
-  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  local y = recompute.attention(self, q, k, v, CAUSAL)
   y = y:transpose(2, 3):reshape(B, T, C)
   y = self.c_proj(y)
   if self.dropout > 0 then y = F.dropout(y, self.dropout, { training = self.training }) end
@@ -209,13 +211,17 @@ GPT.loss_is_cross_entropy = GPT.loss
 -- without tp), pp (a pipeline group: each rank keeps its stages' blocks,
 -- the first the embeddings, the last the final norm and head,
 -- lutra.models.pipeline), pp_stages (blocks per virtual stage; default an
--- even split) and virtual_stages (chunks a rank, for the interleaved
--- schedule; default 1).
+-- even split), virtual_stages (chunks a rank, for the interleaved
+-- schedule; default 1) and recompute ("none", "full", "every:k" or
+-- "selective": which activations backward recomputes instead of keeping,
+-- lutra.recompute).
 function M.gpt2(name, overrides)
   local cfg, o = mconfig.resolve("gpt2", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("gpt2", o.tp) or 1
   parallel.check_sp("gpt2", o)
   parallel.check_pp("gpt2", o)
+  local rok, rerr = pcall(recompute.parse, o.recompute)
+  if not rok then error("gpt2: " .. rerr, 2) end
   local known = { n_layer = 1, n_head = 1, n_embd = 1, block_size = 1, vocab_size = 1, pad_vocab = 1, dropout = 2,
     tie_embeddings = 3 }
   for k, v in pairs(cfg) do
@@ -248,6 +254,7 @@ function M.gpt2(name, overrides)
   local model = GPT(cfg, o)
   if n > 1 then parallel.gpt2(model, o.tp, o.sequence_parallel) end
   if o.pp ~= nil and o.pp:size() > 1 then pipeline.split(model, o.pp, { stages = o.pp_stages, chunks = o.virtual_stages }) end
+  recompute.apply(model, model.transformer.h, "attn", o.recompute)
   return model
 end
 

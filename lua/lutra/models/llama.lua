@@ -12,6 +12,8 @@ local autograd = require "lutra.autograd"
 local F = require "lutra.nn.functional"
 local nn = require "lutra.nn"
 local residual = require "lutra.models.residual"
+local recompute = require "lutra.recompute"
+local CAUSAL = { causal = true }
 local head = require "lutra.models.head"
 local mconfig = require "lutra.models.config"
 local parallel = require "lutra.models.parallel"
@@ -45,7 +47,7 @@ function Attention:forward(x, kv)
   q = F.rope(q, { base = self.theta, start = start })
   k = F.rope(k, { base = self.theta, start = start })
   if kv then k, v = kv:append(self, k, v) end
-  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  local y = recompute.attention(self, q, k, v, CAUSAL)
   return self.o_proj(y:transpose(2, 3):reshape(B, T, self.n_heads * self.hd))
 end
 
@@ -164,12 +166,14 @@ Llama.loss_is_cross_entropy = Llama.loss
 -- size, and n_kv_heads divide by it or it by n_kv_heads; the vocabulary is
 -- padded to a multiple of it) and sequence_parallel (with tp; refused
 -- without); pp, pp_stages, virtual_stages: pipeline stages as
--- lt.models.gpt2's (lutra.models.pipeline).
+-- lt.models.gpt2's (lutra.models.pipeline); recompute as lt.models.gpt2's.
 function M.llama(name, overrides)
   local cfg, o = mconfig.resolve("llama", M.configs, name, overrides)
   local n = o.tp ~= nil and parallel.check_group("llama", o.tp) or 1
   parallel.check_sp("llama", o)
   parallel.check_pp("llama", o)
+  local rok, rerr = pcall(recompute.parse, o.recompute)
+  if not rok then error("llama: " .. rerr, 2) end
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
     rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1 }
   for k, v in pairs(cfg) do
@@ -211,6 +215,7 @@ function M.llama(name, overrides)
   local model = Llama(cfg, o)
   if n > 1 then parallel.llama(model, o.tp, o.sequence_parallel) end
   if o.pp ~= nil and o.pp:size() > 1 then pipeline.split(model, o.pp, { stages = o.pp_stages, chunks = o.virtual_stages }) end
+  recompute.apply(model, model.model.layers, "self_attn", o.recompute)
   return model
 end
 

@@ -34,6 +34,8 @@ local tensor = require "lutra.tensor"
 local F = require "lutra.nn.functional"
 local tp = require "lutra.dist.tp"
 local residual = require "lutra.models.residual"
+local recompute = require "lutra.recompute"
+local CAUSAL = { causal = true }
 local head = require "lutra.models.head"
 
 local M = {}
@@ -245,7 +247,7 @@ local function gpt2_attention(self, x, kv)
   local q, k, v = qkv:chunk(3, 3)
   q, k, v = heads(q), heads(k), heads(v)
   if kv then k, v = kv:append(self, k, v) end
-  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  local y = recompute.attention(self, q, k, v, CAUSAL)
   y = self.c_proj(y:transpose(2, 3):reshape(B, T, nh * hs))
   return dropout(ctx, y, self.dropout, self.training)
 end
@@ -347,7 +349,7 @@ local function llama_attention(self, x, kv)
   q = F.rope(q, { base = self.theta, start = start })
   k = F.rope(k, { base = self.theta, start = start })
   if kv then k, v = kv:append(self, k, v) end
-  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  local y = recompute.attention(self, q, k, v, CAUSAL)
   return self.o_proj(y:transpose(2, 3):reshape(B, T, nq * hd))
 end
 

@@ -6,6 +6,7 @@
 -- A block can hand its MLP's output on (carry) for the next block's first
 -- norm, or the final norm, to add.
 local nn = require "lutra.nn"
+local recompute = require "lutra.recompute"
 
 local M = {}
 
@@ -33,6 +34,12 @@ function M.block(norm1, attn, norm2, mlp, x, kv, pending, carry)
   return h + m
 end
 
+-- a block's call, through lt.checkpoint where the block is marked (lutra.recompute.apply)
+local function call(block, ...)
+  if rawget(block, "recompute") then return recompute.checkpoint(block, ...) end
+  return block(...)
+end
+
 --- residual.run(blocks, x, kv) -> the stream after the blocks and the last
 -- block's MLP output still to add (or nil), for residual.norm. blocks: a
 -- list of modules called as block(x, kv, pending, carry). A block hands its
@@ -45,9 +52,9 @@ function M.run(blocks, x, kv)
   for i, block in ipairs(blocks) do
     local next_block = blocks[i + 1]
     if next_block == nil or nn.fuses(next_block, "fuses_carry") then
-      x, pending = block(x, kv, pending, true)
+      x, pending = call(block, x, kv, pending, true)
     else
-      x, pending = block(x, kv, pending), nil
+      x, pending = call(block, x, kv, pending), nil
     end
   end
   return x, pending

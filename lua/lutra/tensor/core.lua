@@ -154,9 +154,9 @@ local function read_shape(op, buf, level, ...)
   if type(first) == "table" and not is_tensor(first) then
     n = #first
     if n > 8 then error(op .. ": at most 8 dims, got " .. n, level + 1) end
-    local keys = 0
-    for _ in pairs(first) do keys = keys + 1 end
-    if keys ~= n then error(op .. ": the shape table has holes or non-numeric keys", level + 1) end
+    -- (table.maxn, in C: a pairs loop here was miscompiled by the JIT when the
+    -- VM ran inside a backward inside another: lt.checkpoint's recompute)
+    if table.maxn(first) ~= n then error(op .. ": the shape table has holes", level + 1) end
     for i = 1, n do
       check_size(op, i, first[i], level + 1)
       buf[i - 1] = first[i]
