@@ -42,6 +42,8 @@ typedef struct lt_node_ops {
   const char *name;
   lt_backward_fn backward;
   void (*release)(lt_node *n); /* optional: frees what `user` holds */
+  void (*drop_saved)(lt_node *n); /* optional: after a backward without retain_graph ran the node,
+                                     frees what `user` kept for that backward */
 } lt_node_ops;
 
 typedef struct lt_shape_info {

@@ -46,9 +46,16 @@ static lt_status custom_backward(lt_node *n, lt_tensor *const *go, lt_tensor **g
   return h->custom(h->ctx, (int64_t)(intptr_t)n->user, n->noutputs, go, n->ninputs, gi);
 }
 
-static void custom_release(lt_node *n) { queue_push(&dead_custom, (int64_t)(intptr_t)n->user); }
+/* The Lua context (the closures, ctx.saved) goes once the node cannot run
+   again: after a backward that did not retain the graph, or when the node is
+   freed, whichever comes first (user 0: already queued). */
+static void custom_release(lt_node *n) {
+  if (n->user)
+    queue_push(&dead_custom, (int64_t)(intptr_t)n->user);
+  n->user = NULL;
+}
 
-static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward, custom_release};
+static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward, custom_release, custom_release};
 
 lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int noutputs,
                                     lt_tensor *const *outputs, int64_t id) {

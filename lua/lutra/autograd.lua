@@ -67,11 +67,14 @@ end
 -- .grad of leaves. grad: t's shape, on t's device (its dtype is converted to
 -- t's, as torch); it may be omitted for a one-element t. Errors name a shape
 -- or device that differs.
+local collect_dead -- (below: drops the Lua state of custom functions whose nodes are done)
+
 function T.backward(t, grad, opts)
   if type(grad) == "table" and opts == nil and not tensor.is_tensor(grad) then grad, opts = nil, grad end
   if grad ~= nil and not tensor.is_tensor(grad) then error("backward: grad must be a tensor", 2) end
   local retain = type(opts) == "table" and opts.retain_graph or opts == true
   local ok, err = pcall(capi.core.backward, addr(t), grad and addr(grad) or nil, retain)
+  collect_dead() -- (the custom functions it ran keep nothing past it: lt.checkpoint's inputs go here)
   if not ok then error(err, 2) end
 end
 
@@ -127,12 +130,25 @@ capi.state.custom_next = capi.state.custom_next or 1
 local contexts = capi.state.custom_ctx
 local dead = ffi.new("int64_t[256]")
 
-local function collect_dead()
+function collect_dead()
   repeat
     local n = C.lt_autograd_take_dead_custom(dead, 256)
     for i = 0, n - 1 do contexts[tonumber(dead[i])] = nil end
   until n < 256
 end
+
+-- and once per garbage-collection cycle (a finalizer that re-arms itself):
+-- a graph dropped without a backward frees its custom nodes when the
+-- collector frees its tensors, and their contexts must not wait for the
+-- next custom function to be applied (they hold tensors: lt.checkpoint's inputs)
+local function arm_collector()
+  local sentinel = newproxy(true)
+  getmetatable(sentinel).__gc = function()
+    collect_dead()
+    arm_collector()
+  end
+end
+arm_collector()
 
 local Ctx = {}
 Ctx.__index = Ctx

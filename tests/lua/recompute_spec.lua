@@ -112,12 +112,23 @@ describe("recompute policies", function()
       local g = lt.Generator(9)
       local x = lt.randint(0, 512, { 2, 64 }, { generator = g, dtype = "i64" })
       local y = lt.randint(0, 512, { 2, 64 }, { generator = g, dtype = "i64" })
-      collectgarbage()
-      collectgarbage()
-      local base = lt.memory_stats().allocated
+      local base = lt.collect_garbage()
       local l = m:loss(x, y)
-      return lt.memory_stats().allocated - base, l
+      -- (the forward's temporaries are garbage until the collector runs: count only what the graph holds)
+      return lt.collect_garbage() - base, l
     end
+    -- after backward (the loss still held) the checkpoints' inputs are gone too: what is left is the
+    -- parameters' gradients (as many bytes as the parameters)
+    local m = lt.models.gpt2("gpt2-tiny", { n_layer = 8, generator = lt.Generator(3), recompute = "full" })
+    local x = lt.randint(0, 512, { 2, 64 }, { generator = lt.Generator(9), dtype = "i64" })
+    local base = lt.collect_garbage()
+    local l = m:loss(x, x)
+    l:backward()
+    local left = lt.collect_garbage() - base
+    assert(left >= 4 * m:num_parameters() and left <= 4 * m:num_parameters() + 256,
+      ("after backward %d bytes are left, the gradients are %d"):format(left,
+      4 * m:num_parameters()))
+    assert(l:item() > 0)
     local none = kept(8, "none") - kept(4, "none")
     local full = kept(8, "full") - kept(4, "full")
     assert(none > 1e6, ("4 blocks more keep %d bytes without recomputation"):format(none))
