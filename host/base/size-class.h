@@ -24,7 +24,7 @@ static inline int lt_size_class(size_t nbytes, size_t step, size_t limit, size_t
   }
   int p = 63 - __builtin_clzll((unsigned long long)(nbytes - 1)); /* 2^p < nbytes <= 2^(p+1) */
   int limit_log2 = 63 - __builtin_clzll((unsigned long long)limit);
-  size_t quarter = (size_t)1 << (p - 1), base = (size_t)1 << p;
+  size_t quarter = (size_t)1 << (p - 2), base = (size_t)1 << p; /* a quarter of (2^p, 2^(p+1)] */
   int q = (int)((nbytes - base + quarter - 1) / quarter); /* 1..4 */
   *rounded = base + (size_t)q * quarter;
   return (int)(limit / step) + 4 * (p - limit_log2) + (q - 1);
