@@ -300,15 +300,17 @@ static lt_status mpi_reduce_scatter(lt_work *w, lt_tensor *outp, lt_tensor *t, l
   int64_t rows = t->ndim ? t->sizes[0] : 1, re = 1;
   for (int d = 1; d < t->ndim; d++)
     re *= t->sizes[d];
-  /* the reduction on a working copy (t stays as given), f32 for bf16/f16 */
+  /* MPI reads the send buffer and never writes it: a contiguous CPU tensor
+     (lt_comm_reduce_scatter checked contiguity) is sent as it is, else a CPU
+     copy, f32 for bf16/f16; the result goes straight into outp where it can
+     (a CPU tensor of the reduction's dtype) */
   lt_tensor *buf = NULL, *res = NULL;
   lt_status st = lt_tensor_to(t, lt_comm_is_half(t->dtype) ? LT_DTYPE_F32 : t->dtype, LT_DEVICE_CPU, &buf);
-  if (st == LT_OK && buf == t) { /* lt_tensor_to may return t itself */
-    lt_tensor_release(buf);
-    buf = NULL;
-    st = lt_tensor_clone(t, &buf);
-  }
-  if (st == LT_OK)
+  if (st == LT_OK && outp->storage->device == LT_DEVICE_CPU && outp->dtype == buf->dtype &&
+      lt_tensor_is_contiguous(outp)) {
+    lt_tensor_retain(outp);
+    res = outp;
+  } else if (st == LT_OK)
     st = lt_tensor_empty(outp->ndim, outp->sizes, buf->dtype, LT_DEVICE_CPU, &res);
   int *rc = st == LT_OK ? malloc(sizeof(int) * (size_t)c->size) : NULL;
   if (st == LT_OK && !rc)
@@ -334,7 +336,7 @@ static lt_status mpi_reduce_scatter(lt_work *w, lt_tensor *outp, lt_tensor *t, l
     lt_tensor_release(res);
     res = r2;
   }
-  if (st == LT_OK)
+  if (st == LT_OK && res != outp)
     st = lt_tensor_copy_(outp, res);
   lt_tensor_release(buf);
   lt_tensor_release(res);

@@ -107,7 +107,11 @@ function Zero:_flatten(f, get)
   local flat = tensor.zeros({ f.numel }, { dtype = f.dtype, device = f.params[1].device })
   for k, p in ipairs(f.params) do
     local v = get(p)
-    if v ~= nil then flat:narrow(1, f.offsets[k] + 1, p:numel()):copy_(v:reshape(-1)) end
+    if v ~= nil then
+      local part = flat:narrow(1, f.offsets[k] + 1, p:numel())
+      part:copy_(v:reshape(-1))
+      part:free() -- (a view holds the storage until the collector runs: the caller frees flat when done)
+    end
   end
   return flat
 end
@@ -132,8 +136,11 @@ function Zero:reduce_gradients()
       if self.stage == 2 then
         f.shard.grad = comm.reduce_scatter(g, { group = self.comm })
       else
-        f.shard.grad = g:narrow(1, f.start, f.len):clone()
+        local mine = g:narrow(1, f.start, f.len)
+        f.shard.grad = mine:clone()
+        mine:free()
       end
+      g:free() -- (now, not at the next collection: a flat of every gradient per group)
     end
   end)
   -- the full gradients are not needed any more: each rank keeps its chunk's
@@ -184,8 +191,13 @@ function Zero:step()
     for _, f in ipairs(self.flats) do
       local full = comm.all_gather(f.shard:detach(), { group = self.comm })
       for k, p in ipairs(f.params) do
-        p:copy_(full:narrow(1, f.offsets[k] + 1, p:numel()):view(p:shape()))
+        local part = full:narrow(1, f.offsets[k] + 1, p:numel())
+        local shaped = part:view(p:shape())
+        p:copy_(shaped)
+        shaped:free()
+        part:free()
       end
+      full:free() -- (the whole flat of parameters goes now, not at the next collection)
     end
   end)
   self.reduced = false

@@ -138,12 +138,18 @@ function Recv:wait_value()
   return t
 end
 
---- L:progress(): one poll of every transfer of this link in flight. MPI
+--- L:progress(): one poll of every transfer of this link in flight (the
+-- sends found complete are let go). MPI
 -- moves a message's data only inside its calls (a large one needs the
 -- receiver's too), so the executor polls between its actions: a message
 -- then moves between one computation and the next, not only at the wait.
 function Link:progress()
-  for _, h in ipairs(self.pending) do h:test() end
+  -- (a send found complete is waited for and let go: its buffer is free now, not at the step's end)
+  local still = {}
+  for _, h in ipairs(self.pending) do
+    if h:test() then h:wait() else still[#still + 1] = h end
+  end
+  self.pending = still
   for r in pairs(posted) do if r.L == self and r.h then r.h:test() end end
 end
 
