@@ -17,10 +17,11 @@
 -- recompute.apply): "none"; "full" (every block: a block keeps its input
 -- alone, the stream, about B T C values); "every:k" (every k-th block,
 -- blocks k, 2k, ...); "selective" (Korthikanti et al. 2022: the attention
--- core, softmax(q k^T) v, recomputed, the linear layers' outputs kept: the
--- attention's output and its softmax statistics are not stored. lutra's
--- attention never keeps the (T, T) probabilities, as FlashAttention does
--- not, so selective saves far less here than in the paper's baseline).
+-- core, softmax(q k^T) v, recomputed, the linear layers' outputs kept. On
+-- the CPU lutra's attention is composed (matmul, softmax, matmul) and keeps
+-- the (B, H, T, T) probabilities, which selective drops, as in the paper;
+-- on a GPU the fused kernels (FlashAttention's, cuDNN's) keep only their
+-- output and softmax statistics, so selective saves far less there).
 local autograd = require "lutra.autograd"
 local tensor = require "lutra.tensor"
 local random = require "lutra.random"
