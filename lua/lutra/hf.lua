@@ -140,8 +140,8 @@ function M.export(model, dir, opts)
   return dir
 end
 
-local function read_config(dir)
-  local path = dir .. "/config.json"
+local function read_config(dir, file)
+  local path = file or (dir .. "/config.json")
   local f = io.open(path, "rb")
   if not f then error(("hf.load: %s is missing"):format(path), 3) end
   local text = f:read("*a")
@@ -191,13 +191,13 @@ local function architecture(cfg, path)
     :format(path, tostring(arch), tostring(cfg.model_type)), 3)
 end
 
---- lt.hf.config(dir) -> kind ("gpt2" or "llama"), the lutra model config
+--- lt.hf.config(dir[, file]) -> kind ("gpt2" or "llama"), the lutra model config
 -- read from dir/config.json (tie_embeddings from tie_word_embeddings: true
 -- where missing for GPT-2, false for Llama, as transformers' defaults).
 -- Raises naming the field that is missing or that lutra's models do not
--- support.
-function M.config(dir)
-  local cfg, path = read_config(dir)
+-- support. file: the config's path, when it is not dir/config.json.
+function M.config(dir, file)
+  local cfg, path = read_config(dir, file)
   local kind = architecture(cfg, path)
   if kind == "gpt2" then
     local act = cfg.activation_function or "gelu_new"

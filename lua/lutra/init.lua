@@ -61,6 +61,7 @@ lt.ckpt = require "lutra.ckpt"
 lt.hf = require "lutra.hf"
 lt.generate = require "lutra.generate"
 lt.dist = require "lutra.dist"
+lt.plan = require "lutra.plan"
 
 --- dtype names as constants: lt.zeros(3, lt.i64) or {dtype = lt.bf16}.
 for _, dt in ipairs { "f32", "f64", "bf16", "f16", "i8", "u8", "u16", "i32", "i64", "bool" } do

@@ -20,6 +20,13 @@
 # saves it (tests/dist/jobs/pp_signal.lua); a pipeline rank killed while
 # writing a checkpoint leaves none half-written for resume = auto
 # (tests/dist/jobs/pp_kill_save.lua).
+# The planner against lutra (recipes/plan.lua --measure --check=0.1): on
+# 1, 2 and 4 ranks (1 process, DP, ZeRO 1-3, TP with and without SP, PP
+# with 1F1B, GPipe and interleaving, recompute full and selective) for a
+# GPT-2 and a Llama, each in a fresh job: every rank's predicted
+# parameter, gradient and optimizer bytes equal lt.dist.memory_bytes, its
+# predicted peak is within 10% of the allocator's, and one process's
+# resident set within 10% of the prediction.
 # Prints "ok"/"not ok" lines and ends with "dist: P passed, F failed".
 set -u
 cd "$(dirname "$0")/../.."
@@ -302,5 +309,43 @@ $killed
 $out"; fi
   rm -rf "$dir"
 done
+
+# the planner's predictions against the layouts run for real, each in a fresh job
+pg="--model=flags --n_layer=4 --n_embd=64 --n_head=4 --seq=32 --vocab_size=1001"
+pl="--model=flags --family=llama --n_layer=4 --n_embd=96 --n_head=4 --n_kv_head=2 --ffn=256 --seq=48 --vocab_size=2003"
+pbig="--model=flags --n_layer=4 --n_embd=256 --n_head=4 --seq=128 --micro_batch=4"
+while read -r np layout; do
+  for model in "$pg" "$pl"; do
+    [ "$np" = 1 ] && [ -n "$layout" ] && [ "$model" = "$pl" ] && model="$pbig" # (one process, recompute: the larger GPT-2 too)
+    launch="timeout 120 $MPIRUN -np $np"
+    [ "$np" = 1 ] && launch="timeout 120"
+    out=$($launch ./lutra recipes/plan.lua --micro_batch=2 $model --gpu=cpu --dtype=f32 --measure --check=0.1 \
+          --gpus="$np" $layout 2>&1 </dev/null); rc=$? # (stdin: not the layouts below)
+    what="recipes/plan.lua --measure on $np rank(s), $(echo "$model" | grep -q llama && echo Llama || echo GPT-2)$( \
+      echo "$model" | grep -q n_embd=256 && echo ' (256 wide)') ${layout:-(no options)}"
+    if [ $rc -eq 0 ] && echo "$out" | grep -q '^plan check: ok' && ! echo "$out" | grep -q 'FAILED'; then
+      ok "$what: state bytes exact, peaks within 10%"
+    else notok "$what: state bytes exact, peaks within 10%" "$out"; fi
+  done
+done <<'LAYOUTS'
+1
+1 --recompute=full
+1 --recompute=selective
+2
+2 --zero=1
+2 --zero=2
+2 --zero=3
+2 --zero=1 --recompute=full
+2 --tp=2
+2 --tp=2 --sp --recompute=selective
+2 --pp=2 --micro_batches=4
+2 --pp=2 --micro_batches=2 --schedule_pp=gpipe
+4 --zero=3
+4 --zero=2 --recompute=full
+4 --tp=2 --zero=1
+4 --tp=2 --pp=2 --sp --micro_batches=4
+4 --pp=2 --zero=1 --micro_batches=4
+4 --pp=2 --virtual_stages=2 --micro_batches=4
+LAYOUTS
 
 echo "dist: $passed passed, $failed failed"

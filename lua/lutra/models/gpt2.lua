@@ -31,6 +31,9 @@ M.configs = {
   ["gpt2-medium"] = { n_layer = 24, n_head = 16, n_embd = 1024, block_size = 1024, vocab_size = 50257 },
   ["gpt2-large"] = { n_layer = 36, n_head = 20, n_embd = 1280, block_size = 1024, vocab_size = 50257 },
   ["gpt2-xl"] = { n_layer = 48, n_head = 25, n_embd = 1600, block_size = 1024, vocab_size = 50257 },
+  -- GPT-3 175B's sizes (Brown et al. 2020, table 2.1: 96 layers, d_model 12288, 96 heads, context 2048) on
+  -- GPT-2's architecture (GPT-3's alternating sparse attention left out): for the planner (recipes/plan.lua)
+  ["gpt3-175b"] = { n_layer = 96, n_head = 96, n_embd = 12288, block_size = 2048, vocab_size = 50257 },
 }
 
 local Attention = nn.Module:extend("CausalSelfAttention")

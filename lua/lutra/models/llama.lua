@@ -24,6 +24,11 @@ local M = {}
 M.configs = {
   ["llama-tiny"] = { dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 512, ffn_dim = 176,
     rope_theta = 10000, norm_eps = 1e-5, max_seq_len = 128 },
+  -- Llama 2 (Touvron et al. 2023; the released config.json files' sizes)
+  ["llama2-7b"] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 32, vocab_size = 32000, ffn_dim = 11008,
+    rope_theta = 10000, norm_eps = 1e-5, max_seq_len = 4096 },
+  ["llama2-70b"] = { dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8, vocab_size = 32000, ffn_dim = 28672,
+    rope_theta = 10000, norm_eps = 1e-5, max_seq_len = 4096 },
   ["llama3-8b"] = { dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8, vocab_size = 128256, ffn_dim = 14336,
     rope_theta = 500000, norm_eps = 1e-5, max_seq_len = 8192 },
 }

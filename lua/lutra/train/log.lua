@@ -91,8 +91,15 @@ function M.flops_per_token(model, T)
   if not cfg then return nil end
   local L, C = cfg.n_layer or cfg.n_layers, cfg.n_embd or cfg.dim
   if not L or not C then return nil end
-  return 6 * M.num_parameters(model) + 6 * L * C * T
+  return M.transformer_flops(M.num_parameters(model), L, C, T)
 end
+
+--- lt.train.log.transformer_flops(N, L, C, T) -> 6N + 6 L C T: the FLOPs
+-- a token costs in a training step (forward and backward) of a
+-- transformer with N parameters, L blocks of width C, at sequence length
+-- T (llm.c's count, as PaLM's appendix B: 6N for the weights' products,
+-- 6 L C T for attention's; the planner, lutra.plan, counts the same).
+function M.transformer_flops(N, L, C, T) return 6 * N + 6 * L * C * T end
 
 --- lt.train.log.memory_now(device) -> bytes in live tensors now, their peak
 -- (lt.cuda.memory_stats on CUDA, lt.memory_stats on the CPU).
