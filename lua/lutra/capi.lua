@@ -33,4 +33,18 @@ M.tensor_box = ffi.new("lt_tensor*[1]")
 M.dims_a = ffi.new("int64_t[8]")
 M.dims_b = ffi.new("int64_t[8]")
 
+local names_box, len_box = ffi.new("char*[1]"), ffi.new("int64_t[1]")
+
+--- capi.list_dir(dir) -> the names in the directory (not . and ..; C's
+-- lt_dir_entries), or {} when dir is not a directory or cannot be read.
+function M.list_dir(dir)
+  local out = {}
+  if M.C.lt_path_kind(dir) ~= 2 then return out end
+  if M.C.lt_dir_entries(dir, names_box, len_box) ~= 0 then return out end
+  local raw = ffi.string(names_box[0], len_box[0])
+  M.C.lt_free(names_box[0])
+  for name in raw:gmatch("([^%z]+)%z") do out[#out + 1] = name end
+  return out
+end
+
 return M

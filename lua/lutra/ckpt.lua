@@ -69,17 +69,7 @@ local function step_of(name)
   return digits and tonumber(digits) or nil
 end
 
-local names_box, len_box = ffi.new("char*[1]"), ffi.new("int64_t[1]")
-
-local function list_dir(dir)
-  local out = {}
-  if C.lt_path_kind(dir) ~= 2 then return out end
-  if C.lt_dir_entries(dir, names_box, len_box) ~= 0 then return out end
-  local raw = ffi.string(names_box[0], len_box[0])
-  C.lt_free(names_box[0])
-  for name in raw:gmatch("([^%z]+)%z") do out[#out + 1] = name end
-  return out
-end
+local list_dir = capi.list_dir
 
 -- a value in a message: strings quoted (1 and "1" differ)
 local function show(v) return type(v) == "string" and ("%q"):format(v) or tostring(v) end

@@ -1,9 +1,11 @@
 --- lutra.hf (lt.hf): Hugging Face model directories (a `config.json` and
--- `model.safetensors`) to and from lutra models, for GPT2LMHeadModel and
--- LlamaForCausalLM.
+-- `model.safetensors`, or sharded weights with model.safetensors.index.json:
+-- lutra.safetensors_sharded) to and from lutra models, for GPT2LMHeadModel
+-- and LlamaForCausalLM.
 --
 --   lt.hf.export(model, "out/gpt2-pydocs")          -- writes config.json, model.safetensors
---   local model = lt.hf.load("out/gpt2-pydocs")     -- a lutra GPT-2 or Llama
+--   lt.hf.export(model, "out/big", { max_shard_bytes = 2e9 })  -- model-0000i-of-0000N + the index
+--   local model = lt.hf.load("out/gpt2-pydocs")     -- a lutra GPT-2 or Llama (either layout)
 --
 -- Layouts (transformers' modeling_gpt2.py and modeling_llama.py):
 -- - GPT-2: names transformer.wte.weight, transformer.h.<i>.attn.c_attn.weight,
@@ -25,7 +27,7 @@
 local tensor = require "lutra.tensor"
 local autograd = require "lutra.autograd"
 local models = require "lutra.models"
-local safetensors = require "lutra.safetensors"
+local sharded = require "lutra.safetensors_sharded"
 local json = require "lutra.json"
 local capi = require "lutra.capi"
 local comm = require "lutra.dist.comm"
@@ -56,9 +58,12 @@ local function write_text(path, text)
   end
 end
 
---- lt.hf.export(model, dir[, {dtype = the model's}]): writes dir/config.json
--- and dir/model.safetensors in the Hugging Face layout of the model's kind
--- (GPT-2 or Llama); dtype f32, bf16 or f16 converts the weights. A padded
+--- lt.hf.export(model, dir[, {dtype = the model's, max_shard_bytes = 5e9}]):
+-- writes dir/config.json and dir/model.safetensors in the Hugging Face
+-- layout of the model's kind (GPT-2 or Llama), or, when the weights pass
+-- max_shard_bytes, shards of at most that with model.safetensors.index.json
+-- (save_pretrained's files; lutra.safetensors_sharded.write); dtype f32,
+-- bf16 or f16 converts the weights. A padded
 -- vocabulary (pad_vocab, or tensor parallelism's) is cut back to vocab_size rows. Returns dir.
 -- A tensor-parallel model (model.tp_group) exports whole: every rank of its
 -- TP group calls it (each sharded tensor is gathered in turn,
@@ -115,7 +120,8 @@ function M.export(model, dir, opts)
       if v then out[name] = v:contiguous() end
     end
   end)
-  safetensors.save(dir .. "/model.safetensors", out, { format = "pt" })
+  local ok, err = pcall(sharded.write, dir, out, { max_shard_bytes = opts.max_shard_bytes })
+  if not ok then error(tostring(err):gsub("^.-hf%.export: ", "hf.export: "), 2) end
   local config
   if kind == "gpt2" then
     config = {
@@ -277,7 +283,9 @@ end
 
 --- lt.hf.load(dir[, {dtype = "f32", device = "cpu", pad_vocab =}]) -> model:
 -- the GPT-2 or Llama that dir/config.json describes, with the weights of
--- dir/model.safetensors. Raises naming the file and field or tensor.
+-- dir/model.safetensors or of the shards dir/model.safetensors.index.json
+-- maps (lutra.safetensors_sharded.read). Raises naming the file and field
+-- or tensor (a shard the index names that is missing among them).
 function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" then error("hf.load: dir must be a string", 2) end
@@ -285,9 +293,9 @@ function M.load(dir, opts)
     error(("hf.load: dtype must be f32, bf16, f16 or f64, got %s"):format(tostring(opts.dtype)), 2)
   end
   local kind, mcfg = M.config(dir)
-  local wpath = dir .. "/model.safetensors"
-  local ok, file = pcall(safetensors.load, wpath)
-  if not ok then error(("hf.load: %s"):format(tostring(file):gsub("^.-safetensors ", "safetensors ")), 2) end
+  local ok, file, paths = pcall(sharded.read, dir, "hf.load")
+  if not ok then error(file, 2) end
+  local wpath = #paths == 1 and paths[1] or (dir .. "/" .. sharded.INDEX) -- (named in the errors below)
   -- the number of layers the file holds, before building a model of the config's size
   local layers, pattern = -1, kind == "gpt2" and "h%.(%d+)%." or "^model%.layers%.(%d+)%."
   for name, t in pairs(file) do

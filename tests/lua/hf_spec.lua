@@ -5,8 +5,10 @@
 -- gen_hf.py check reloads lutra's export (and, with transformers, through
 -- from_pretrained) and reproduces lutra's logits; tie_word_embeddings is
 -- honoured both ways (tied: one tensor, counted once, PyTorch's count and
--- gradient; untied: two); bad directories are rejected naming the file and
--- field or tensor.
+-- gradient; untied: two); sharded weights (model.safetensors.index.json and
+-- its shards, as save_pretrained writes them: tests/ref/shard_hf.py wrote
+-- tests/ref/hf/llama_sharded) load, and exports past max_shard_bytes shard;
+-- bad directories are rejected naming the file and field or tensor.
 local lt = require "lutra"
 local H = require "tests.lua.helpers"
 
@@ -164,10 +166,12 @@ describe("lt.hf", function()
         generator = lt.Generator(10) }) },
       { "gpt2-untied", lt.models.gpt2 { n_layer = 1, n_head = 4, n_embd = 32, block_size = 16, vocab_size = 96,
         tie_embeddings = false, generator = lt.Generator(11) } },
+      { "llama-sharded", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(12) }),
+        { max_shard_bytes = 40000 } },
     } do
       local name, model = case[1], case[2]
       local dir = TMP .. "/torch-" .. name
-      lt.hf.export(model, dir)
+      lt.hf.export(model, dir, case[3])
       local logits = lt.no_grad(function() return model(ids()) end)
       write(dir .. "-logits.json", lt.json.encode { ids = REF.ids, shape = logits:shape(),
         logits = logits:reshape(-1):to("f64"):totable() })
@@ -176,6 +180,64 @@ describe("lt.hf", function()
       assert.truthy(out:find("torch forward vs lutra logits", 1, true), out)
       assert.truthy(out:find("from_pretrained", 1, true), out)
     end
+  end)
+
+  it("loads sharded weights (an index and its shards, as save_pretrained writes them) to PyTorch's logits", function()
+    local model = lt.hf.load("tests/ref/hf/llama_sharded")
+    local d = max_diff(lt.no_grad(function() return model(ids()) end), REF.llama)
+    assert(d < 1e-4, ("max abs difference %g"):format(d))
+  end)
+
+  it("exports in shards past max_shard_bytes, with the index, and back to one file; a directory keeps one layout", function()
+    local model = lt.hf.load("tests/ref/hf/llama")
+    local dir = TMP .. "/sharded"
+    os.execute("rm -rf " .. dir)
+    lt.hf.export(model, dir, { max_shard_bytes = 30000 })
+    local index = H.load_json(dir .. "/model.safetensors.index.json")
+    local files, total = {}, 0
+    for name, file in pairs(index.weight_map) do
+      files[file] = true
+      total = total + lt.safetensors.open(dir .. "/" .. file):get(name):nbytes()
+    end
+    local n = 0
+    for f in pairs(files) do
+      n = n + 1
+      assert.truthy(f:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$"), f)
+    end
+    assert(n >= 3, n .. " shards")
+    assert.are.equal(total, index.metadata.total_size)
+    assert.is_nil(io.open(dir .. "/model.safetensors"))
+    local a = lt.no_grad(function() return model(ids()) end)
+    local b = lt.no_grad(function() return lt.hf.load(dir)(ids()) end)
+    assert.are.equal(0, (a - b):abs():max():item())
+    lt.hf.export(model, dir) -- one file now: the index and the shards go
+    assert.is_nil(io.open(dir .. "/model.safetensors.index.json"))
+    for f in pairs(files) do assert.is_nil(io.open(dir .. "/" .. f), f) end
+    b = lt.no_grad(function() return lt.hf.load(dir)(ids()) end)
+    assert.are.equal(0, (a - b):abs():max():item())
+    H.assert_error(function() lt.hf.export(model, dir, { max_shard_bytes = 0 }) end, "max_shard_bytes must be a number > 0")
+  end)
+
+  it("names the shard an index names that is missing, and a tensor mapped to a shard that lacks it", function()
+    local dir = TMP .. "/bad-index"
+    copy_dir("tests/ref/hf/llama_sharded", dir)
+    local index = dir .. "/model.safetensors.index.json"
+    local text = assert(io.open(index)):read("*a")
+    os.remove(dir .. "/model-00002-of-00003.safetensors")
+    H.assert_error(function() lt.hf.load(dir) end, "names the shard " .. dir .. "/model-00002-of-00003.safetensors",
+      "which is missing")
+    copy_dir("tests/ref/hf/llama_sharded", dir)
+    write(index, (text:gsub('"model.norm.weight": "model%-0000%d%-of%-00003.safetensors"',
+      '"model.norm.weight": "model-00001-of-00003.safetensors"')))
+    H.assert_error(function() lt.hf.load(dir) end, "maps model.norm.weight to " .. dir ..
+      "/model-00001-of-00003.safetensors, which does not hold it")
+    write(index, (text:gsub('"model.norm.weight": "model%-0000%d%-of%-00003.safetensors"',
+      '"model.norm.weight": "../llama/model.safetensors"')))
+    H.assert_error(function() lt.hf.load(dir) end, "a path outside the directory")
+    write(index, '{"weight_map": 3}')
+    H.assert_error(function() lt.hf.load(dir) end, "is not a safetensors index")
+    os.execute("rm -rf " .. dir .. "/*.safetensors*")
+    H.assert_error(function() lt.hf.load(dir) end, "holds neither model.safetensors nor model.safetensors.index.json")
   end)
 
   it("names the file and field of a bad config.json", function()

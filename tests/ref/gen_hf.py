@@ -12,7 +12,8 @@
       older layout of the original GPT-2 release (names without
       "transformer.", the attn.bias mask buffers), which lutra must also read.
   gen_hf.py check DIR LOGITS_JSON
-      Reads a directory lutra exported, computes the logits of the ids in
+      Reads a directory lutra exported (one model.safetensors, or the
+      shards model.safetensors.index.json maps), computes the logits of the ids in
       LOGITS_JSON ({"ids": [[...]], "logits": [...]}) with the forward passes
       below, and compares them with lutra's (max abs difference <= 1e-4).
       Where the transformers package is installed it also loads DIR with
@@ -143,10 +144,29 @@ def llama_forward(sd, cfg, idx):
     return x @ head.t()
 
 
+def load_dir(directory):
+    import os
+    index = directory + "/model.safetensors.index.json"
+    if not os.path.exists(index):
+        return load(directory + "/model.safetensors")
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    sd = {}
+    for file in sorted(set(weight_map.values())):
+        part = load(directory + "/" + file)
+        for name, t in part.items():
+            if weight_map.get(name) == file:
+                sd[name] = t
+    missing = [n for n in weight_map if n not in sd]
+    if missing:
+        raise SystemExit(f"{directory}: the index maps {missing[0]} to a shard that does not hold it")
+    return sd
+
+
 def forward(directory, idx):
     with open(directory + "/config.json") as f:
         cfg = json.load(f)
-    sd = load(directory + "/model.safetensors")
+    sd = load_dir(directory)
     if cfg.get("model_type") == "gpt2":
         return gpt2_forward(sd, cfg, idx)
     return llama_forward(sd, cfg, idx)
