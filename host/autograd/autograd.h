@@ -42,8 +42,6 @@ typedef struct lt_node_ops {
   const char *name;
   lt_backward_fn backward;
   void (*release)(lt_node *n); /* optional: frees what `user` holds */
-  void (*drop_saved)(lt_node *n); /* optional: after a backward without retain_graph ran the node,
-                                     frees what `user` kept for that backward */
 } lt_node_ops;
 
 typedef struct lt_shape_info {
@@ -69,6 +67,8 @@ struct lt_node {
   lt_tensor *leaf;           /* AccumulateGrad: the leaf (a strong reference) */
   lt_tensor *retain[LT_NODE_MAX_OUTPUTS]; /* outputs that retain_grad (weak) */
   void *user;                /* custom functions: the Lua side's handle */
+  void (*on_drop)(lt_node *n); /* optional: after a backward without retain_graph ran the node, frees what
+                                  `user` kept for that backward (custom functions: their Lua context) */
   /* engine scratch, valid during one backward */
   uint64_t stamp;
   int64_t deps;

@@ -55,7 +55,7 @@ static void custom_release(lt_node *n) {
   n->user = NULL;
 }
 
-static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward, custom_release, custom_release};
+static const lt_node_ops custom_ops = {"CustomFunctionBackward", custom_backward, custom_release};
 
 lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int noutputs,
                                     lt_tensor *const *outputs, int64_t id) {
@@ -67,6 +67,7 @@ lt_status lt_autograd_record_custom(int ninputs, lt_tensor *const *inputs, int n
   lt_node *n;
   LT_TRY(lt_ag_node_new(&custom_ops, ninputs, (const lt_tensor *const *)inputs, &n));
   n->user = (void *)(intptr_t)id;
+  n->on_drop = custom_release;
   lt_status st = LT_OK;
   for (int k = 0; k < noutputs && st == LT_OK; k++) {
     if (!lt_dtype_is_float(outputs[k]->dtype))

@@ -477,8 +477,8 @@ static void drop_saved(lt_node *n) {
   }
   n->nsaved = 0;
   n->released = 1;
-  if (n->ops->drop_saved)
-    n->ops->drop_saved(n);
+  if (n->on_drop)
+    n->on_drop(n);
 }
 
 lt_status lt_autograd_backward(lt_tensor *root, lt_tensor *grad, int retain_graph,
