@@ -430,6 +430,21 @@ lt_status lt_linear_cross_entropy(const lt_tensor *x, const lt_tensor *w, const 
 /* Rotary position embeddings on x (..., T, D), Llama's half-split convention,
    angle (start + t) * base^(-2i/D) (Su et al. 2021). */
 lt_status lt_rope(const lt_tensor *x, double base, int64_t start, lt_tensor **y);
+/* How RoPE's frequencies are scaled for contexts past the trained one, as
+   transformers' rope_scaling: LT_ROPE_LINEAR divides every frequency by
+   factor (positions interpolated, Chen et al. 2023); LT_ROPE_LLAMA3 keeps the
+   frequencies whose wavelength is under original_max / high_freq_factor,
+   divides those over original_max / low_freq_factor by factor, and blends
+   linearly between (Llama 3.1's _compute_llama3_parameters). */
+enum { LT_ROPE_PLAIN = 0, LT_ROPE_LINEAR = 1, LT_ROPE_LLAMA3 = 2 };
+typedef struct lt_rope_scaling {
+  int kind;
+  double factor, low_freq_factor, high_freq_factor, original_max;
+} lt_rope_scaling;
+/* lt_rope with the frequencies scaled (sc NULL: lt_rope). Errors: those of
+   lt_rope, a factor <= 0, llama3's high_freq_factor <= low_freq_factor or
+   original_max <= 0. */
+lt_status lt_rope_scaled(const lt_tensor *x, double base, int64_t start, const lt_rope_scaling *sc, lt_tensor **y);
 
 /* ---- random numbers: Philox4x32-10 (Salmon et al., SC'11, Random123) ----- */
 

@@ -110,7 +110,7 @@ typedef struct lt_backend_i {
                                      int64_t N, int64_t V, int64_t ignore, void *loss, void *lse, const void *scale,
                                      void *dx, int64_t *bad);
   lt_status (*rope)(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
-                    int64_t start, int inverse);
+                    int64_t start, int inverse, const lt_rope_scaling *scaling); /* (scaling NULL: plain) */
   lt_status (*normal)(char *dst, lt_dtype dtype, int64_t n, uint64_t seed, uint64_t offset, double mean, double std);
   /* optimizers over n parameters in one call (kernels/<backend>/optim) */
   lt_status (*adamw)(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);

@@ -623,8 +623,8 @@ static lt_status k_ce_bwd(lt_dtype dt, const void *x, int64_t ldx, const char *t
   return lt_cuda_cross_entropy_bwd(dt, x, ldx, targets, tdt, N, V, ldd, ignore, lse, scale, dx, STREAM);
 }
 static lt_status k_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
-                        int64_t start, int inverse) {
-  return lt_cuda_rope(dt, x, y, R, Tn, D, base, start, inverse, STREAM);
+                        int64_t start, int inverse, const lt_rope_scaling *sc) {
+  return lt_cuda_rope(dt, x, y, R, Tn, D, base, start, inverse, sc, STREAM);
 }
 
 /* At least nbytes of device scratch, grown when needed (the old block is

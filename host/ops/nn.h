@@ -189,11 +189,12 @@ lt_status lt_op_cross_entropy_bwd(const lt_tensor *x, int64_t V, const lt_tensor
 
 /* Checks rope's arguments: x (..., T, D) float with D even, base > 0,
    start >= 0, the backend's kernel. */
-lt_status lt_op_rope_check(const lt_tensor *x, double base, int64_t start);
+lt_status lt_op_rope_check(const lt_tensor *x, double base, int64_t start, const lt_rope_scaling *sc);
 /* Rotary embedding of x (..., T, D), contiguous rows of the row dtype for
    x's backend, positions from start (inverse: the inverse rotation, the
    backward). *y new, as x. */
-lt_status lt_op_rope(const lt_tensor *x, double base, int64_t start, int inverse, lt_tensor **y);
+lt_status lt_op_rope(const lt_tensor *x, double base, int64_t start, int inverse, const lt_rope_scaling *sc,
+                     lt_tensor **y);
 
 /* ---- the linear layer's fused products (ops/linear.c) ------------------------------------ */
 

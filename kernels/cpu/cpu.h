@@ -78,7 +78,7 @@ lt_status lt_cpu_cross_entropy_bwd(lt_dtype dt, const void *x, int64_t ldx, cons
                                    int64_t N, int64_t V, int64_t ldd, int64_t ignore, const void *lse,
                                    const void *scale, void *dx);
 lt_status lt_cpu_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
-                      int64_t start, int inverse);
+                      int64_t start, int inverse, const lt_rope_scaling *scaling);
 
 /* optim.c: fused AdamW and SGD over a group, and gradient sums of squares */
 lt_status lt_cpu_adamw(int n, const lt_optim_tensor *ts, const lt_adamw_hparams *h);

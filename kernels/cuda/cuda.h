@@ -107,7 +107,7 @@ lt_status lt_cuda_cross_entropy_fwd_bwd(lt_dtype dt, const void *x, int64_t ldx,
                                         int64_t N, int64_t V, int64_t ignore, void *loss, void *lse,
                                         const void *scale, void *dx, unsigned long long *bad, lt_cuda_stream s);
 lt_status lt_cuda_rope(lt_dtype dt, const void *x, void *y, int64_t R, int64_t Tn, int64_t D, double base,
-                       int64_t start, int inverse, lt_cuda_stream s);
+                       int64_t start, int inverse, const lt_rope_scaling *scaling, lt_cuda_stream s);
 
 /* optimizers (optim.cu); the sum of squares needs lt_cuda_sum_squares_scratch(n, ts)
    bytes of device scratch and waits for the stream to read its result */

@@ -74,9 +74,23 @@ LT_SHARED_INLINE int64_t lt_index_at(const char *index, int dt, int64_t i) {
 #define LT_LERP(T, a, b, w) ((w) < (T)0.5 ? (a) + (w) * ((b) - (a)) : (b) - ((b) - (a)) * ((T)1 - (w)))
 
 /* RoPE's angle for position pos and pair i of a head of D (Su et al. 2021):
-   pos base^(-2i/D), in f64 on both devices */
-LT_SHARED_INLINE double lt_rope_angle(int64_t pos, int64_t i, int64_t D, double base) {
-  return (double)pos * pow(base, -2.0 * (double)i / (double)D);
+   pos base^(-2i/D), the frequency scaled as sc says (lutra.h's
+   lt_rope_scaling; kind LT_ROPE_PLAIN: unscaled), in f64 on both devices */
+LT_SHARED_INLINE double lt_rope_angle(int64_t pos, int64_t i, int64_t D, double base, lt_rope_scaling sc) {
+  double f = pow(base, -2.0 * (double)i / (double)D);
+  if (sc.kind == LT_ROPE_LINEAR) {
+    f /= sc.factor;
+  } else if (sc.kind == LT_ROPE_LLAMA3) {
+    double wavelen = 2.0 * 3.14159265358979323846 / f;
+    double low = sc.original_max / sc.low_freq_factor, high = sc.original_max / sc.high_freq_factor;
+    if (wavelen > low) {
+      f /= sc.factor;
+    } else if (wavelen >= high) {
+      double smooth = (sc.original_max / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+      f = (1.0 - smooth) * f / sc.factor + smooth * f;
+    }
+  }
+  return (double)pos * f;
 }
 
 #endif

@@ -279,12 +279,19 @@ local function generator_states(rng)
   return out
 end
 
+-- the model's config as state.json records it: scalars, and a table (a Llama's rope_scaling) as its JSON
+-- text with sorted keys, so the fields compare as values
 local function model_config(model)
   local cfg = model.config
   if type(cfg) ~= "table" then return nil end
   local out = {}
   for k, v in pairs(cfg) do
     if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then out[k] = v end
+    if type(v) == "table" then
+      local parts = {}
+      for _, key in ipairs(sorted_keys(v)) do parts[#parts + 1] = json.encode(key) .. ":" .. json.encode(v[key]) end
+      out[k] = "{" .. table.concat(parts, ",") .. "}"
+    end
   end
   return out
 end
@@ -574,6 +581,13 @@ function M.load_model(path, opts)
   end
   local cfg = {}
   for k, v in pairs(mc) do if k ~= "padded_vocab_size" then cfg[k] = v end end
+  if type(cfg.rope_scaling) == "string" then -- (recorded as its JSON text: model_config above)
+    local rok, t = pcall(json.decode, cfg.rope_scaling)
+    if not rok or type(t) ~= "table" then
+      error(("ckpt.load_model: %s/state.json: model_config.rope_scaling is not a JSON object"):format(path), 2)
+    end
+    cfg.rope_scaling = t
+  end
   local model
   -- (a vocabulary padded by pad_vocab, or for tensor parallelism: one multiple that gives the same rows)
   if mc.padded_vocab_size and mc.padded_vocab_size ~= mc.vocab_size then cfg.pad_vocab = mc.padded_vocab_size end

@@ -14,7 +14,8 @@
 --   also takes names without the "transformer." prefix (GPT2Model files) and
 --   ignores the attn.bias / attn.masked_bias mask buffers older files hold.
 -- - Llama: the same names and (out, in) layout as lutra's; rotary embeddings
---   in the rotate-half convention both use.
+--   in the rotate-half convention both use, config.json's rope_scaling
+--   ("llama3" or "linear": F.rope_scaling) the model's rope_scaling.
 -- - The head: config.json's tie_word_embeddings (default true for GPT-2,
 --   false for Llama, as transformers' configs) gives the model's
 --   tie_embeddings. Tied, the head is the token embedding, one tensor
@@ -32,6 +33,7 @@ local json = require "lutra.json"
 local capi = require "lutra.capi"
 local comm = require "lutra.dist.comm"
 local records = require "lutra.dist.tp.records"
+local F = require "lutra.nn.functional"
 local tp_state = require "lutra.dist.tp.state"
 local ppck = require "lutra.dist.pp.ckpt"
 local C = capi.C
@@ -139,7 +141,7 @@ function M.export(model, dir, opts)
       num_attention_heads = cfg.n_heads, num_key_value_heads = cfg.n_kv_heads,
       max_position_embeddings = cfg.max_seq_len, rms_norm_eps = cfg.norm_eps, rope_theta = cfg.rope_theta,
       hidden_act = "silu", tie_word_embeddings = tied, attention_bias = false, mlp_bias = false,
-      torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02,
+      torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02, rope_scaling = cfg.rope_scaling,
     }
   end
   write_text(dir .. "/config.json", json.encode(config) .. "\n")
@@ -226,8 +228,14 @@ function M.config(dir, file)
     end
     return kind, out
   end
-  if cfg.rope_scaling ~= nil and cfg.rope_scaling ~= json.null then
-    error(("hf.load: %s: rope_scaling is not supported yet"):format(path), 2)
+  -- rope_scaling: Llama 3.1's "llama3" and "linear" (F.rope_scaling); others named and refused
+  local scaling = cfg.rope_scaling
+  if scaling == json.null then scaling = nil end
+  if scaling ~= nil then
+    local sok, serr = pcall(F.rope_scaling, scaling)
+    if not sok then
+      error(("hf.load: %s: rope_scaling: %s"):format(path, tostring(serr):gsub("^.-rope: ", "")), 2)
+    end
   end
   if flag(cfg, path, "attention_bias") or flag(cfg, path, "mlp_bias") then
     error(("hf.load: %s: attention_bias / mlp_bias are not supported (lutra's Llama has no biases)"):format(path), 2)
@@ -250,7 +258,7 @@ function M.config(dir, file)
     n_kv_heads = field(cfg, path, "num_key_value_heads", heads), vocab_size = field(cfg, path, "vocab_size"),
     max_seq_len = field(cfg, path, "max_position_embeddings", 2048),
     norm_eps = field(cfg, path, "rms_norm_eps", 1e-6, "real"), rope_theta = field(cfg, path, "rope_theta", 10000, "real"),
-    tie_embeddings = flag(cfg, path, "tie_word_embeddings"),
+    tie_embeddings = flag(cfg, path, "tie_word_embeddings"), rope_scaling = scaling,
   }
   if out.dim % out.n_heads ~= 0 or out.n_heads % out.n_kv_heads ~= 0 or (out.dim / out.n_heads) % 2 ~= 0 then
     error(("hf.load: %s: hidden_size %d, num_attention_heads %d and num_key_value_heads %d do not fit (an even head size, key/value heads dividing heads)")

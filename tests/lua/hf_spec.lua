@@ -168,6 +168,11 @@ describe("lt.hf", function()
         tie_embeddings = false, generator = lt.Generator(11) } },
       { "llama-sharded", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(12) }),
         { max_shard_bytes = 40000 } },
+      { "llama3-rope", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(13),
+        rope_scaling = { rope_type = "llama3", factor = 8, low_freq_factor = 1, high_freq_factor = 4,
+          original_max_position_embeddings = 4 } }) },
+      { "llama-rope-linear", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(14),
+        rope_scaling = { type = "linear", factor = 2 } }) },
     } do
       local name, model = case[1], case[2]
       local dir = TMP .. "/torch-" .. name
@@ -238,6 +243,37 @@ describe("lt.hf", function()
     H.assert_error(function() lt.hf.load(dir) end, "is not a safetensors index")
     os.execute("rm -rf " .. dir .. "/*.safetensors*")
     H.assert_error(function() lt.hf.load(dir) end, "holds neither model.safetensors nor model.safetensors.index.json")
+  end)
+
+  it("takes Llama 3.1's rope_scaling (llama3, and linear) both ways, and names a type it does not take", function()
+    local dir = TMP .. "/rope"
+    copy_dir("tests/ref/hf/llama", dir)
+    local cfg = H.load_json(dir .. "/config.json")
+    cfg.rope_scaling = { rope_type = "llama3", factor = 8, low_freq_factor = 1, high_freq_factor = 4,
+      original_max_position_embeddings = 4 }
+    write(dir .. "/config.json", lt.json.encode(cfg))
+    local model = lt.hf.load(dir)
+    assert.are.equal("llama3", model.config.rope_scaling.rope_type)
+    local plain = lt.hf.load("tests/ref/hf/llama")
+    local a = lt.no_grad(function() return model(ids()) end)
+    assert((a - lt.no_grad(function() return plain(ids()) end)):abs():max():item() > 1e-4) -- (positions past 4/4)
+    lt.hf.export(model, dir .. "-out")
+    assert.are.equal(8, H.load_json(dir .. "-out/config.json").rope_scaling.factor)
+    assert.are.equal(0, (lt.no_grad(function() return lt.hf.load(dir .. "-out")(ids()) end) - a):abs():max():item())
+    for _, bad in ipairs { { { rope_type = "yarn", factor = 4 }, "rope_scaling: scaling type yarn is not supported" },
+      { { rope_type = "dynamic", factor = 2 }, "scaling type dynamic is not supported" },
+      { { rope_type = "llama3", factor = 8 }, "llama3 scaling needs low_freq_factor > 0, got nil" } } do
+      cfg.rope_scaling = bad[1]
+      write(dir .. "/config.json", lt.json.encode(cfg))
+      H.assert_error(function() lt.hf.load(dir) end, dir .. "/config.json", bad[2])
+    end
+    local x = lt.randn({ 1, 2, 4, 8 })
+    H.assert_error(function() lt.F.rope(x, { scaling = { rope_type = "linear", factor = 0 } }) end,
+      "linear scaling needs factor > 0, got 0")
+    H.assert_error(function() lt.F.rope(x, { scaling = { rope_type = "llama3", factor = 2, low_freq_factor = 4,
+      high_freq_factor = 1, original_max_position_embeddings = 8 } }) end, "low_freq_factor < high_freq_factor")
+    H.assert_error(function() lt.models.llama("llama-tiny", { rope_scaling = "llama3" }) end,
+      "llama: config rope_scaling: scaling must be a table")
   end)
 
   it("names the file and field of a bad config.json", function()

@@ -72,7 +72,7 @@ local NN = {
   mlp = function(_, x, w1, b1, w2, b2) return F.mlp(x, w1, b1, w2, b2) end,
   mlp_nofcbias = function(_, x, w1, w2, b2) return F.mlp(x, w1, nil, w2, b2) end,
   embedding = function(_, i, e) return F.embedding(i, e) end,
-  rope = function(a, x) return F.rope(x, { base = a.base, start = a.start }) end,
+  rope = function(a, x) return F.rope(x, { base = a.base, start = a.start, scaling = a.scaling }) end,
   sdpa = function(a, q, k, v) return F.scaled_dot_product_attention(q, k, v, { causal = a.causal }) end,
 }
 

@@ -22,7 +22,8 @@
 
 The forward passes follow transformers' modeling_gpt2.py (Conv1D weights
 stored (in, out), tanh GELU, the head tied unless lm_head.weight is stored) and modeling_llama.py (RMSNorm,
-rotate-half rotary embeddings, SwiGLU, grouped-query attention), computed in
+rotate-half rotary embeddings, their rope_scaling "linear" and "llama3" as modeling_rope_utils.py computes
+the frequencies, SwiGLU, grouped-query attention), computed in
 f64. Safetensors files are read and written by the small code here (the
 format: an 8-byte little-endian header length, a JSON header, raw data), so
 only Debian's python3-torch is needed.
@@ -120,6 +121,17 @@ def llama_forward(sd, cfg, idx):
     eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
     B, T = idx.shape
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    sc = cfg.get("rope_scaling")
+    if sc and sc.get("rope_type", sc.get("type")) == "linear":
+        inv = inv / sc["factor"]
+    elif sc and sc.get("rope_type", sc.get("type")) == "llama3":  # transformers' _compute_llama3_parameters
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        orig = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        inv = torch.where((wavelen >= orig / hi) & (wavelen <= orig / lo), mid, scaled)
     ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
     cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
 

@@ -201,5 +201,41 @@ for dt in ["f32", "f64"]:
          lambda x, w, t: F.cross_entropy(F.linear(x, w)[..., :11].reshape(-1, 11), t.reshape(-1), ignore_index=-100),
          {"reduction": "mean", "classes": 11})
 
+# RoPE with scaled frequencies, as transformers' rope_scaling (modeling_rope_utils.py): "linear" divides
+# every inverse frequency by factor; "llama3" (_compute_llama3_parameters) keeps those of wavelength under
+# original_max / high_freq_factor, divides those over original_max / low_freq_factor by factor, and blends
+# in between; positions long past original_max / 16 so every branch is taken
+def scaled_inv(D, base, sc):
+    inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    if sc["rope_type"] == "linear":
+        return inv / sc["factor"]
+    factor, lo, hi, orig = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"], \
+        sc["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    mid = (1 - smooth) * out / factor + smooth * out
+    between = (wavelen >= orig / hi) & (wavelen <= orig / lo)
+    return torch.where(between, mid, out)
+
+
+def rope_scaled(x, base, start, sc):
+    T, D = x.shape[-2], x.shape[-1]
+    ang = torch.outer(torch.arange(start, start + T, dtype=torch.float64), scaled_inv(D, base, sc))
+    emb_ = torch.cat([ang, ang], -1)
+    cos, sin = emb_.cos().to(x.dtype), emb_.sin().to(x.dtype)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+for dt in ["f32", "f64"]:
+    d = DT[dt]
+    q = torch.randn(2, 2, 5, 32, dtype=d)
+    for sc in [{"rope_type": "linear", "factor": 4.0},
+               {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}]:
+        case(f"rope {dt} scaling {sc['rope_type']} start 300", "rope", [(q, True)],
+             lambda x, sc=sc: rope_scaled(x, 500.0, 300, sc), {"base": 500.0, "start": 300, "scaling": sc})
+
 json.dump({"torch": torch.__version__, "cases": cases}, open(sys.argv[1], "w"), separators=(",", ":"))
 print(f"wrote {len(cases)} cases to {sys.argv[1]}")

@@ -37,6 +37,7 @@ local Attention = nn.Module:extend("LlamaAttention")
 function Attention:init(cfg, o)
   local hd = cfg.dim / cfg.n_heads
   self.n_heads, self.n_kv, self.hd, self.theta = cfg.n_heads, cfg.n_kv_heads, hd, cfg.rope_theta
+  self.rope_scaling = cfg.rope_scaling
   local nb = { bias = false, dtype = o.dtype, device = o.device, init = false }
   self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * hd, nb)
   self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, nb)
@@ -49,8 +50,8 @@ function Attention:forward(x, kv)
   local q = self.q_proj(x):view(B, T, self.n_heads, self.hd):transpose(2, 3)
   local k = self.k_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
   local v = self.v_proj(x):view(B, T, self.n_kv, self.hd):transpose(2, 3)
-  q = F.rope(q, { base = self.theta, start = start })
-  k = F.rope(k, { base = self.theta, start = start })
+  q = F.rope(q, { base = self.theta, start = start, scaling = self.rope_scaling })
+  k = F.rope(k, { base = self.theta, start = start, scaling = self.rope_scaling })
   if kv then k, v = kv:append(self, k, v) end
   local y = recompute.attention(self, q, k, v, CAUSAL)
   return self.o_proj(y:transpose(2, 3):reshape(B, T, self.n_heads * self.hd))
@@ -162,7 +163,10 @@ function Llama:loss(idx, targets, opts) return head.model_loss(self, Llama.forwa
 Llama.loss_is_cross_entropy = Llama.loss
 
 --- lt.models.llama(name or config[, overrides]): dim, n_layers, n_heads,
--- n_kv_heads, vocab_size, ffn_dim, rope_theta, norm_eps, max_seq_len,
+-- n_kv_heads, vocab_size, ffn_dim, rope_theta, rope_scaling (Hugging Face's
+-- table: {rope_type = "linear", factor =} or {rope_type = "llama3", factor =,
+-- low_freq_factor =, high_freq_factor =, original_max_position_embeddings =};
+-- F.rope_scaling), norm_eps, max_seq_len,
 -- tie_embeddings (false: the head its own (vocab_size, dim) weight; true: the
 -- head is the token embedding), pad_vocab (the embedding and head rows
 -- rounded up to a multiple; logits keep vocab_size columns); dtype, device, generator; tp (a
@@ -180,7 +184,7 @@ function M.llama(name, overrides)
   local rok, rerr = pcall(recompute.parse, o.recompute)
   if not rok then error("llama: " .. rerr, 2) end
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
-    rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1 }
+    rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1, rope_scaling = 4 }
   for k, v in pairs(cfg) do
     if not known[k] then
       local names = {}
@@ -197,6 +201,10 @@ function M.llama(name, overrides)
     end
     if known[k] == 3 and type(v) ~= "boolean" then
       error(("llama: config %s must be true or false, got %s"):format(k, tostring(v)), 2)
+    end
+    if known[k] == 4 then
+      local sok, serr = pcall(F.rope_scaling, v)
+      if not sok then error("llama: config " .. tostring(serr):gsub("^.-rope: ", "rope_scaling: "), 2) end
     end
   end
   for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do

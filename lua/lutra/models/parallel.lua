@@ -346,8 +346,8 @@ local function llama_attention(self, x, kv)
   end
   local k = F.linear(xin, kw):view(B, T, nkv, hd):transpose(2, 3)
   local v = F.linear(xin, vw):view(B, T, nkv, hd):transpose(2, 3)
-  q = F.rope(q, { base = self.theta, start = start })
-  k = F.rope(k, { base = self.theta, start = start })
+  q = F.rope(q, { base = self.theta, start = start, scaling = self.rope_scaling })
+  k = F.rope(k, { base = self.theta, start = start, scaling = self.rope_scaling })
   if kv then k, v = kv:append(self, k, v) end
   local y = recompute.attention(self, q, k, v, CAUSAL)
   return self.o_proj(y:transpose(2, 3):reshape(B, T, nq * hd))

@@ -289,13 +289,52 @@ function F.linear_cross_entropy(x, weight, targets, opts)
   return loss, tonumber(count_out[0])
 end
 
---- F.rope(x, {base = 10000, start = 0}): rotary embeddings on x (..., T, D).
+local rope_scaling = ffi.new("lt_rope_scaling[1]")
+local ROPE_KINDS = { linear = C.LT_ROPE_LINEAR, llama3 = C.LT_ROPE_LLAMA3 }
+
+--- F.rope_scaling(t) -> the lt_rope_scaling F.rope takes, from a Hugging
+-- Face rope_scaling table: {rope_type (or type) = "linear", factor =} or
+-- {rope_type = "llama3", factor =, low_freq_factor =, high_freq_factor =,
+-- original_max_position_embeddings =}; nil for nil or type "default".
+-- Raises "rope: ..." naming an unknown type or a missing or bad field.
+function F.rope_scaling(t)
+  if t == nil then return nil end
+  if type(t) ~= "table" then error("rope: scaling must be a table (Hugging Face's rope_scaling)", 3) end
+  local kind = t.rope_type or t.type
+  if kind == "default" then return nil end
+  if not ROPE_KINDS[kind] then
+    error(("rope: scaling type %s is not supported (linear or llama3)"):format(tostring(kind)), 3)
+  end
+  local function num(k, default)
+    local v = t[k]
+    if v == nil then v = default end
+    if type(v) ~= "number" or not (v > 0) then
+      error(("rope: %s scaling needs %s > 0, got %s"):format(kind, k, tostring(v)), 4)
+    end
+    return v
+  end
+  local sc = rope_scaling[0]
+  sc.kind, sc.factor = ROPE_KINDS[kind], num("factor")
+  if kind == "llama3" then
+    sc.low_freq_factor, sc.high_freq_factor = num("low_freq_factor"), num("high_freq_factor")
+    sc.original_max = num("original_max_position_embeddings")
+  else
+    sc.low_freq_factor, sc.high_freq_factor, sc.original_max = 1, 1, 1
+  end
+  return rope_scaling
+end
+
+--- F.rope(x, {base = 10000, start = 0, scaling =}) -> x (..., T, D) with
+-- rotary position embeddings (lt_rope: Llama's half-split convention), the
+-- frequencies scaled as scaling says (F.rope_scaling's table: Hugging
+-- Face's rope_scaling, linear or llama3). Differentiable.
 function F.rope(x, opts)
   need("rope", x, 1)
   opts = opts or {}
   number_arg("rope", "base", opts.base)
   whole_arg("rope", "start", opts.start)
-  if C.lt_rope(x, opts.base or 10000, opts.start or 0, box) ~= 0 then fail(2) end
+  local sc = F.rope_scaling(opts.scaling)
+  if C.lt_rope_scaled(x, opts.base or 10000, opts.start or 0, sc, box) ~= 0 then fail(2) end
   return take()
 end
 
