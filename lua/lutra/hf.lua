@@ -142,6 +142,7 @@ function M.export(model, dir, opts)
       max_position_embeddings = cfg.max_seq_len, rms_norm_eps = cfg.norm_eps, rope_theta = cfg.rope_theta,
       hidden_act = "silu", tie_word_embeddings = tied, attention_bias = false, mlp_bias = false,
       torch_dtype = DTYPE_NAMES[dtype], initializer_range = 0.02, rope_scaling = cfg.rope_scaling,
+      head_dim = cfg.head_dim or cfg.dim / cfg.n_heads,
     }
   end
   write_text(dir .. "/config.json", json.encode(config) .. "\n")
@@ -243,13 +244,8 @@ function M.config(dir, file)
   if cfg.hidden_act and cfg.hidden_act ~= "silu" then
     error(("hf.load: %s: hidden_act %s is not supported (SwiGLU with silu)"):format(path, tostring(cfg.hidden_act)), 2)
   end
-  for _, k in ipairs { "sliding_window", "head_dim" } do
-    local v = cfg[k]
-    if v ~= nil and v ~= json.null and not (k == "head_dim" and type(v) == "number" and
-        type(cfg.num_attention_heads) == "number" and v * cfg.num_attention_heads == cfg.hidden_size) then
-      error(("hf.load: %s: %s is not supported (lutra's Llama has full attention and head_dim = hidden_size / heads)")
-        :format(path, k), 2)
-    end
+  if cfg.sliding_window ~= nil and cfg.sliding_window ~= json.null then
+    error(("hf.load: %s: sliding_window is not supported (lutra's Llama has full attention)"):format(path), 2)
   end
   local heads = field(cfg, path, "num_attention_heads")
   local out = {
@@ -260,7 +256,11 @@ function M.config(dir, file)
     norm_eps = field(cfg, path, "rms_norm_eps", 1e-6, "real"), rope_theta = field(cfg, path, "rope_theta", 10000, "real"),
     tie_embeddings = flag(cfg, path, "tie_word_embeddings"), rope_scaling = scaling,
   }
-  if out.dim % out.n_heads ~= 0 or out.n_heads % out.n_kv_heads ~= 0 or (out.dim / out.n_heads) % 2 ~= 0 then
+  -- head_dim: the heads' width where it is not hidden_size / heads (Mistral-Nemo's, Qwen3's)
+  local hd = field(cfg, path, "head_dim", json.null)
+  if hd ~= json.null and hd * out.n_heads ~= out.dim then out.head_dim = hd end
+  local width = out.head_dim or out.dim / out.n_heads
+  if width ~= math.floor(width) or out.n_heads % out.n_kv_heads ~= 0 or width % 2 ~= 0 then
     error(("hf.load: %s: hidden_size %d, num_attention_heads %d and num_key_value_heads %d do not fit (an even head size, key/value heads dividing heads)")
       :format(path, out.dim, out.n_heads, out.n_kv_heads), 2)
   end

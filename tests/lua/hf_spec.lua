@@ -173,6 +173,7 @@ describe("lt.hf", function()
           original_max_position_embeddings = 4 } }) },
       { "llama-rope-linear", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(14),
         rope_scaling = { type = "linear", factor = 2 } }) },
+      { "llama-head-dim", lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(15), head_dim = 24 }) },
     } do
       local name, model = case[1], case[2]
       local dir = TMP .. "/torch-" .. name
@@ -274,6 +275,19 @@ describe("lt.hf", function()
       high_freq_factor = 1, original_max_position_embeddings = 8 } }) end, "low_freq_factor < high_freq_factor")
     H.assert_error(function() lt.models.llama("llama-tiny", { rope_scaling = "llama3" }) end,
       "llama: config rope_scaling: scaling must be a table")
+  end)
+
+  it("takes a head_dim that is not hidden_size / heads (Mistral-Nemo's, Qwen3's) both ways", function()
+    local model = lt.models.llama("llama-tiny", { vocab_size = 96, generator = lt.Generator(15), head_dim = 24 })
+    assert.are.equal("96x64", table.concat(model.model.layers[1].self_attn.q_proj.weight:shape(), "x"))
+    local dir = TMP .. "/head-dim"
+    lt.hf.export(model, dir)
+    assert.are.equal(24, H.load_json(dir .. "/config.json").head_dim)
+    local back = lt.hf.load(dir)
+    assert.are.equal(24, back.config.head_dim)
+    local a = lt.no_grad(function() return model(ids()) end)
+    assert.are.equal(0, (lt.no_grad(function() return back(ids()) end) - a):abs():max():item())
+    H.assert_error(function() lt.models.llama("llama-tiny", { head_dim = 15 }) end, "head_dim 15", "even head size")
   end)
 
   it("names the file and field of a bad config.json", function()

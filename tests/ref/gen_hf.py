@@ -117,7 +117,7 @@ def rotate_half(x):
 def llama_forward(sd, cfg, idx):
     D, L, NH = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
     NKV = cfg.get("num_key_value_heads", NH)
-    hd = D // NH
+    hd = cfg.get("head_dim") or D // NH
     eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
     B, T = idx.shape
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
@@ -146,7 +146,7 @@ def llama_forward(sd, cfg, idx):
         k = (h @ sd[p + "self_attn.k_proj.weight"].t()).view(B, T, NKV, hd).transpose(1, 2)
         v = (h @ sd[p + "self_attn.v_proj.weight"].t()).view(B, T, NKV, hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, D)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, NH * hd)
         x = x + y @ sd[p + "self_attn.o_proj.weight"].t()
         h = rms(x, sd[p + "post_attention_layernorm.weight"])
         g, u = h @ sd[p + "mlp.gate_proj.weight"].t(), h @ sd[p + "mlp.up_proj.weight"].t()

@@ -35,7 +35,7 @@ M.configs = {
 
 local Attention = nn.Module:extend("LlamaAttention")
 function Attention:init(cfg, o)
-  local hd = cfg.dim / cfg.n_heads
+  local hd = cfg.head_dim or cfg.dim / cfg.n_heads
   self.n_heads, self.n_kv, self.hd, self.theta = cfg.n_heads, cfg.n_kv_heads, hd, cfg.rope_theta
   self.rope_scaling = cfg.rope_scaling
   local nb = { bias = false, dtype = o.dtype, device = o.device, init = false }
@@ -166,7 +166,8 @@ Llama.loss_is_cross_entropy = Llama.loss
 -- n_kv_heads, vocab_size, ffn_dim, rope_theta, rope_scaling (Hugging Face's
 -- table: {rope_type = "linear", factor =} or {rope_type = "llama3", factor =,
 -- low_freq_factor =, high_freq_factor =, original_max_position_embeddings =};
--- F.rope_scaling), norm_eps, max_seq_len,
+-- F.rope_scaling), head_dim (the heads' width; default dim / n_heads),
+-- norm_eps, max_seq_len,
 -- tie_embeddings (false: the head its own (vocab_size, dim) weight; true: the
 -- head is the token embedding), pad_vocab (the embedding and head rows
 -- rounded up to a multiple; logits keep vocab_size columns); dtype, device, generator; tp (a
@@ -184,7 +185,7 @@ function M.llama(name, overrides)
   local rok, rerr = pcall(recompute.parse, o.recompute)
   if not rok then error("llama: " .. rerr, 2) end
   local known = { dim = 1, n_layers = 1, n_heads = 1, n_kv_heads = 1, vocab_size = 1, ffn_dim = 1, max_seq_len = 1,
-    rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1, rope_scaling = 4 }
+    rope_theta = 2, norm_eps = 2, tie_embeddings = 3, pad_vocab = 1, rope_scaling = 4, head_dim = 1 }
   for k, v in pairs(cfg) do
     if not known[k] then
       local names = {}
@@ -210,9 +211,10 @@ function M.llama(name, overrides)
   for _, k in ipairs { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim" } do
     if cfg[k] == nil then error(("llama: config %s is missing"):format(k), 2) end
   end
-  if cfg.dim % cfg.n_heads ~= 0 or cfg.n_heads % cfg.n_kv_heads ~= 0 or (cfg.dim / cfg.n_heads) % 2 ~= 0 then
-    error(("llama: dim %d, n_heads %d and n_kv_heads %d do not fit (even head size, kv heads dividing heads)")
-      :format(cfg.dim, cfg.n_heads, cfg.n_kv_heads), 2)
+  local width = cfg.head_dim or cfg.dim / cfg.n_heads
+  if width ~= math.floor(width) or cfg.n_heads % cfg.n_kv_heads ~= 0 or width % 2 ~= 0 then
+    error(("llama: dim %d, n_heads %d%s and n_kv_heads %d do not fit (even head size, kv heads dividing heads)")
+      :format(cfg.dim, cfg.n_heads, cfg.head_dim and (", head_dim %d"):format(cfg.head_dim) or "", cfg.n_kv_heads), 2)
   end
   cfg.rope_theta = cfg.rope_theta or 10000
   cfg.norm_eps = cfg.norm_eps or 1e-5

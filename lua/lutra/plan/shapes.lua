@@ -40,13 +40,13 @@ function M.describe(family, config, name)
   for _, k in ipairs { "n_layer", "n_embd", "n_head", "n_kv_head", "ffn", "vocab_size", "max_seq" } do
     if not whole(d[k]) then error(("plan: the model's %s is %s: a whole number >= 1 expected"):format(k, tostring(d[k])), 2) end
   end
-  if d.n_embd % d.n_head ~= 0 then
+  if d.n_embd % d.n_head ~= 0 and not c.head_dim then
     error(("plan: the model's width %d is not a multiple of its %d heads"):format(d.n_embd, d.n_head), 2)
   end
   if d.n_head % d.n_kv_head ~= 0 then
     error(("plan: the model's %d heads are not a multiple of its %d key/value heads"):format(d.n_head, d.n_kv_head), 2)
   end
-  d.head_dim = d.n_embd / d.n_head
+  d.head_dim = c.head_dim or d.n_embd / d.n_head -- (a Llama's head_dim where it is not dim / n_heads)
   return d
 end
 
