@@ -274,56 +274,65 @@ function M.money(x)
   return (out:gsub("^,", ""))
 end
 
+-- the candidates of a search: every {dp, tp, pp, v, zero, micro_batch, recompute} over n GPUs, tp a
+-- power of two within a node, pp dividing what tp leaves and at most the blocks
+local function candidates(d, cluster, o)
+  local n, out = cluster.gpus, {}
+  local splits = {}
+  for tp = 1, math.min(cluster.gpus_per_node, n) do
+    for pp = 1, math.min(d.n_layer, n / tp) do
+      if n % tp == 0 and bit.band(tp, tp - 1) == 0 and (n / tp) % pp == 0 then
+        splits[#splits + 1] = { tp = tp, pp = pp, dp = n / tp / pp }
+      end
+    end
+  end
+  for _, sp in ipairs(splits) do
+    for _, mb in ipairs(o.micro_batch_sizes or { 1, 2, 4, 8, 16 }) do
+      for _, rc in ipairs(o.recompute or { "none", "selective", "full" }) do
+        for _, z in ipairs(o.zero or { 0, 1, 2, 3 }) do
+          for _, v in ipairs(sp.pp > 1 and (o.v or { 1, 2 }) or { 1 }) do
+            out[#out + 1] = { dp = sp.dp, tp = sp.tp, pp = sp.pp, v = v, zero = z, micro_batch = mb, recompute = rc }
+          end
+        end
+      end
+    end
+  end
+  return out
+end
+
 --- plan.search(desc, cluster, {global_batch =, seq =, dtype = "bf16",
--- mfu = 0.4, micro_batches = {1, 2, 4, 8}, recompute = {"none",
+-- mfu = 0.4, micro_batch_sizes = {1, 2, 4, 8, 16}, recompute = {"none",
 -- "selective", "full"}, zero = {0, 1, 2, 3}, v = {1, 2}, sp = true}) ->
--- fits (estimates that fit, fastest first), fails (a count per reason,
--- its first example): every dp x tp x pp of the cluster's GPUs with tp a
--- power of two within a node and pp dividing the blocks.
+-- fits (estimates that fit, fastest first), reasons ({why, n, example}
+-- for those that do not, most first): every dp x tp x pp of the cluster's
+-- GPUs with tp a power of two within a node and pp at most the blocks.
 function M.search(d, cluster, o)
   cluster = cluster.nodes and cluster or M.cluster(cluster) -- (a plan.cluster's, or its settings)
   o = o or {}
-  local n = cluster.gpus
   local fits, fails, order = {}, {}, {}
   local function fail(key, example)
     if not fails[key] then fails[key] = { n = 0, example = example }; order[#order + 1] = key end
     fails[key].n = fails[key].n + 1
   end
-  local mbs = o.micro_batch_sizes or { 1, 2, 4, 8, 16 }
-  for tp = 1, math.min(cluster.gpus_per_node, n) do
-    if n % tp == 0 and bit.band(tp, tp - 1) == 0 then
-      for pp = 1, math.min(d.n_layer, n / tp) do
-        if (n / tp) % pp == 0 then
-          local dp = n / tp / pp
-          for _, mb in ipairs(mbs) do
-            for _, rc in ipairs(o.recompute or { "none", "selective", "full" }) do
-              for _, z in ipairs(o.zero or { 0, 1, 2, 3 }) do
-                for _, v in ipairs(pp > 1 and (o.v or { 1, 2 }) or { 1 }) do
-                  if z == 3 and pp > 1 then
-                    fail("ZeRO 3 with a pipeline (lutra refuses the pair)", ("tp %d pp %d zero 3"):format(tp, pp))
-                    goto next
-                  end
-                  local ok, L = pcall(layout.new, { dp = dp, tp = tp, pp = pp, v = v, zero = z, micro_batch = mb,
-                    global_batch = o.global_batch, seq = o.seq, recompute = rc, dtype = o.dtype or "bf16",
-                    sp = tp > 1 and (o.sp ~= false), device = cluster.gpu.key == "cpu" and "cpu" or "cuda" })
-                  if not ok then
-                    local why = tostring(L):gsub("^plan: ", ""):gsub("%d+", "N")
-                    fail(why, ("tp %d pp %d dp %d micro-batch %d zero %d"):format(tp, pp, dp, mb, z))
-                  elseif z > 0 and dp == 1 then
-                    fail("ZeRO with one data-parallel rank (nothing to shard)", layout.text(L))
-                  else
-                    local r = M.estimate(d, L, cluster, o)
-                    if r.ok then fits[#fits + 1] = r
-                    else
-                      local why = r.problems[1]:gsub("%d+%.?%d*", "N")
-                      fail(why:match("^memory") and "memory: does not fit the GPU" or why, layout.text(L))
-                    end
-                  end
-                  ::next::
-                end
-              end
-            end
-          end
+  for _, c in ipairs(candidates(d, cluster, o)) do
+    if c.zero == 3 and c.pp > 1 then
+      fail("ZeRO 3 with a pipeline (lutra refuses the pair)", ("tp %d pp %d zero 3"):format(c.tp, c.pp))
+    else
+      c.global_batch, c.seq, c.dtype = o.global_batch, o.seq, o.dtype or "bf16"
+      c.sp, c.device = c.tp > 1 and (o.sp ~= false), cluster.gpu.key == "cpu" and "cpu" or "cuda"
+      local ok, L = pcall(layout.new, c)
+      if not ok then
+        fail((tostring(L):gsub("^plan: ", ""):gsub("%d+", "N")), ("tp %d pp %d dp %d micro-batch %d zero %d"):format(
+          c.tp, c.pp, c.dp, c.micro_batch, c.zero))
+      elseif c.zero > 0 and c.dp == 1 then
+        fail("ZeRO with one data-parallel rank (nothing to shard)", layout.text(L))
+      else
+        local r = M.estimate(d, L, cluster, o)
+        if r.ok then
+          fits[#fits + 1] = r
+        else
+          local why = r.problems[1]:gsub("%d+%.?%d*", "N")
+          fail(why:match("^memory") and "memory: does not fit the GPU" or why, layout.text(L))
         end
       end
     end
