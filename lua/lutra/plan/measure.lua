@@ -94,7 +94,7 @@ function M.run(desc, L, opts)
   -- temporaries, last step's gradients) are freed about when they are dropped and the peak is that
   -- of the live tensors, what the planner predicts; the usual settings come back at the end
   local pause, stepmul = collectgarbage("setpause", 100), collectgarbage("setstepmul", 400)
-  train.run { model = model, optimizer = opt, train = data, steps = steps, accum = L.micro_batches, clip = 1.0,
+  local ok, err = pcall(train.run, { model = model, optimizer = opt, train = data, steps = steps, accum = L.micro_batches, clip = 1.0,
     quiet = true, ddp = ddp, out_dir = os.tmpname() .. "-plan", log_every = steps + 1,
     pp_schedule = L.pp > 1 and L.schedule or nil,
     on_step = function(rec)
@@ -109,9 +109,10 @@ function M.run(desc, L, opts)
         out.peak = runtime.memory_stats().peak - base
         out.step_s = (runtime.clock() - t1) / math.max(steps - 1, 1)
       end
-    end }
+    end })
   collectgarbage("setpause", pause)
   collectgarbage("setstepmul", stepmul)
+  if not ok then error(err, 0) end
   local _, hwm = M.rss()
   out.rss_peak = hwm
   return out

@@ -32,8 +32,9 @@
 -- Every tensor is rounded to lutra's allocator size classes (four per
 -- power of two: host/base/size-class.h), as the allocator's statistics
 -- count it. Micro-batches in flight: 1 without a pipeline; under PP the
--- schedule's most on any stage (GPipe: m; 1F1B: min(pp, m); interleaved:
--- lutra.dist.pp.simulate's count). Dropout's masks are not counted (the
+-- stage's count in the schedule (lutra.dist.pp.schedule.simulate's; GPipe
+-- m, 1F1B's stage s min(pp - s, m)), plus one chunk of block activations
+-- under 1F1B and interleaving (memory.in_flight). Dropout's masks are not counted (the
 -- planner's layouts train without dropout, as the large runs do).
 local state = require "lutra.plan.state"
 local shapes = require "lutra.plan.shapes"
@@ -93,29 +94,29 @@ local function block_tensors(d, L, attention, kind)
 end
 M.block_tensors = block_tensors
 
-local function sum_bytes(list, device)
-  local n = 0
-  for _, e in ipairs(list) do n = n + M.round(e[2] * e[3], device) end
+-- a byte count as the allocator hands it out (R), or as written (touched: what a resident set counts)
+local function rounding(L, touched)
+  return function(n) return touched and n or M.round(n, L.device) end
+end
+
+--- memory.block_bytes(desc, layout, kind[, touched]) -> bytes one block
+-- keeps for one micro-batch (kind: "none", "selective" or "full"), each
+-- tensor rounded to the allocator's classes (touched: not rounded).
+function M.block_bytes(d, L, kind, touched)
+  local R, n = rounding(L, touched), 0
+  for _, e in ipairs(block_tensors(d, L, L.attention, kind)) do n = n + R(e[2] * e[3]) end
   return n
 end
 
---- memory.block_bytes(desc, layout, kind) -> bytes one block keeps for
--- one micro-batch (kind: "none", "selective" or "full"), rounded to the
--- allocator's classes.
-function M.block_bytes(d, L, kind)
-  return sum_bytes(block_tensors(d, L, L.attention, kind), L.device)
-end
-
 -- what lies outside the blocks for one micro-batch: embedding output, final norm, logits
-local function outside_bytes(d, L, first, last)
+local function outside_bytes(d, L, first, last, R)
   local BT, C = L.micro_batch * L.seq, d.n_embd
   local act = state.dtype_bytes[L.dtype]
   local n = 0
-  if first then n = n + M.round(BT * C * act, L.device) + M.round(BT * 8, L.device) end
+  if first then n = n + R(BT * C * act) + R(BT * 8) end
   if last then
     local V = shapes.padded_vocab(d, L.tp) / L.tp
-    n = n + 2 * M.round(BT * C * act, L.device) + 2 * M.round(BT * 4, L.device)
-      + M.round(BT * V * act, L.device) + M.round(BT * 4, L.device)
+    n = n + 2 * R(BT * C * act) + 2 * R(BT * 4) + R(BT * V * act) + R(BT * 4)
   end
   return n
 end
@@ -174,20 +175,18 @@ end
 -- blocks cached in the wrong size) that "fits" adds.
 function M.estimate(d, L, coords)
   local e = M.estimate_once(d, L, coords)
-  state.touched = true
-  local ok, t = pcall(M.estimate_once, d, L, coords)
-  state.touched = false
-  if not ok then error(t, 0) end
-  e.touched = t.peak
+  e.touched = M.estimate_once(d, L, coords, true).peak
   return e
 end
 
---- memory.estimate_once(desc, layout[, coords]): memory.estimate without
--- the touched field (one pass, rounding unless lutra.plan.state.touched).
-function M.estimate_once(d, L, coords)
+--- memory.estimate_once(desc, layout[, coords[, touched]]): memory.estimate
+-- without the touched field, each tensor rounded to the allocator's
+-- classes (touched: not rounded).
+function M.estimate_once(d, L, coords, touched)
   coords = coords or {}
+  local R = rounding(L, touched)
   local s = coords.pp or 0
-  local st = state.bytes(d, L, coords)
+  local st = state.bytes(d, L, coords, touched)
   local blocks = {}
   for _, p in ipairs(state.stage_parameters(d, L, s)) do if p.block then blocks[p.block] = true end end
   local kind, k = recompute.parse(L.recompute)
@@ -196,12 +195,12 @@ function M.estimate_once(d, L, coords)
     n_blocks = n_blocks + 1
     local this = kind
     if kind == "every" then this = (b + 1) % k == 0 and "full" or "none" end
-    per_mb = per_mb + M.block_bytes(d, L, this)
+    per_mb = per_mb + M.block_bytes(d, L, this, touched)
   end
-  biggest = M.block_bytes(d, L, "none")
+  biggest = M.block_bytes(d, L, "none", touched)
   local S = L.pp * L.v
   local first, last = s == 0, (S - 1) % L.pp == s
-  local outside = outside_bytes(d, L, first, last)
+  local outside = outside_bytes(d, L, first, last, R)
   local inflight = M.in_flight(L, s)
   -- (the late-freed chunk holds the blocks' tensors; the embedding's and the logits' go with the schedule)
   local acts = per_mb * inflight + outside * (L.pp == 1 and 1 or M.schedule_in_flight(L, s) / L.v)
@@ -220,10 +219,10 @@ function M.estimate_once(d, L, coords)
   local BT = L.micro_batch * L.seq
   local V = shapes.padded_vocab(d, L.tp) / L.tp
   -- (a tied embedding's two gradients, the head's and the lookup's, are each made whole before their sum)
-  local loss_tmp = (d.tied and first and last) and 2 * M.round(V * d.n_embd * B, L.device) or 0
+  local loss_tmp = (d.tied and first and last) and 2 * R(V * d.n_embd * B) or 0
   -- (composed attention's backward: the probabilities' gradient and the scores' gradient, one block's)
   local attn_bwd = L.attention == "composed"
-    and 2 * M.round(L.micro_batch * (d.n_head / L.tp) * L.seq * L.seq * B, L.device) or 0
+    and 2 * R(L.micro_batch * (d.n_head / L.tp) * L.seq * L.seq * B) or 0
   local recomputed = (kind == "full" or kind == "every") and biggest or 0
   local transient = math.max(loss_tmp, recomputed + attn_bwd)
   local q = st.rounded -- (as the allocator hands the tensors out)
@@ -242,7 +241,7 @@ function M.estimate_once(d, L, coords)
   else
     phases.backward = held + G + acts + transient
     if L.zero >= 1 then -- (one flat at a time: lutra.dist.zero frees each when done)
-      local flat = M.round(st.numel * B, L.device)
+      local flat = R(st.numel * B)
       phases.reduce = held + G + flat + q.grads
       phases.update = held + q.grads + flat
     end
@@ -250,7 +249,7 @@ function M.estimate_once(d, L, coords)
   if L.pp > 1 then -- sends in flight: the link lets each go at the poll that finds it done, about one a
     -- chunk and direction at a time (activations forward, their gradients backward), and the receive
     -- posted ahead for each
-    local msg = M.round(BT * d.n_embd / ((L.sp and L.tp > 1) and L.tp or 1) * B, L.device)
+    local msg = R(BT * d.n_embd / ((L.sp and L.tp > 1) and L.tp or 1) * B)
     local sends = 0
     for vs = s, L.pp * L.v - 1, L.pp do
       if vs < L.pp * L.v - 1 then sends = sends + 2 end

@@ -36,7 +36,6 @@ local M = {}
 -- to 4 KiB on the CPU, of 512 up to 32 KiB on CUDA, then four classes per
 -- power of two).
 function M.round(n, device)
-  if M.touched then return n end -- (lutra.plan.memory.estimate's second pass: the bytes written, what RSS counts)
   local step, limit = 64, 4096
   if device == "cuda" then step, limit = 512, 32768 end
   if n <= 0 then return 0 end
@@ -106,10 +105,11 @@ end
 -- (state.round each; whole_grads: every parameter's gradient,
 -- as backward makes them)} for the rank at coords {dp =, tp =, pp =}
 -- (0-based; the default 0, 0, 0). layout: lutra.plan.layout's (dp, tp,
--- pp, v, zero, dtype, device).
-function M.bytes(d, L, coords)
+-- pp, v, zero, dtype, device). touched: the rounded fields unrounded (the
+-- bytes written, what a resident set counts: lutra.plan.memory.estimate).
+function M.bytes(d, L, coords, touched)
   coords = coords or {}
-  local function R(n) return M.round(n, L.device) end
+  local function R(n) return touched and n or M.round(n, L.device) end
   local list = M.stage_parameters(d, L, coords.pp or 0)
   local dt, B = L.dtype, SIZE[L.dtype]
   local master = (dt == "bf16" or dt == "f16") and 4 or 0 -- (f32 masters of 16-bit weights)

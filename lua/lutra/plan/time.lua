@@ -107,7 +107,8 @@ function M.estimate(d, L, g, o)
   -- data parallel over the rank's stage and shard
   bw, a, name = link(g, per_node, L.tp, L.dp)
   out.links.dp = L.dp > 1 and name or nil
-  local G = state.bytes(d, L).numel * act -- (the rank's parameters: its stage's, its TP shard)
+  local G = 0 -- (the bytes of the rank's parameters: its stage's, its TP shard)
+  for _, p in ipairs(state.stage_parameters(d, L, 0)) do G = G + p.numel * act end
   local dp, window = 0, 0
   local backward_last = compute / L.micro_batches * 2 / 3
   if L.dp > 1 then

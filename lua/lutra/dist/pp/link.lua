@@ -145,11 +145,12 @@ end
 -- then moves between one computation and the next, not only at the wait.
 function Link:progress()
   -- (a send found complete is waited for and let go: its buffer is free now, not at the step's end)
-  local still = {}
-  for _, h in ipairs(self.pending) do
-    if h:test() then h:wait() else still[#still + 1] = h end
+  local pending, kept = self.pending, 0
+  for i = 1, #pending do
+    local h = pending[i]
+    pending[i] = nil
+    if h:test() then h:wait() else kept = kept + 1; pending[kept] = h end
   end
-  self.pending = still
   for r in pairs(posted) do if r.L == self and r.h then r.h:test() end end
 end
 
